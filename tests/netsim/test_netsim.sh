@@ -1,0 +1,73 @@
+#!/bin/sh
+# test_netsim.sh NETSIM PROBE - ctest for scripts/netsim (exit 77 = skipped).
+#
+# Brings up 2 hosts at 100mbit, runs tests/netsim/mpi_probe as a 2-rank job (ranks in
+# different namespaces, a 2 MiB Sendrecv below 150 Mbit/s), checks that the tc counters saw
+# the traffic and that the program's exit status comes through, then tears down and checks
+# that no gc-* namespace and no probe process is left.
+set -u
+netsim=$1
+probe=$2
+
+fail() {
+    echo "FAIL: $*"
+    exit 1
+}
+
+if [ "$(id -u)" -ne 0 ]; then
+    echo "SKIP: netsim needs root"
+    exit 77
+fi
+if ! "$netsim" check >/dev/null 2>&1; then
+    "$netsim" check
+    echo "SKIP: netsim prerequisites missing (see above)"
+    exit 77
+fi
+
+# Hold netsim's lock for the whole test, so no other netsim user can bring up or tear down
+# gc-* namespaces between our steps; NETSIM_LOCKED tells the nested calls we hold it.
+state=${NETSIM_STATE_DIR:-/run/gradcomp-netsim}
+mkdir -p "$state"
+exec 9>"$state/lock"
+flock -w 90 9 || fail "another netsim user holds $state/lock"
+export NETSIM_LOCKED=1
+trap '"$netsim" down >/dev/null 2>&1' EXIT
+trap 'exit 130' INT TERM
+
+"$netsim" up 2 100mbit || fail "netsim up"
+
+# Relative program path on purpose: netsim must make it absolute for orted.
+cd "$(dirname "$probe")" || fail "cd"
+rel=./$(basename "$probe")
+abs_probe=$(pwd -P)/$(basename "$probe")
+out=$(NETSIM_TIMEOUT=60 "$netsim" run 2 -- "$rel" 2097152 150 2>&1)
+rc=$?
+echo "$out"
+[ "$rc" -eq 0 ] || fail "probe job exited with $rc"
+echo "$out" | grep -q '^probe: PASS' || fail "probe did not pass"
+echo "$out" | grep -q 'rank 0 runs on gc-h0' || fail "rank 0 not in gc-h0"
+echo "$out" | grep -q 'rank 1 runs on gc-h1' || fail "rank 1 not in gc-h1"
+
+# The shaped qdiscs must have carried the 2 MiB each way.
+st=$("$netsim" status) || fail "netsim status"
+echo "$st"
+for link in "gc-h0 eth0" "gc-sw p-gc-h0" "gc-h1 eth0" "gc-sw p-gc-h1"; do
+    # shellcheck disable=SC2086
+    set -- $link
+    sent=$(echo "$st" | awk -v ns="$1" -v dev="$2" '$1 == ns && $2 == dev && $4 == "tbf" && $5 == "100Mbit" {print $7}')
+    [ -n "$sent" ] || fail "no 100Mbit tbf on $2 in $1"
+    [ "$sent" -ge 2097152 ] || fail "$2 in $1 sent only $sent bytes through tbf"
+done
+
+# The program's own exit status must come back through mpirun and netsim.
+NETSIM_TIMEOUT=60 "$netsim" run 2 "$rel" 1024 1e9 3 >/dev/null 2>&1
+rc=$?
+[ "$rc" -eq 3 ] || fail "exit status 3 came back as $rc"
+
+"$netsim" down || fail "netsim down"
+left=$(ip netns list | awk '$1 ~ /^gc-/ {print $1}')
+[ -z "$left" ] || fail "namespaces left after down: $left"
+for exe in /proc/[0-9]*/exe; do
+    [ "$(readlink "$exe" 2>/dev/null)" != "$abs_probe" ] || fail "probe still running: ${exe%/exe}"
+done
+echo "PASS: netsim shaped pair"
