@@ -1,0 +1,307 @@
+/*
+ * gradcomp.h - gradient compression for data-parallel training (core API, no MPI).
+ *
+ * A compressor turns one float32 gradient tensor into one self-describing message and
+ * keeps whatever it must remember between steps (error-feedback residual, momentum,
+ * warm-started factors, the step counter).  Decoding needs only the message: the
+ * receiver adds the decoded tensor, scaled, into a float32 accumulator.
+ *
+ *     gcomp_compressor *c;
+ *     gcomp_error err;
+ *     if (gcomp_compressor_create(&c, "topk:density=0.001,values=f16,feedback=ef",
+ *                                 n, 0, 0, &err) != GCOMP_OK) { puts(err.message); ... }
+ *     size_t cap = gcomp_encode_bound(c), len;
+ *     void *msg = malloc(cap);
+ *     gcomp_encode(c, grad, msg, cap, &len);                 // once per training step
+ *     gcomp_decode_add(msg, len, sum, n, 1.0f / nranks);      // on every receiver
+ *
+ * Spec strings
+ *   `name[:key=value,...]`, e.g. `topk:density=0.001,values=f16,feedback=ef`,
+ *   `twobit:threshold=0.5`, `qsgd:levels=16`, `randomk:density=0.01,seed=7`.  The same
+ *   string works in C, the CLI and Python.  Every codec publishes its parameter table
+ *   (gcomp_codec_info); unknown names, keys and out-of-range values are rejected with a
+ *   status and a message naming the culprit and what is allowed.
+ *
+ * Threading
+ *   An object (compressor, decoder) is used by one thread at a time; distinct objects are
+ *   independent.  Functions that take no object are thread-safe.  The library has no
+ *   mutable global state, never prints, never exits and never aborts.
+ *
+ * Ownership
+ *   Every `create` has a `free`; `free(NULL)` is a no-op; a failed `create` leaves nothing
+ *   allocated and sets *out to NULL.  Buffers passed in are borrowed for the call only.
+ *
+ * Wire format: docs/FORMAT.md (normative).  Little-endian, versioned, checksummed.
+ */
+#ifndef GRADCOMP_H
+#define GRADCOMP_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(GCOMP_BUILDING)
+#define GCOMP_API __attribute__((visibility("default")))
+#else
+#define GCOMP_API
+#endif
+
+#define GCOMP_VERSION_MAJOR 0
+#define GCOMP_VERSION_MINOR 1
+#define GCOMP_VERSION_PATCH 0
+/** Wire format version written by this library (docs/FORMAT.md). */
+#define GCOMP_FORMAT_VERSION 1
+/** Size in bytes of the fixed message header. */
+#define GCOMP_HEADER_SIZE 40
+
+/**
+ * Status codes.  Values are never renumbered once released; new ones are appended.
+ * gcomp_status_str() names each one.
+ */
+typedef enum gcomp_status {
+    GCOMP_OK = 0,
+    GCOMP_E_ARG = 1,           /**< invalid argument (NULL where not allowed, size 0, ...) */
+    GCOMP_E_NOMEM = 2,         /**< an allocation failed */
+    GCOMP_E_SPEC = 3,          /**< spec string: syntax, unknown key or bad value */
+    GCOMP_E_UNKNOWN_CODEC = 4, /**< spec names a codec this library does not have */
+    GCOMP_E_DST_SIZE = 5,      /**< destination buffer too small (never with encode_bound) */
+    GCOMP_E_TRUNCATED = 6,     /**< message shorter than its header says */
+    GCOMP_E_BAD_MAGIC = 7,     /**< not a gradcomp message (or state blob) */
+    GCOMP_E_VERSION = 8,       /**< format version newer than this library supports */
+    GCOMP_E_CODEC_ID = 9,      /**< message names a codec id this library does not know */
+    GCOMP_E_CHECKSUM = 10,     /**< header or payload checksum mismatch: corrupt data */
+    GCOMP_E_CORRUPT = 11,      /**< checksums fine but the content violates the format */
+    GCOMP_E_MISMATCH = 12,     /**< sizes, spec fingerprints or settings differ */
+    GCOMP_E_NONFINITE = 13,    /**< gradient contains NaN or Inf; nothing was changed */
+    GCOMP_E_STATE = 14,        /**< saved state is corrupt or belongs to another tensor */
+    GCOMP_E_LIMIT = 15,        /**< a size exceeds what the format or a limit allows */
+    GCOMP_E_PROTOCOL = 16,     /**< calls made in the wrong order (multi-phase codecs) */
+    GCOMP_E_TIMEOUT = 17,      /**< a collective did not complete in time (MPI layer) */
+    GCOMP_E_MPI = 18,          /**< an MPI call failed (MPI layer) */
+    GCOMP_E_FAILED = 19,       /**< the object is in a failed state until reset (MPI layer) */
+    GCOMP_E_UNSUPPORTED = 20,  /**< operation not available for this codec or build */
+    GCOMP_E_IO = 21            /**< file or data-set I/O error (tools, trainer) */
+} gcomp_status;
+
+/** Returns a static, human-readable name for a status ("checksum mismatch", ...). */
+GCOMP_API const char *gcomp_status_str(gcomp_status s);
+
+/** Library version as "MAJOR.MINOR.PATCH". */
+GCOMP_API const char *gcomp_version(void);
+
+/**
+ * Optional detail for a failed call: the status and a message a user can act on
+ * (e.g. "topk: unknown key 'densty'; allowed: density, values, feedback, seed").
+ * Every function that takes a `gcomp_error *` accepts NULL.
+ */
+typedef struct gcomp_error {
+    gcomp_status status;
+    char message[256];
+} gcomp_error;
+
+/* ------------------------------------------------------------------------------------- */
+/* Codec registry                                                                          */
+
+typedef enum gcomp_param_type {
+    GCOMP_PARAM_INT = 0,   /**< unsigned 64-bit integer */
+    GCOMP_PARAM_FLOAT = 1, /**< double */
+    GCOMP_PARAM_ENUM = 2,  /**< one of `choices` ("a|b|c") */
+    GCOMP_PARAM_BOOL = 3   /**< 0 or 1 */
+} gcomp_param_type;
+
+/** One parameter of a codec, as the parser, `gradcomp list-codecs` and Python see it. */
+typedef struct gcomp_param_info {
+    const char *name;
+    gcomp_param_type type;
+    double min, max;     /**< inclusive range (INT, FLOAT) */
+    int min_exclusive;   /**< 1 when `min` itself is not allowed (e.g. density > 0) */
+    const char *deflt;   /**< default, as it would be written in a spec */
+    const char *choices; /**< ENUM: "a|b|c"; NULL otherwise */
+    const char *help;
+} gcomp_param_info;
+
+/** Codec properties (bit flags in gcomp_codec_info.flags). */
+enum {
+    GCOMP_CODEC_SPARSE = 1u << 0,     /**< sends a subset of elements (indices travel or are seeded) */
+    GCOMP_CODEC_LINEAR = 1u << 1,     /**< messages of all ranks can be summed by a dense allreduce */
+    GCOMP_CODEC_STOCHASTIC = 1u << 2, /**< uses the seed; same seed and input give the same bytes */
+    GCOMP_CODEC_QUANTIZER = 1u << 3,  /**< a value coder usable as `values=` of any selector */
+    GCOMP_CODEC_MULTIPHASE = 1u << 4, /**< has a multi-round protocol (PowerSGD) besides encode */
+    GCOMP_CODEC_NEEDS_SHAPE = 1u << 5 /**< uses the tensor's matrix shape */
+};
+
+typedef struct gcomp_codec_info {
+    const char *name;
+    uint16_t id; /**< codec id on the wire */
+    unsigned flags;
+    const char *help;
+    const gcomp_param_info *params; /**< this codec's own parameters */
+    size_t nparams;
+} gcomp_codec_info;
+
+/** Number of codecs in the registry, and the i-th one (NULL when out of range). */
+GCOMP_API size_t gcomp_codec_count(void);
+GCOMP_API const gcomp_codec_info *gcomp_codec_at(size_t i);
+/** Looks a codec up by name or by wire id; NULL when there is none. */
+GCOMP_API const gcomp_codec_info *gcomp_codec_find(const char *name);
+GCOMP_API const gcomp_codec_info *gcomp_codec_by_id(uint16_t id);
+
+/** Parameters every codec accepts (feedback=, seed=, and those of the feedback kinds). */
+GCOMP_API const gcomp_param_info *gcomp_common_params(size_t *count);
+
+/**
+ * Validates `spec` and writes its canonical form (codec name, then every parameter in
+ * table order with its value, defaults included) into `out` (NUL-terminated).
+ * Returns GCOMP_OK, GCOMP_E_SPEC, GCOMP_E_UNKNOWN_CODEC or GCOMP_E_DST_SIZE.
+ * `fingerprint` (may be NULL) receives the 64-bit fingerprint of the canonical form: the
+ * value every message made with this spec carries in its header.
+ */
+GCOMP_API gcomp_status gcomp_spec_canonical(const char *spec, char *out, size_t out_cap,
+                                            uint64_t *fingerprint, gcomp_error *err);
+
+/* ------------------------------------------------------------------------------------- */
+/* Compressor: one per tensor, holds the tensor's state between steps                      */
+
+typedef struct gcomp_compressor gcomp_compressor;
+
+/**
+ * Creates a compressor for a tensor of `n` float32 elements.
+ *  spec        the method (see above); copied.
+ *  rows, cols  optional matrix shape (both 0 for a plain vector; otherwise rows*cols == n).
+ *              Codecs that need a shape (powersgd, rows, cols) reject a vector with
+ *              GCOMP_E_ARG unless they document a fallback.
+ *  err         may be NULL.
+ * Returns GCOMP_OK, GCOMP_E_ARG, GCOMP_E_SPEC, GCOMP_E_UNKNOWN_CODEC, GCOMP_E_LIMIT
+ * (n above 2^32-1) or GCOMP_E_NOMEM.  On failure *out is NULL.
+ */
+GCOMP_API gcomp_status gcomp_compressor_create(gcomp_compressor **out, const char *spec, size_t n,
+                                               size_t rows, size_t cols, gcomp_error *err);
+
+/** Frees a compressor and its state. NULL is a no-op. */
+GCOMP_API void gcomp_compressor_free(gcomp_compressor *c);
+
+/** The canonical spec (owned by `c`, valid until free) and its fingerprint. */
+GCOMP_API const char *gcomp_compressor_spec(const gcomp_compressor *c);
+GCOMP_API uint64_t gcomp_compressor_fingerprint(const gcomp_compressor *c);
+GCOMP_API const gcomp_codec_info *gcomp_compressor_codec(const gcomp_compressor *c);
+GCOMP_API size_t gcomp_compressor_size(const gcomp_compressor *c);
+
+/**
+ * Largest message `gcomp_encode` can produce for this compressor, header included.
+ * Encoding into that many bytes cannot fail with GCOMP_E_DST_SIZE.
+ */
+GCOMP_API size_t gcomp_encode_bound(const gcomp_compressor *c);
+
+/**
+ * Encodes one step's gradient.
+ *  grad     n float32 values; borrowed, never written.
+ *  dst      caller's buffer of `dst_cap` bytes; *dst_len receives the message size.
+ * With feedback, the residual (and momentum) are updated; they change only when the
+ * call returns GCOMP_OK.  A NaN or Inf in `grad` gives GCOMP_E_NONFINITE and leaves the
+ * state as it was (nothing held back is lost).
+ * Returns GCOMP_OK, GCOMP_E_ARG, GCOMP_E_DST_SIZE, GCOMP_E_NONFINITE, GCOMP_E_NOMEM.
+ */
+GCOMP_API gcomp_status gcomp_encode(gcomp_compressor *c, const float *grad, void *dst,
+                                    size_t dst_cap, size_t *dst_len);
+
+/**
+ * Decodes a message made by this compressor's spec and adds `scale` times its tensor
+ * into `acc` (n floats).  Also checks that the message's fingerprint and size are this
+ * compressor's (GCOMP_E_MISMATCH otherwise) and counts the time in the statistics.
+ * The decode workspace of `c` is reused: no allocation on the steady path.
+ */
+GCOMP_API gcomp_status gcomp_compressor_decode_add(gcomp_compressor *c, const void *msg,
+                                                   size_t len, float *acc, float scale);
+
+/**
+ * Decodes any message (stateless; the message is untrusted) and adds `scale` times its
+ * tensor into `acc`, which holds `n` floats.  `acc` may be NULL to validate only.
+ * On error `acc` may have been partly updated only for GCOMP_E_NOMEM; every format error
+ * is found before the first write.
+ * Returns GCOMP_OK, GCOMP_E_ARG, GCOMP_E_TRUNCATED, GCOMP_E_BAD_MAGIC, GCOMP_E_VERSION,
+ * GCOMP_E_CODEC_ID, GCOMP_E_CHECKSUM, GCOMP_E_CORRUPT, GCOMP_E_MISMATCH (n differs),
+ * GCOMP_E_LIMIT, GCOMP_E_NOMEM.
+ */
+GCOMP_API gcomp_status gcomp_decode_add(const void *msg, size_t len, float *acc, size_t n,
+                                        float scale);
+
+/** Header fields of a message, as read by gcomp_message_inspect. */
+typedef struct gcomp_message_info {
+    unsigned format_version;
+    uint16_t codec_id;
+    const char *codec_name; /**< static; "?" for an unknown id */
+    uint32_t flags;
+    uint64_t n;              /**< elements of the tensor */
+    uint32_t payload_len;    /**< bytes after the header */
+    uint64_t fingerprint;    /**< of the canonical spec that made it */
+    uint32_t payload_crc;    /**< CRC-32C of the payload */
+    uint64_t elements_sent;  /**< values carried (k for sparse, n for dense) when known */
+    const char *index_coding; /**< "none", "bitmap", "varint", "elias-fano", "seeded", ... */
+    const char *value_coding; /**< "f32", "f16", "int8", ... or "" */
+} gcomp_message_info;
+
+/**
+ * Reads and checks a message's header (and, when `len` covers it, the payload checksum
+ * and the sparse section header).  Does not decode the values.
+ * Returns the same header statuses as gcomp_decode_add.
+ */
+GCOMP_API gcomp_status gcomp_message_inspect(const void *msg, size_t len,
+                                             gcomp_message_info *info);
+
+/* ---- per-tensor state ---------------------------------------------------------------- */
+
+/** Bytes needed to save the compressor's state (versioned blob, docs/FORMAT.md). */
+GCOMP_API size_t gcomp_state_bound(const gcomp_compressor *c);
+/** Saves the state. Returns GCOMP_OK, GCOMP_E_ARG or GCOMP_E_DST_SIZE. */
+GCOMP_API gcomp_status gcomp_state_save(const gcomp_compressor *c, void *dst, size_t cap,
+                                        size_t *len);
+/**
+ * Loads a saved state into `c`.  The blob must come from a compressor with the same
+ * canonical spec and shape (GCOMP_E_MISMATCH otherwise); a corrupt blob gives
+ * GCOMP_E_STATE or GCOMP_E_CHECKSUM, a newer version GCOMP_E_VERSION.  On any error the
+ * state of `c` is unchanged.
+ */
+GCOMP_API gcomp_status gcomp_state_load(gcomp_compressor *c, const void *src, size_t len);
+/** Creates a compressor from a saved blob alone (spec and shape come from the blob). */
+GCOMP_API gcomp_status gcomp_compressor_from_state(gcomp_compressor **out, const void *src,
+                                                   size_t len, gcomp_error *err);
+/** Forgets residuals, momentum, warm starts and the step counter. */
+GCOMP_API void gcomp_state_reset(gcomp_compressor *c);
+
+/**
+ * Read-only view of the error-feedback residual (n floats), or NULL when the spec keeps
+ * none.  Valid until the next call on `c`.
+ */
+GCOMP_API const float *gcomp_compressor_residual(const gcomp_compressor *c);
+
+/** Number of successful encodes since creation (or reset, or as loaded). */
+GCOMP_API uint64_t gcomp_compressor_step(const gcomp_compressor *c);
+
+/**
+ * Tells the compressor which training epoch (fractional) the next encode belongs to;
+ * schedules such as DGC's warm-up read it.  Negative or non-finite: GCOMP_E_ARG.
+ */
+GCOMP_API gcomp_status gcomp_compressor_set_epoch(gcomp_compressor *c, double epoch);
+
+/* ---- statistics ---------------------------------------------------------------------- */
+
+typedef struct gcomp_stats {
+    uint64_t messages;      /**< successful encodes */
+    uint64_t bytes_in;      /**< 4 * n per encode */
+    uint64_t bytes_out;     /**< message bytes produced, headers included */
+    uint64_t elements_sent; /**< values carried by the messages */
+    uint64_t encode_ns;     /**< wall time spent in gcomp_encode */
+    uint64_t decoded;       /**< messages decoded through gcomp_compressor_decode_add */
+    uint64_t decode_ns;     /**< wall time spent there */
+} gcomp_stats;
+
+GCOMP_API void gcomp_compressor_stats(const gcomp_compressor *c, gcomp_stats *out);
+GCOMP_API void gcomp_compressor_stats_reset(gcomp_compressor *c);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* GRADCOMP_H */

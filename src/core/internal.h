@@ -1,0 +1,323 @@
+/*
+ * internal.h - what the codec stages share inside libgradcomp (never installed).
+ *
+ * A compressor is three parts (GRACE's split): feedback (what is remembered between
+ * steps), codec (one tensor in, one message out) and, outside this library, comm.
+ *
+ *   gcomp_encode(c, g)
+ *     feedback->prepare : working vector x (g itself, or e + g into a fresh buffer)
+ *     codec->encode     : header + payload; when the feedback keeps a residual, the codec
+ *                         overwrites x[i] with x[i] - decoded[i] where it sent something
+ *     feedback->commit  : only after success (swap buffers, momentum masking, step++)
+ *
+ * Most codecs are "selector + value coder": the generic pipeline in codec_sparse.c runs
+ * a selector (which elements), a value coder (how each value travels) and an index coder
+ * (how positions travel), and lays them out as the sparse section of docs/FORMAT.md.
+ * Quantizers are the dense selector with a fixed value coder.  A codec that fits none of
+ * that (PowerSGD) overrides encode/decode wholesale.
+ */
+#ifndef GCOMP_INTERNAL_H
+#define GCOMP_INTERNAL_H
+
+#include "gradcomp.h"
+
+#include <stdbool.h>
+#include <string.h>
+
+#define GCOMP__MAX_ITEMS 32 /* parameters in one parsed spec */
+#define GCOMP__SPEC_MAX 512 /* canonical spec length */
+
+/* ---- parsed spec ---------------------------------------------------------------------- */
+
+typedef struct gcomp__vcoder gcomp__vcoder;
+typedef struct gcomp__codec gcomp__codec;
+typedef struct gcomp__feedback gcomp__feedback;
+
+typedef struct gcomp__spec {
+    const gcomp__codec *codec;
+    const gcomp__vcoder *vcoder;     /* value coder chosen by values= (or fixed) */
+    const gcomp__feedback *feedback; /* none, ef, dgc */
+    size_t count;
+    struct {
+        const gcomp_param_info *p;
+        double v;
+    } items[GCOMP__MAX_ITEMS];
+    char canonical[GCOMP__SPEC_MAX];
+    uint64_t fingerprint;
+} gcomp__spec;
+
+/* Value of a parameter by name; the parser guarantees every table entry is present, so a
+ * missing name is a programming error and returns `dflt`. */
+double gcomp__spec_num(const gcomp__spec *s, const char *name, double dflt);
+gcomp_status gcomp__spec_parse(const char *text, gcomp__spec *out, gcomp_error *err);
+
+/* ---- errors --------------------------------------------------------------------------- */
+
+/* Sets err (may be NULL) and returns st. printf-style. */
+gcomp_status gcomp__fail(gcomp_error *err, gcomp_status st, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+/* ---- memory ----------------------------------------------------------------------------- */
+
+/* 64-byte aligned; big buffers get MADV_HUGEPAGE (a fresh 4 KiB page costs ~10 us to touch
+ * here).  gcomp__free(NULL) is a no-op.  Every library allocation goes through these so
+ * the anomaly tests can fail the N-th one. */
+void *gcomp__alloc(size_t bytes);
+void *gcomp__calloc(size_t bytes);
+void gcomp__free(void *p);
+/* Test hook: fail the allocation after `n` more succeed; (size_t)-1 disables. */
+GCOMP_API void gcomp__test_fail_alloc_after(size_t n);
+
+/* A growable scratch buffer owned by a compressor or decoder. */
+typedef struct gcomp__buf {
+    void *p;
+    size_t cap;
+} gcomp__buf;
+gcomp_status gcomp__buf_reserve(gcomp__buf *b, size_t bytes);
+void gcomp__buf_free(gcomp__buf *b);
+
+/* ---- little-endian I/O ------------------------------------------------------------------ */
+
+static inline void gcomp__put16(uint8_t *p, uint16_t v) { memcpy(p, &v, 2); }
+static inline void gcomp__put32(uint8_t *p, uint32_t v) { memcpy(p, &v, 4); }
+static inline void gcomp__put64(uint8_t *p, uint64_t v) { memcpy(p, &v, 8); }
+static inline void gcomp__putf(uint8_t *p, float v) { memcpy(p, &v, 4); }
+static inline uint16_t gcomp__get16(const uint8_t *p) { uint16_t v; memcpy(&v, p, 2); return v; }
+static inline uint32_t gcomp__get32(const uint8_t *p) { uint32_t v; memcpy(&v, p, 4); return v; }
+static inline uint64_t gcomp__get64(const uint8_t *p) { uint64_t v; memcpy(&v, p, 8); return v; }
+static inline float gcomp__getf(const uint8_t *p) { float v; memcpy(&v, p, 4); return v; }
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+#error "gradcomp's wire code assumes a little-endian host; add byte swaps before porting"
+#endif
+
+/* ---- checksums, hashing, random numbers --------------------------------------------------- */
+
+uint32_t gcomp__crc32c(uint32_t crc, const void *data, size_t len);
+uint64_t gcomp__fnv1a64(const void *data, size_t len);
+
+/* Counter-based generator: the i-th draw of stream `key` is mix(key + i * golden), so any
+ * element's random number is computed independently (vectorisable, thread-splittable,
+ * identical on every platform).  splitmix64's finaliser (Steele et al., 2014). */
+static inline uint64_t gcomp__mix64(uint64_t z) {
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+static inline uint64_t gcomp__rand64(uint64_t key, uint64_t i) {
+    return gcomp__mix64(key + (i + 1) * 0x9e3779b97f4a7c15ull);
+}
+/* Uniform in [0, 1) with 24 bits. */
+static inline float gcomp__rand01(uint64_t key, uint64_t i) {
+    return (float)(gcomp__rand64(key, i) >> 40) * (1.0f / 16777216.0f);
+}
+/* Stream key of (seed, step, purpose): ranks with the same seed and step agree. */
+static inline uint64_t gcomp__stream(uint64_t seed, uint64_t step, uint64_t purpose) {
+    return gcomp__mix64(gcomp__mix64(seed ^ 0x6a09e667f3bcc909ull) + step * 0x3c6ef372fe94f82bull +
+                        purpose);
+}
+
+/* ---- half precision ------------------------------------------------------------------------- */
+
+uint16_t gcomp__f32_to_f16(float f); /* round to nearest even; overflow -> inf */
+float gcomp__f16_to_f32(uint16_t h);
+uint16_t gcomp__f32_to_bf16(float f);
+float gcomp__bf16_to_f32(uint16_t h);
+
+/* ---- value coders --------------------------------------------------------------------------- */
+
+/* Wire ids of value coders (docs/FORMAT.md, "value coders"). */
+enum {
+    GCOMP__V_F32 = 0,
+    GCOMP__V_F16 = 1,
+    GCOMP__V_BF16 = 2,
+    GCOMP__V_INT8 = 3,
+    GCOMP__V_INT4 = 4,
+    GCOMP__V_SIGN = 5,
+    GCOMP__V_TWOBIT = 6,
+    GCOMP__V_TERNARY = 7,
+    GCOMP__V_QSGD = 8
+};
+
+/* Parameters a value coder reads from the spec, resolved once at create. */
+typedef struct gcomp__vparams {
+    const gcomp__spec *spec; /* for coder-specific keys */
+    uint64_t seed;
+} gcomp__vparams;
+
+struct gcomp__vcoder {
+    const char *name;
+    uint8_t id;
+    const gcomp_param_info *params; /* keys this coder adds to the spec (bucket=, ...) */
+    size_t nparams;
+    /* Bytes for `nv` values at most. */
+    size_t (*bound)(const gcomp__vparams *p, size_t nv);
+    /* Codes v[0..nv).  `res` is NULL or may alias v: res[i] = v[i] - decoded(v[i]).
+     * `key` seeds stochastic rounding.  Non-finite input: GCOMP_E_NONFINITE. */
+    gcomp_status (*encode)(const gcomp__vparams *p, const float *v, size_t nv, float *res,
+                           uint64_t key, uint8_t *dst, size_t cap, size_t *len);
+    /* Untrusted input: src[0..len) must describe exactly nv values.  acc NULL validates
+     * only; otherwise acc[i] += scale * value_i for i < nv.  Every error is detected
+     * before the first write to acc. */
+    gcomp_status (*decode)(const uint8_t *src, size_t len, size_t nv, float *acc, float scale);
+};
+
+const gcomp__vcoder *gcomp__vcoder_find(const char *name);
+const gcomp__vcoder *gcomp__vcoder_by_id(uint8_t id);
+
+/* ---- index coders ---------------------------------------------------------------------------- */
+
+enum {
+    GCOMP__IX_NONE = 0,      /* dense: every position, in order */
+    GCOMP__IX_BITMAP = 1,    /* one bit per position */
+    GCOMP__IX_VARINT = 2,    /* gaps as LEB128 */
+    GCOMP__IX_ELIAS_FANO = 3,
+    GCOMP__IX_SEEDED = 4     /* k positions drawn from a 64-bit key (random-k) */
+};
+const char *gcomp__index_name(unsigned kind);
+/* Chooses the smallest of bitmap / varint / Elias-Fano for k strictly ascending idx < n
+ * and writes it; *kind receives the choice. */
+size_t gcomp__index_bound(size_t k, size_t n);
+gcomp_status gcomp__index_encode(const uint32_t *idx, size_t k, size_t n, uint8_t *dst,
+                                 size_t cap, size_t *len, unsigned *kind);
+/* Decodes and validates (strictly ascending, < n, exact length). */
+gcomp_status gcomp__index_decode(unsigned kind, const uint8_t *src, size_t len, size_t k,
+                                 size_t n, uint32_t *idx);
+/* The k distinct positions of random-k for (key, n), ascending.  `scratch` holds n bits. */
+gcomp_status gcomp__seeded_indices(uint64_t key, size_t n, size_t k, uint32_t *idx,
+                                   gcomp__buf *scratch);
+
+/* ---- selection -------------------------------------------------------------------------------- */
+
+/* How index entries expand to element positions (docs/FORMAT.md, sparse section). */
+enum {
+    GCOMP__EXPAND_ELEM = 0, /* entry i is element i */
+    GCOMP__EXPAND_RUN = 1,  /* entry b covers [b*unit, min(n, (b+1)*unit)) (blocks, rows) */
+    GCOMP__EXPAND_STRIDE = 2 /* entry j covers j, j+stride, ... (unit of them) (columns) */
+};
+
+/* What a selector hands the generic pipeline.  Buffers belong to the compressor's
+ * workspace (gcomp__sel_reserve). */
+typedef struct gcomp__selection {
+    uint32_t *idx;  /* k entries, strictly ascending */
+    float *val;     /* nvals values in expansion order, already scaled (1/p for unbiased) */
+    size_t k, nvals;
+    unsigned index_kind; /* GCOMP__IX_SEEDED, or anything else: the smallest coding */
+    uint64_t seed_key;   /* GCOMP__IX_SEEDED */
+    unsigned expand;
+    uint32_t unit, stride;
+} gcomp__selection;
+
+/* Finds the k largest |x| exactly (ties: lower index first); idx ascending, val = x[idx].
+ * O(n): a sampled threshold and one SIMD compaction pass, with an exact radix select as
+ * the fallback.  Sets *nonfinite when x holds NaN/Inf (then the output is unspecified). */
+gcomp_status gcomp__topk(gcomp_compressor *c, const float *x, size_t n, size_t k,
+                         gcomp__selection *sel, bool *nonfinite);
+/* Collects every i with |x[i]| >= t into idx/val (ascending) up to `cap`; returns the total
+ * count (which may exceed cap: then only cap were written). */
+size_t gcomp__collect_ge(const float *x, size_t n, float t, uint32_t *idx, float *val, size_t cap);
+/* 1 when x[0..n) is all finite. */
+bool gcomp__all_finite(const float *x, size_t n);
+
+/* ---- codecs ------------------------------------------------------------------------------------ */
+
+struct gcomp__codec {
+    gcomp_codec_info info;
+    /* Quantizer codecs: dense selection with this fixed value coder; NULL: `values=`. */
+    const gcomp__vcoder *fixed_values;
+    /* Generic pipeline: choose elements of x (the working vector).  NULL for dense. */
+    gcomp_status (*select)(gcomp_compressor *c, const float *x, gcomp__selection *sel);
+    /* Optional: validate shape/params and allocate codec state (c->codec_state). */
+    gcomp_status (*init)(gcomp_compressor *c, gcomp_error *err);
+    void (*fini)(gcomp_compressor *c);
+    /* Optional overrides of the whole pipeline (multi-phase codecs). */
+    size_t (*payload_bound)(const gcomp_compressor *c);
+    gcomp_status (*encode)(gcomp_compressor *c, const float *x, float *res, uint8_t *payload,
+                           size_t cap, size_t *len);
+    gcomp_status (*decode)(const uint8_t *payload, size_t len, size_t n, float *acc,
+                           float scale, gcomp__buf *ws);
+    /* Optional codec-private state (beyond feedback buffers), for save/load. */
+    size_t (*state_size)(const gcomp_compressor *c);
+    void (*state_save)(const gcomp_compressor *c, uint8_t *dst);
+    gcomp_status (*state_load)(gcomp_compressor *c, const uint8_t *src, size_t len);
+    void (*state_reset)(gcomp_compressor *c);
+    /* Feedback this codec implies and does not let the spec change (MXNet 2-bit keeps a
+     * residual by definition: "ef"; the dgc codec: "dgc").  NULL: the spec chooses. */
+    const char *fixed_feedback;
+};
+
+const gcomp__codec *gcomp__codec_find(const char *name);
+/* Value coders a selector's `values=` may name; keep in step with registry.c. */
+#define GCOMP__VALUES_CHOICES "f32|f16|bf16"
+/* Parameters most selectors share, so their tables do not repeat them. */
+#define GCOMP__PARAM_VALUES                                                                        \
+    {"values", GCOMP_PARAM_ENUM, 0, 0, 0, "f32", GCOMP__VALUES_CHOICES,                            \
+     "how each kept value travels (a value coder; its own keys are accepted too)"}
+#define GCOMP__PARAM_DENSITY(dflt)                                                                 \
+    {"density", GCOMP_PARAM_FLOAT, 0, 1, 1, dflt, NULL,                                            \
+     "fraction of elements sent: k = ceil(density * n)"}
+const gcomp__codec *gcomp__codec_by_id(uint16_t id);
+
+/* Generic sparse/dense pipeline (codec_sparse.c). */
+size_t gcomp__sparse_payload_bound(const gcomp_compressor *c);
+gcomp_status gcomp__sparse_encode(gcomp_compressor *c, const float *x, float *res,
+                                  uint8_t *payload, size_t cap, size_t *len);
+gcomp_status gcomp__sparse_decode(const uint8_t *payload, size_t len, size_t n, float *acc,
+                                  float scale, gcomp__buf *ws);
+gcomp_status gcomp__sparse_info(const uint8_t *payload, size_t len, gcomp_message_info *info);
+
+/* ---- feedback ----------------------------------------------------------------------------------- */
+
+struct gcomp__feedback {
+    const char *name;
+    const gcomp_param_info *params; /* keys this feedback adds (momentum=, ...) */
+    size_t nparams;
+    gcomp_status (*init)(gcomp_compressor *c);
+    void (*fini)(gcomp_compressor *c);
+    /* Working vector for this step: *x = g (no feedback) or a workspace holding e + g.
+     * *res is where the codec writes x - decoded (NULL: no residual kept).  Must not
+     * change the saved state; checks g for NaN/Inf. */
+    gcomp_status (*prepare)(gcomp_compressor *c, const float *g, const float **x, float **res);
+    /* Called only after a successful encode: make the new state current. */
+    void (*commit)(gcomp_compressor *c);
+    size_t (*state_size)(const gcomp_compressor *c);
+    void (*state_save)(const gcomp_compressor *c, uint8_t *dst);
+    gcomp_status (*state_load)(gcomp_compressor *c, const uint8_t *src, size_t len);
+    void (*state_reset)(gcomp_compressor *c);
+    const float *(*residual)(const gcomp_compressor *c);
+};
+const gcomp__feedback *gcomp__feedback_find(const char *name);
+extern const gcomp__feedback gcomp__feedback_none;
+extern const gcomp__feedback gcomp__feedback_ef;
+
+/* ---- the compressor object --------------------------------------------------------------------- */
+
+struct gcomp_compressor {
+    gcomp__spec spec;
+    const gcomp__codec *codec;
+    size_t n, rows, cols;
+    uint64_t seed;
+    uint64_t step; /* successful encodes */
+    double epoch;  /* set by the caller; schedules read it */
+
+    gcomp__vparams vp;
+    size_t max_entries, max_values; /* selection size bound, set by codec init (default n) */
+    void *codec_state;
+    void *fb_state;
+
+    /* Workspace for selection (reused every step). */
+    gcomp__buf sel_idx, sel_val, sel_tmp, sel_res, scratch;
+    gcomp__selection last; /* the last successful selection (DGC masking reads it) */
+    bool last_dense;       /* the last message carried every element */
+    gcomp__buf dec_ws;     /* decode workspace */
+
+    gcomp_stats stats;
+};
+
+/* Grows the selection buffers to hold k index entries and nv values. */
+gcomp_status gcomp__sel_reserve(gcomp_compressor *c, size_t k, size_t nv,
+                                gcomp__selection *sel);
+
+/* Monotonic clock in ns. */
+uint64_t gcomp__now_ns(void);
+
+#endif /* GCOMP_INTERNAL_H */

@@ -1,0 +1,336 @@
+/*
+ * spec.c - the spec grammar `name[:key=value,...]`, shared by C, the CLI and Python.
+ *
+ * A spec is checked against the parameter tables (the codec's own, its value coder's,
+ * the common keys, and the chosen feedback's) -- the same tables `gradcomp list-codecs`
+ * prints -- so nothing is hard-coded twice.  The canonical form lists every parameter
+ * of those tables in table order with its value, defaults included; its FNV-1a hash is
+ * the fingerprint that every message carries, so two ranks with different settings are
+ * caught even when one of them spelled out a default and the other did not.
+ */
+#include "core/internal.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+static const gcomp_param_info common_params[] = {
+    {"feedback", GCOMP_PARAM_ENUM, 0, 0, 0, "none", "none|ef|dgc",
+     "what the compressor remembers: none, ef (error-feedback residual), dgc (momentum "
+     "correction, clipping, masking, warm-up)"},
+    {"seed", GCOMP_PARAM_INT, 0, 18446744073709551615.0, 0, "0", NULL,
+     "seed of every random choice; ranks that must agree (random-k) use the same one"},
+};
+
+const gcomp_param_info *gcomp_common_params(size_t *count) {
+    if (count) *count = sizeof common_params / sizeof common_params[0];
+    return common_params;
+}
+
+double gcomp__spec_num(const gcomp__spec *s, const char *name, double dflt) {
+    for (size_t i = 0; i < s->count; i++)
+        if (strcmp(s->items[i].p->name, name) == 0) return s->items[i].v;
+    return dflt;
+}
+
+/* Index of `word` in "a|b|c", or -1. */
+static int choice_index(const char *choices, const char *word, size_t wlen) {
+    int i = 0;
+    const char *p = choices;
+    while (*p) {
+        const char *bar = strchr(p, '|');
+        size_t len = bar ? (size_t)(bar - p) : strlen(p);
+        if (len == wlen && memcmp(p, word, len) == 0) return i;
+        if (!bar) break;
+        p = bar + 1;
+        i++;
+    }
+    return -1;
+}
+
+static void choice_name(const char *choices, int idx, char *out, size_t cap) {
+    const char *p = choices;
+    for (int i = 0; i < idx && p; i++) {
+        p = strchr(p, '|');
+        if (p) p++;
+    }
+    if (!p) p = "?";
+    size_t len = strcspn(p, "|");
+    if (len >= cap) len = cap - 1;
+    memcpy(out, p, len);
+    out[len] = 0;
+}
+
+static void format_value(const gcomp_param_info *p, double v, char *out, size_t cap) {
+    switch (p->type) {
+    case GCOMP_PARAM_INT: snprintf(out, cap, "%llu", (unsigned long long)v); break;
+    case GCOMP_PARAM_BOOL: snprintf(out, cap, "%d", v != 0); break;
+    case GCOMP_PARAM_ENUM: choice_name(p->choices, (int)v, out, cap); break;
+    default: snprintf(out, cap, "%.9g", v); break;
+    }
+}
+
+static void range_text(const gcomp_param_info *p, char *out, size_t cap) {
+    switch (p->type) {
+    case GCOMP_PARAM_ENUM: snprintf(out, cap, "one of %s", p->choices); break;
+    case GCOMP_PARAM_BOOL: snprintf(out, cap, "0 or 1"); break;
+    case GCOMP_PARAM_INT:
+        snprintf(out, cap, "an integer in [%.17g, %.17g]", p->min, p->max);
+        break;
+    default:
+        snprintf(out, cap, "a number in %c%.9g, %.9g]", p->min_exclusive ? '(' : '[', p->min,
+                 p->max);
+        break;
+    }
+}
+
+/* Parses text[0..len) as a value of p.  Returns 0 on success. */
+static int parse_value(const gcomp_param_info *p, const char *text, size_t len, double *out) {
+    char buf[64];
+    if (len == 0 || len >= sizeof buf) return -1;
+    memcpy(buf, text, len);
+    buf[len] = 0;
+    char *end = NULL;
+    errno = 0;
+    switch (p->type) {
+    case GCOMP_PARAM_ENUM: {
+        int i = choice_index(p->choices, buf, len);
+        if (i < 0) return -1;
+        *out = i;
+        return 0;
+    }
+    case GCOMP_PARAM_BOOL:
+        if (!strcmp(buf, "1") || !strcmp(buf, "true") || !strcmp(buf, "yes")) *out = 1;
+        else if (!strcmp(buf, "0") || !strcmp(buf, "false") || !strcmp(buf, "no")) *out = 0;
+        else return -1;
+        return 0;
+    case GCOMP_PARAM_INT: {
+        if (!isdigit((unsigned char)buf[0])) return -1;
+        unsigned long long v = strtoull(buf, &end, 10);
+        if (errno || *end) return -1;
+        *out = (double)v;
+        break;
+    }
+    default: {
+        double v = strtod(buf, &end);
+        if (errno || *end || !isfinite(v)) return -1;
+        *out = v;
+        break;
+    }
+    }
+    if (*out > p->max || *out < p->min || (p->min_exclusive && *out == p->min)) return -1;
+    return 0;
+}
+
+typedef struct table {
+    const gcomp_param_info *p;
+    size_t n;
+} table;
+
+static void list_keys(const table *t, size_t nt, char *out, size_t cap) {
+    size_t used = 0;
+    out[0] = 0;
+    for (size_t i = 0; i < nt; i++)
+        for (size_t j = 0; j < t[i].n; j++) {
+            int w = snprintf(out + used, cap - used, "%s%s", used ? ", " : "", t[i].p[j].name);
+            if (w < 0 || (size_t)w >= cap - used) return;
+            used += (size_t)w;
+        }
+}
+
+static void list_codecs(char *out, size_t cap) {
+    size_t used = 0;
+    out[0] = 0;
+    for (size_t i = 0; i < gcomp_codec_count(); i++) {
+        int w = snprintf(out + used, cap - used, "%s%s", used ? ", " : "",
+                         gcomp_codec_at(i)->name);
+        if (w < 0 || (size_t)w >= cap - used) return;
+        used += (size_t)w;
+    }
+}
+
+/* One key=value of the input, before tables are known. */
+typedef struct kv {
+    const char *key, *val;
+    size_t klen, vlen;
+    bool used;
+} kv;
+
+static const char *trim(const char *s, const char *e, const char **end) {
+    while (s < e && isspace((unsigned char)*s)) s++;
+    while (e > s && isspace((unsigned char)e[-1])) e--;
+    *end = e;
+    return s;
+}
+
+gcomp_status gcomp__spec_parse(const char *text, gcomp__spec *out, gcomp_error *err) {
+    char listing[200];
+    if (!text || !out) return gcomp__fail(err, GCOMP_E_ARG, "spec: NULL argument");
+    memset(out, 0, sizeof *out);
+    size_t tlen = strlen(text);
+    if (tlen > 1000) return gcomp__fail(err, GCOMP_E_SPEC, "spec: longer than 1000 characters");
+
+    /* Codec name. */
+    const char *colon = strchr(text, ':');
+    const char *nend, *name = trim(text, colon ? colon : text + tlen, &nend);
+    size_t nlen = (size_t)(nend - name);
+    char cname[48];
+    if (nlen == 0) {
+        list_codecs(listing, sizeof listing);
+        return gcomp__fail(err, GCOMP_E_SPEC, "spec: empty codec name; known: %s", listing);
+    }
+    if (nlen >= sizeof cname) nlen = sizeof cname - 1;
+    memcpy(cname, name, nlen);
+    cname[nlen] = 0;
+    const gcomp__codec *codec = gcomp__codec_find(cname);
+    if (!codec) {
+        list_codecs(listing, sizeof listing);
+        return gcomp__fail(err, GCOMP_E_UNKNOWN_CODEC, "unknown codec '%s'; known: %s", cname,
+                           listing);
+    }
+
+    /* key=value pairs. */
+    kv pairs[GCOMP__MAX_ITEMS];
+    size_t np = 0;
+    if (colon) {
+        const char *p = colon + 1, *end = text + tlen;
+        while (p <= end) {
+            const char *comma = memchr(p, ',', (size_t)(end - p));
+            const char *iend = comma ? comma : end;
+            const char *ie, *is = trim(p, iend, &ie);
+            if (is == ie) {
+                if (comma || p != colon + 1)
+                    return gcomp__fail(err, GCOMP_E_SPEC, "%s: empty item in '%s'", cname, text);
+            } else {
+                const char *eq = memchr(is, '=', (size_t)(ie - is));
+                if (!eq)
+                    return gcomp__fail(err, GCOMP_E_SPEC, "%s: expected key=value, got '%.*s'",
+                                       cname, (int)(ie - is), is);
+                if (np == GCOMP__MAX_ITEMS)
+                    return gcomp__fail(err, GCOMP_E_SPEC, "%s: too many parameters", cname);
+                kv *k = &pairs[np++];
+                const char *ke, *ks = trim(is, eq, &ke);
+                const char *ve, *vs = trim(eq + 1, ie, &ve);
+                *k = (kv){ks, vs, (size_t)(ke - ks), (size_t)(ve - vs), false};
+                for (size_t j = 0; j + 1 < np; j++)
+                    if (pairs[j].klen == k->klen && !memcmp(pairs[j].key, k->key, k->klen))
+                        return gcomp__fail(err, GCOMP_E_SPEC, "%s: key '%.*s' given twice", cname,
+                                           (int)k->klen, k->key);
+            }
+            if (!comma) break;
+            p = comma + 1;
+        }
+    }
+
+    /* Which tables apply: codec, value coder, common, feedback. */
+    const gcomp__vcoder *vc = codec->fixed_values;
+    const gcomp_param_info *values_param = NULL;
+    for (size_t j = 0; j < codec->info.nparams; j++)
+        if (!strcmp(codec->info.params[j].name, "values")) values_param = &codec->info.params[j];
+    if (values_param) {
+        const char *vname = values_param->deflt;
+        size_t vlen = strlen(vname);
+        for (size_t i = 0; i < np; i++)
+            if (pairs[i].klen == 6 && !memcmp(pairs[i].key, "values", 6)) {
+                vname = pairs[i].val;
+                vlen = pairs[i].vlen;
+            }
+        char vbuf[32];
+        if (vlen >= sizeof vbuf) vlen = sizeof vbuf - 1;
+        memcpy(vbuf, vname, vlen);
+        vbuf[vlen] = 0;
+        vc = gcomp__vcoder_find(vbuf);
+        if (!vc)
+            return gcomp__fail(err, GCOMP_E_SPEC, "%s: values=%s is not a value coder; one of %s",
+                               cname, vbuf, values_param->choices);
+    }
+    const char *fbname = codec->fixed_feedback ? codec->fixed_feedback : "none";
+    for (size_t i = 0; i < np; i++)
+        if (pairs[i].klen == 8 && !memcmp(pairs[i].key, "feedback", 8)) {
+            char fb[16];
+            size_t l = pairs[i].vlen < sizeof fb - 1 ? pairs[i].vlen : sizeof fb - 1;
+            memcpy(fb, pairs[i].val, l);
+            fb[l] = 0;
+            if (!gcomp__feedback_find(fb))
+                return gcomp__fail(err, GCOMP_E_SPEC, "%s: feedback=%s; one of %s", cname, fb,
+                                   common_params[0].choices);
+            if (codec->fixed_feedback && strcmp(fb, codec->fixed_feedback))
+                return gcomp__fail(err, GCOMP_E_SPEC,
+                                   "%s: feedback is always %s for this codec (it is part of the "
+                                   "method); remove feedback=%s",
+                                   cname, codec->fixed_feedback, fb);
+            fbname = gcomp__feedback_find(fb)->name;
+        }
+    const gcomp__feedback *fb = gcomp__feedback_find(fbname);
+
+    table tabs[4];
+    size_t nt = 0;
+    tabs[nt++] = (table){codec->info.params, codec->info.nparams};
+    if (vc && vc->nparams) tabs[nt++] = (table){vc->params, vc->nparams};
+    tabs[nt++] = (table){common_params, sizeof common_params / sizeof common_params[0]};
+    if (fb && fb->nparams) tabs[nt++] = (table){fb->params, fb->nparams};
+
+    /* Every parameter of every table, given or default, in table order. */
+    int w = snprintf(out->canonical, sizeof out->canonical, "%s", codec->info.name);
+    size_t used = (size_t)w;
+    char sep = ':';
+    for (size_t t = 0; t < nt; t++)
+        for (size_t j = 0; j < tabs[t].n; j++) {
+            const gcomp_param_info *p = &tabs[t].p[j];
+            if (out->count == GCOMP__MAX_ITEMS)
+                return gcomp__fail(err, GCOMP_E_SPEC, "%s: too many parameters", cname);
+            double v;
+            kv *given = NULL;
+            for (size_t i = 0; i < np; i++)
+                if (pairs[i].klen == strlen(p->name) && !memcmp(pairs[i].key, p->name, pairs[i].klen))
+                    given = &pairs[i];
+            const char *src = given ? given->val : p->deflt;
+            size_t slen = given ? given->vlen : strlen(p->deflt);
+            if (parse_value(p, src, slen, &v) != 0) {
+                char range[160];
+                range_text(p, range, sizeof range);
+                return gcomp__fail(err, GCOMP_E_SPEC, "%s: %s=%.*s is not allowed; %s must be %s",
+                                   cname, p->name, (int)slen, src, p->name, range);
+            }
+            if (given) given->used = true;
+            out->items[out->count].p = p;
+            out->items[out->count].v = v;
+            out->count++;
+            char vbuf[64];
+            format_value(p, v, vbuf, sizeof vbuf);
+            w = snprintf(out->canonical + used, sizeof out->canonical - used, "%c%s=%s", sep,
+                         p->name, vbuf);
+            if (w < 0 || (size_t)w >= sizeof out->canonical - used)
+                return gcomp__fail(err, GCOMP_E_SPEC, "%s: canonical spec too long", cname);
+            used += (size_t)w;
+            sep = ',';
+        }
+    for (size_t i = 0; i < np; i++)
+        if (!pairs[i].used) {
+            list_keys(tabs, nt, listing, sizeof listing);
+            return gcomp__fail(err, GCOMP_E_SPEC, "%s: unknown key '%.*s'; allowed: %s", cname,
+                               (int)pairs[i].klen, pairs[i].key, listing);
+        }
+    out->codec = codec;
+    out->vcoder = vc;
+    out->feedback = fb;
+    out->fingerprint = gcomp__fnv1a64(out->canonical, used);
+    return GCOMP_OK;
+}
+
+gcomp_status gcomp_spec_canonical(const char *spec, char *out, size_t out_cap,
+                                  uint64_t *fingerprint, gcomp_error *err) {
+    gcomp__spec s;
+    gcomp_status st = gcomp__spec_parse(spec, &s, err);
+    if (st != GCOMP_OK) return st;
+    size_t len = strlen(s.canonical);
+    if (out) {
+        if (out_cap <= len)
+            return gcomp__fail(err, GCOMP_E_DST_SIZE, "canonical spec needs %zu bytes", len + 1);
+        memcpy(out, s.canonical, len + 1);
+    }
+    if (fingerprint) *fingerprint = s.fingerprint;
+    return GCOMP_OK;
+}

@@ -1,0 +1,47 @@
+/*
+ * select_topk.c - the dense baseline `none` and exact `topk`.
+ *
+ * none:  every element, cast by the value coder (f32, f16, bf16, ...).
+ * topk:  the k = ceil(density * n) largest |g|, ties broken by the lower index, in O(n)
+ *        (select_common.c: sampled threshold + compaction + key quickselect, exact radix
+ *        select as the fallback).  Strom 2015, Aji & Heafield 2017.
+ */
+#include "core/internal.h"
+
+#include <math.h>
+
+size_t gcomp__density_k(const gcomp_compressor *c);
+size_t gcomp__density_k(const gcomp_compressor *c) {
+    double d = gcomp__spec_num(&c->spec, "density", 1.0);
+    double k = ceil(d * (double)c->n);
+    return k > (double)c->n ? c->n : (size_t)k;
+}
+
+static gcomp_status topk_init(gcomp_compressor *c, gcomp_error *err) {
+    (void)err;
+    c->max_entries = c->max_values = gcomp__density_k(c);
+    return GCOMP_OK;
+}
+
+static gcomp_status topk_select(gcomp_compressor *c, const float *x, gcomp__selection *sel) {
+    bool bad;
+    gcomp_status st = gcomp__topk(c, x, c->n, gcomp__density_k(c), sel, &bad);
+    return st == GCOMP_OK && bad ? GCOMP_E_NONFINITE : st;
+}
+
+static const gcomp_param_info none_params[] = {GCOMP__PARAM_VALUES};
+static const gcomp_param_info topk_params[] = {GCOMP__PARAM_DENSITY("0.01"), GCOMP__PARAM_VALUES};
+
+const gcomp__codec gcomp__codec_none = {
+    .info = {"none", 1, GCOMP_CODEC_LINEAR,
+             "dense baseline: every element, as f32 or cast (f16, bf16) by values=", none_params,
+             1},
+};
+
+const gcomp__codec gcomp__codec_topk = {
+    .info = {"topk", 2, GCOMP_CODEC_SPARSE,
+             "exact top-k by magnitude (ties: lower index), O(n) selection, never a full sort",
+             topk_params, 2},
+    .select = topk_select,
+    .init = topk_init,
+};
