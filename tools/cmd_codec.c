@@ -213,7 +213,8 @@ int cmd_verify(int argc, char **argv) {
             bad++;
         }
     }
-    return bad ? 1 : 0;
+    if (bad) return cli_fail(cmd, 1, "%d of %d messages invalid", bad, argc - 1);
+    return 0;
 }
 
 int cmd_state(int argc, char **argv) {

@@ -27,8 +27,20 @@ static void elem(gcomp__selection *sel, size_t k) {
     sel->stride = 0;
 }
 
+/* A 1/p-scaled (unbiased) estimator is not a contraction: with a residual, every kept
+ * element multiplies it by 1 - 1/p, and the residual diverges.  Refuse the combination. */
+static gcomp_status refuse_feedback(gcomp_compressor *c, gcomp_error *err) {
+    if (c->spec.feedback == &gcomp__feedback_none) return GCOMP_OK;
+    return gcomp__fail(err, GCOMP_E_SPEC,
+                       "%s: feedback=%s would diverge with an unbiased (1/p-scaled) estimate; use "
+                       "feedback=none, or a biased selector (topk, randomk without unbiased=1) "
+                       "with feedback",
+                       c->codec->info.name, c->spec.feedback->name);
+}
+
 static gcomp_status randomk_init(gcomp_compressor *c, gcomp_error *err) {
-    (void)err;
+    if (gcomp__spec_num(&c->spec, "unbiased", 0) != 0 && refuse_feedback(c, err) != GCOMP_OK)
+        return GCOMP_E_SPEC;
     c->max_entries = c->max_values = gcomp__density_k(c);
     return GCOMP_OK;
 }
@@ -173,7 +185,7 @@ static gcomp_status importance_select(gcomp_compressor *c, const float *x,
 }
 
 static gcomp_status any_k_init(gcomp_compressor *c, gcomp_error *err) {
-    (void)err;
+    if (refuse_feedback(c, err) != GCOMP_OK) return GCOMP_E_SPEC;
     c->max_entries = c->max_values = c->n;
     return GCOMP_OK;
 }
