@@ -212,6 +212,11 @@ typedef struct gcomp__selection {
  * the fallback.  Sets *nonfinite when x holds NaN/Inf (then the output is unspecified). */
 gcomp_status gcomp__topk(gcomp_compressor *c, const float *x, size_t n, size_t k,
                          gcomp__selection *sel, bool *nonfinite);
+/* Effective density of this step (select_topk.c): c->density_override when > 0 (DGC's
+ * warm-up sets it per epoch), else the spec's density=; and k = ceil(density * n) <= n.
+ * Selectors that take a count from density= read these, so schedules apply to them. */
+double gcomp__density(const gcomp_compressor *c);
+size_t gcomp__density_k(const gcomp_compressor *c);
 /* Collects every i with |x[i]| >= t into idx/val (ascending) up to `cap`; returns the total
  * count (which may exceed cap: then only cap were written). */
 size_t gcomp__collect_ge(const float *x, size_t n, float t, uint32_t *idx, float *val, size_t cap);
@@ -288,6 +293,7 @@ struct gcomp__feedback {
 const gcomp__feedback *gcomp__feedback_find(const char *name);
 extern const gcomp__feedback gcomp__feedback_none;
 extern const gcomp__feedback gcomp__feedback_ef;
+extern const gcomp__feedback gcomp__feedback_dgc;
 
 /* ---- the compressor object --------------------------------------------------------------------- */
 
@@ -298,6 +304,10 @@ struct gcomp_compressor {
     uint64_t seed;
     uint64_t step; /* successful encodes */
     double epoch;  /* set by the caller; schedules read it */
+    /* > 0: the density selectors use instead of density= (gcomp__density), set by the dgc
+     * feedback for its warm-up; at create it holds the largest density the schedule will
+     * use, so codec init sizes max_entries (and encode_bound) for the warm-up start. */
+    double density_override;
 
     gcomp__vparams vp;
     size_t max_entries, max_values; /* selection size bound, set by codec init (default n) */

@@ -14,11 +14,17 @@ extern const gcomp__codec gcomp__codec_sampled;
 extern const gcomp__codec gcomp__codec_randomk;
 extern const gcomp__codec gcomp__codec_bernoulli;
 extern const gcomp__codec gcomp__codec_importance;
+extern const gcomp__codec gcomp__codec_block;
+extern const gcomp__codec gcomp__codec_rows;
+extern const gcomp__codec gcomp__codec_cols;
+extern const gcomp__codec gcomp__codec_dgc;
 
 static const gcomp__codec *const codecs[] = {
     &gcomp__codec_none,      &gcomp__codec_topk,      &gcomp__codec_threshold,
     &gcomp__codec_sampled,   &gcomp__codec_randomk,   &gcomp__codec_bernoulli,
     &gcomp__codec_importance,
+    &gcomp__codec_block,     &gcomp__codec_rows,      &gcomp__codec_cols,
+    &gcomp__codec_dgc,
 };
 #define NCODECS (sizeof codecs / sizeof codecs[0])
 
@@ -36,6 +42,7 @@ static const gcomp__vcoder *const vcoders[] = {
 static const gcomp__feedback *const feedbacks[] = {
     &gcomp__feedback_none,
     &gcomp__feedback_ef,
+    &gcomp__feedback_dgc,
 };
 #define NFEEDBACKS (sizeof feedbacks / sizeof feedbacks[0])
 

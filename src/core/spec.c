@@ -287,7 +287,10 @@ gcomp_status gcomp__spec_parse(const char *text, gcomp__spec *out, gcomp_error *
                 if (pairs[i].klen == strlen(p->name) && !memcmp(pairs[i].key, p->name, pairs[i].klen))
                     given = &pairs[i];
             const char *src = given ? given->val : p->deflt;
-            size_t slen = given ? given->vlen : strlen(p->deflt);
+            /* A codec's fixed feedback is its default: the canonical form must name it. */
+            if (!given && p == &common_params[0] && codec->fixed_feedback)
+                src = codec->fixed_feedback;
+            size_t slen = given ? given->vlen : strlen(src);
             if (parse_value(p, src, slen, &v) != 0) {
                 char range[160];
                 range_text(p, range, sizeof range);

@@ -10,9 +10,15 @@
 
 #include <math.h>
 
-size_t gcomp__density_k(const gcomp_compressor *c);
+/* The density this step uses: the spec's, unless a schedule (DGC's warm-up) overrides it
+ * for this step through c->density_override. */
+double gcomp__density(const gcomp_compressor *c) {
+    return c->density_override > 0.0 ? c->density_override
+                                     : gcomp__spec_num(&c->spec, "density", 1.0);
+}
+
 size_t gcomp__density_k(const gcomp_compressor *c) {
-    double d = gcomp__spec_num(&c->spec, "density", 1.0);
+    double d = gcomp__density(c);
     double k = ceil(d * (double)c->n);
     return k > (double)c->n ? c->n : (size_t)k;
 }

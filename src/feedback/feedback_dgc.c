@@ -1,0 +1,288 @@
+/*
+ * feedback_dgc.c - Deep Gradient Compression's feedback (Lin, Han, Mao, Wang, Dally,
+ * "Deep Gradient Compression", ICLR 2018, Algorithm 1 and section 3), usable with any
+ * selector (`topk:...,feedback=dgc`, `block:...,feedback=dgc`), and the `dgc` codec: the
+ * paper's method as one spec (`dgc:density=0.001,momentum=0.9,warmup=4`).
+ *
+ * Per step, with g this step's gradient (docs/DGC.md has the full story):
+ *   clipping    g <- g * min(1, clip / ||g||_2)          (clip=, 0: off; section 3.2)
+ *   momentum    u <- m*u + g;        v <- v + u          (momentum correction, 3.1)
+ *   Nesterov    u <- m*(u + g);      v <- v + u + g      (nesterov=1; as the authors' code)
+ *   select      from v (any selector); the codec writes v - decoded into v, so v keeps
+ *               exactly what was not sent (0 at sent positions with f32 values; the
+ *               rounding error with f16/bf16, like error feedback)
+ *   masking     u[sent] <- 0                              (masking=1; section 3.2)
+ *   warm-up     density of epoch e < W: s * (density/s)^(e/W), s = warmup_start, or when
+ *               that is 0, s = density^(1/(W+1)), the authors' code; with density 0.001 and
+ *               W = 4 this is the paper's 25% -> 6.25% -> 1.56% -> 0.4% -> 0.1%.  The
+ *               caller advances the epoch with gcomp_compressor_set_epoch; the epoch's
+ *               integer part picks the step of the schedule.  warmup_start=1 makes epoch 0
+ *               dense.
+ * The caller's optimizer must not apply its own momentum to this tensor: u is the momentum.
+ *
+ * A step in which every element was sent (a dense codec, or density 1 during a dense
+ * warm-up) is not masked: there is no delayed coordinate whose momentum could be stale,
+ * and masking everything would silently turn momentum SGD into plain SGD.  Codecs that
+ * replace the whole pipeline (low rank) send an approximation of every element and are
+ * treated the same way.
+ *
+ * Like error feedback, the new u and v are built in workspaces and swapped in by commit,
+ * so a failed encode (NaN gradient, small buffer) leaves the state exactly as it was; the
+ * one pass that builds them also finds NaN/Inf.  Without clipping the gradient is read
+ * once here; with clipping twice (its norm first).
+ *
+ * Rejected: updating u and v in place and undoing on failure (m*u + g cannot be inverted
+ * exactly in floats); zeroing v at the sent positions as the reference code does (with a
+ * lossy value coder that throws the rounding error away; with f32 it is the same thing);
+ * masking on dense steps (see above).
+ */
+#include "core/internal.h"
+
+#include <float.h>
+#include <math.h>
+
+typedef struct dgc_state {
+    float *u, *v;   /* momentum and accumulated velocity: the state */
+    float *uw, *vw; /* this step's, swapped in on commit */
+    float m;
+    bool nesterov, masking, scheduled;
+    double clip;
+    double target, start; /* density= and the warm-up's first density */
+    unsigned warmup;      /* epochs */
+} dgc_state;
+
+static bool spec_has(const gcomp__spec *s, const char *name) {
+    for (size_t i = 0; i < s->count; i++)
+        if (!strcmp(s->items[i].p->name, name)) return true;
+    return false;
+}
+
+/* The warm-up schedule: density of the step at `epoch`. */
+static double schedule(const dgc_state *s, double epoch) {
+    if (!s->scheduled) return s->target;
+    double e = floor(epoch);
+    if (e >= (double)s->warmup) return s->target;
+    double d = s->start * pow(s->target / s->start, e / (double)s->warmup);
+    return d < s->target ? s->target : d > 1.0 ? 1.0 : d;
+}
+
+static void dgc_fini(gcomp_compressor *c) {
+    dgc_state *s = c->fb_state;
+    if (!s) return;
+    gcomp__free(s->u);
+    gcomp__free(s->v);
+    gcomp__free(s->uw);
+    gcomp__free(s->vw);
+    gcomp__free(s);
+    c->fb_state = NULL;
+}
+
+static gcomp_status dgc_init(gcomp_compressor *c) {
+    dgc_state *s = gcomp__calloc(sizeof *s);
+    if (!s) return GCOMP_E_NOMEM;
+    c->fb_state = s;
+    size_t bytes = c->n * sizeof(float);
+    s->u = gcomp__calloc(bytes);
+    s->v = gcomp__calloc(bytes);
+    s->uw = gcomp__alloc(bytes);
+    s->vw = gcomp__alloc(bytes);
+    if (!s->u || !s->v || !s->uw || !s->vw) {
+        dgc_fini(c);
+        return GCOMP_E_NOMEM;
+    }
+    const gcomp__spec *sp = &c->spec;
+    s->m = (float)gcomp__spec_num(sp, "momentum", 0.9);
+    s->nesterov = gcomp__spec_num(sp, "nesterov", 0) != 0;
+    s->masking = gcomp__spec_num(sp, "masking", 1) != 0;
+    s->clip = gcomp__spec_num(sp, "clip", 0);
+    s->warmup = (unsigned)gcomp__spec_num(sp, "warmup", 0);
+    /* The schedule acts on selectors whose count comes from density=; others (threshold,
+     * dense) have nothing to ramp. */
+    if (s->warmup > 0 && spec_has(sp, "density")) {
+        s->target = gcomp__spec_num(sp, "density", 1.0);
+        double st = gcomp__spec_num(sp, "warmup_start", 0);
+        s->start = st > 0 ? st : pow(s->target, 1.0 / (double)(s->warmup + 1));
+        s->scheduled = s->start > s->target;
+    }
+    /* The codec's init runs next and sizes its bound from the largest density used. */
+    c->density_override = s->scheduled ? schedule(s, 0.0) : 0.0;
+    return GCOMP_OK;
+}
+
+static gcomp_status dgc_prepare(gcomp_compressor *c, const float *g, const float **x, float **res) {
+    dgc_state *s = c->fb_state;
+    size_t n = c->n;
+    float sc = 1.0f;
+    if (s->clip > 0) {
+        /* Local gradient clipping (DGC 3.2): by the L2 norm, before accumulation. */
+        double a[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+        size_t i = 0;
+        for (; i + 8 <= n; i += 8)
+            for (int l = 0; l < 8; l++) a[l] += (double)g[i + (size_t)l] * g[i + (size_t)l];
+        for (; i < n; i++) a[0] += (double)g[i] * g[i];
+        double ss = ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]));
+        if (!(ss <= DBL_MAX)) return GCOMP_E_NONFINITE;
+        double norm = sqrt(ss);
+        if (norm > s->clip) sc = (float)(s->clip / norm);
+    }
+    const float *u = s->u, *v = s->v;
+    float *uw = s->uw, *vw = s->vw, m = s->m;
+    uint32_t mx = 0;
+    if (s->nesterov) {
+        for (size_t i = 0; i < n; i++) {
+            float gi = g[i] * sc;
+            float ui = m * (u[i] + gi);
+            float vi = v[i] + ui + gi;
+            uint32_t b;
+            uw[i] = ui;
+            vw[i] = vi;
+            memcpy(&b, &vi, 4);
+            b &= 0x7fffffffu;
+            mx = b > mx ? b : mx;
+        }
+    } else {
+        for (size_t i = 0; i < n; i++) {
+            float gi = g[i] * sc;
+            float ui = m * u[i] + gi;
+            float vi = v[i] + ui;
+            uint32_t b;
+            uw[i] = ui;
+            vw[i] = vi;
+            memcpy(&b, &vi, 4);
+            b &= 0x7fffffffu;
+            mx = b > mx ? b : mx;
+        }
+    }
+    /* A NaN/Inf in g (or an overflow of u or v) shows in v. */
+    if (mx >= 0x7f800000u) return GCOMP_E_NONFINITE;
+    if (s->scheduled) c->density_override = schedule(s, c->epoch);
+    *x = vw;
+    *res = vw;
+    return GCOMP_OK;
+}
+
+/* Momentum factor masking: u <- 0 at every position of the last selection. */
+static void mask_sent(gcomp_compressor *c, float *u) {
+    const gcomp__selection *sel = &c->last;
+    size_t n = c->n;
+    for (size_t e = 0; e < sel->k; e++) {
+        size_t b = sel->idx[e];
+        if (sel->expand == GCOMP__EXPAND_ELEM) {
+            u[b] = 0.0f;
+        } else if (sel->expand == GCOMP__EXPAND_RUN) {
+            size_t start = b * sel->unit, end = start + sel->unit < n ? start + sel->unit : n;
+            memset(u + start, 0, (end - start) * sizeof(float));
+        } else {
+            for (size_t r = 0; r < sel->unit; r++) u[b + r * (size_t)sel->stride] = 0.0f;
+        }
+    }
+}
+
+static void dgc_commit(gcomp_compressor *c) {
+    dgc_state *s = c->fb_state;
+    float *t = s->u;
+    s->u = s->uw;
+    s->uw = t;
+    t = s->v;
+    s->v = s->vw;
+    s->vw = t;
+    /* c->last is the generic pipeline's record of what was sent; a whole-pipeline codec
+     * does not write it, and a dense step is not masked (see the top comment). */
+    if (s->masking && !c->codec->encode && !c->last_dense && c->last.idx) mask_sent(c, s->u);
+}
+
+static size_t dgc_state_size(const gcomp_compressor *c) {
+    return 2 * c->n * sizeof(float);
+}
+
+static void dgc_state_save(const gcomp_compressor *c, uint8_t *dst) {
+    const dgc_state *s = c->fb_state;
+    memcpy(dst, s->u, c->n * sizeof(float));
+    memcpy(dst + c->n * sizeof(float), s->v, c->n * sizeof(float));
+}
+
+static gcomp_status dgc_state_load(gcomp_compressor *c, const uint8_t *src, size_t len) {
+    dgc_state *s = c->fb_state;
+    if (len != 2 * c->n * sizeof(float)) return GCOMP_E_STATE;
+    for (size_t i = 0; i < 2 * c->n; i++)
+        if ((gcomp__get32(src + 4 * i) & 0x7f800000u) == 0x7f800000u) return GCOMP_E_STATE;
+    memcpy(s->u, src, c->n * sizeof(float));
+    memcpy(s->v, src + c->n * sizeof(float), c->n * sizeof(float));
+    return GCOMP_OK;
+}
+
+static void dgc_state_reset(gcomp_compressor *c) {
+    dgc_state *s = c->fb_state;
+    memset(s->u, 0, c->n * sizeof(float));
+    memset(s->v, 0, c->n * sizeof(float));
+}
+
+static const float *dgc_residual(const gcomp_compressor *c) {
+    const dgc_state *s = c->fb_state;
+    return s->v;
+}
+
+static const gcomp_param_info dgc_params[] = {
+    {"momentum", GCOMP_PARAM_FLOAT, 0, 1, 0, "0.9", NULL,
+     "momentum m of the correction u = m*u + g (the optimizer must then use none)"},
+    {"nesterov", GCOMP_PARAM_BOOL, 0, 1, 0, "0", NULL,
+     "1: Nesterov form u = m*(u + g), v = v + u + g"},
+    {"clip", GCOMP_PARAM_FLOAT, 0, 3.0e38, 0, "0", NULL,
+     "local gradient clipping: scale g to L2 norm <= clip before accumulating (0: off; DGC "
+     "uses the global threshold times N^-1/2 for N ranks)"},
+    {"masking", GCOMP_PARAM_BOOL, 0, 1, 0, "1", NULL,
+     "momentum factor masking: zero the momentum of the coordinates just sent"},
+    {"warmup", GCOMP_PARAM_INT, 0, 1000, 0, "0", NULL,
+     "warm-up epochs: density ramps down exponentially to density= (gcomp_compressor_set_epoch)"},
+    {"warmup_start", GCOMP_PARAM_FLOAT, 0, 1, 0, "0", NULL,
+     "density of warm-up epoch 0 (1: dense); 0: density^(1/(warmup+1)), DGC's schedule"},
+};
+
+const gcomp__feedback gcomp__feedback_dgc = {
+    .name = "dgc",
+    .params = dgc_params,
+    .nparams = sizeof dgc_params / sizeof dgc_params[0],
+    .init = dgc_init,
+    .fini = dgc_fini,
+    .prepare = dgc_prepare,
+    .commit = dgc_commit,
+    .state_size = dgc_state_size,
+    .state_save = dgc_state_save,
+    .state_load = dgc_state_load,
+    .state_reset = dgc_state_reset,
+    .residual = dgc_residual,
+};
+
+/* ---- the `dgc` codec: exact top-k with the dgc feedback built in ---------------------- */
+/*
+ * Selection is gcomp__topk: it already estimates the threshold from a sample, as DGC
+ * does, and then trims to exactly k, so messages have a fixed size.  The paper's
+ * approximate count (within 10% of k) is `sampled:...,feedback=dgc`.
+ */
+
+static gcomp_status dgc_codec_init(gcomp_compressor *c, gcomp_error *err) {
+    (void)err;
+    c->max_entries = c->max_values = gcomp__density_k(c); /* warm-up start, if any */
+    return GCOMP_OK;
+}
+
+static gcomp_status dgc_select(gcomp_compressor *c, const float *x, gcomp__selection *sel) {
+    bool bad;
+    gcomp_status st = gcomp__topk(c, x, c->n, gcomp__density_k(c), sel, &bad);
+    return st == GCOMP_OK && bad ? GCOMP_E_NONFINITE : st;
+}
+
+static const gcomp_param_info dgc_codec_params[] = {
+    GCOMP__PARAM_DENSITY("0.001"),
+    GCOMP__PARAM_VALUES,
+};
+
+const gcomp__codec gcomp__codec_dgc = {
+    .info = {"dgc", 11, GCOMP_CODEC_SPARSE,
+             "Deep Gradient Compression: top-k of the momentum-corrected accumulation, with "
+             "clipping, momentum masking and warm-up (feedback dgc built in)",
+             dgc_codec_params, sizeof dgc_codec_params / sizeof dgc_codec_params[0]},
+    .select = dgc_select,
+    .init = dgc_codec_init,
+    .fixed_feedback = "dgc",
+};
