@@ -283,6 +283,14 @@ GCOMP_API uint64_t gcomp_compressor_step(const gcomp_compressor *c);
 /**
  * Tells the compressor which training epoch (fractional) the next encode belongs to;
  * schedules such as DGC's warm-up read it.  Negative or non-finite: GCOMP_E_ARG.
+ *
+ * DGC (`feedback=dgc`, or the `dgc` codec; docs/DGC.md): the compressor keeps the
+ * momentum itself (u = m*u + g, v = v + u; top-k of v is sent), so the optimizer must
+ * apply NO momentum of its own to a DGC-compressed tensor: plain SGD on the decoded sum
+ * (w -= lr * sum / nranks), weight decay added to g before encode.  With `warmup=W`, call
+ * set_epoch at least once per epoch: epochs 0..W-1 use a density that falls exponentially
+ * to density= (e.g. 25%, 6.25%, 1.56%, 0.4%, then 0.1%); the encode bound already covers
+ * the largest.  `clip=` takes the per-rank threshold (DGC: the global one times N^-1/2).
  */
 GCOMP_API gcomp_status gcomp_compressor_set_epoch(gcomp_compressor *c, double epoch);
 
@@ -300,6 +308,86 @@ typedef struct gcomp_stats {
 
 GCOMP_API void gcomp_compressor_stats(const gcomp_compressor *c, gcomp_stats *out);
 GCOMP_API void gcomp_compressor_stats_reset(gcomp_compressor *c);
+
+/* ------------------------------------------------------------------------------------- */
+/* Layer-wise policy: which spec each tensor of a model gets (src/adapt/policy.c)          */
+
+/**
+ * A policy turns a model's tensor list into one spec per tensor: small and 1-D tensors
+ * (biases, norms: cheap to send, sensitive to error) dense, the big ones compressed,
+ * with per-name overrides.  Policy string: items separated by ';', each `key=value`; the
+ * key ends at the item's first '=' and the value runs to the next ';' (a spec has its own
+ * ':', ',' and '=', never ';').  Keys:
+ *   spec=SPEC        tensors no other rule takes      (default topk:density=0.001,feedback=ef)
+ *   dense=SPEC       small and 1-D tensors            (default none)
+ *   min_elements=N   fewer elements than N: dense     (default 16384)
+ *   dense_1d=0|1     1-D tensors (a vector, or a dimension of 1) dense (default 1)
+ *   GLOB=SPEC        any other key is a glob on the tensor name (`*` any run, `?` one
+ *                    character); the first matching glob wins over every other rule.
+ * Example: `spec=topk:density=0.001,feedback=ef;min_elements=16384;embed*=topk:density=0.0005`.
+ * Whitespace around items is ignored, empty items are skipped.  Every spec is validated at
+ * create.  A policy is immutable: gcomp_policy_choose may run on it from several threads.
+ */
+typedef struct gcomp_policy gcomp_policy;
+
+/**
+ * Parses `policy` (copied).  Returns GCOMP_OK, GCOMP_E_ARG (NULL), GCOMP_E_SPEC (syntax,
+ * a bad number, a duplicate key or glob, or an invalid spec: the message names the item),
+ * GCOMP_E_UNKNOWN_CODEC or GCOMP_E_NOMEM.  On failure *out is NULL.
+ */
+GCOMP_API gcomp_status gcomp_policy_create(gcomp_policy **out, const char *policy,
+                                           gcomp_error *err);
+/** Frees a policy; NULL is a no-op.  Strings it handed out become invalid. */
+GCOMP_API void gcomp_policy_free(gcomp_policy *p);
+
+/** One tensor of a model: the arguments it would give gcomp_compressor_create. */
+typedef struct gcomp_tensor_desc {
+    const char *name;  /**< borrowed; NULL is read as "" */
+    size_t n;          /**< elements */
+    size_t rows, cols; /**< matrix shape (rows*cols == n), or both 0 for a vector */
+} gcomp_tensor_desc;
+
+/** Which rule chose a tensor's spec. */
+typedef enum gcomp_policy_rule {
+    GCOMP_RULE_OVERRIDE = 0, /**< a name glob matched */
+    GCOMP_RULE_1D = 1,       /**< 1-D tensor with dense_1d=1 */
+    GCOMP_RULE_SMALL = 2,    /**< fewer than min_elements */
+    GCOMP_RULE_DEFAULT = 3   /**< spec= */
+} gcomp_policy_rule;
+
+/** A policy's decision for one tensor. */
+typedef struct gcomp_layer_plan {
+    const char *spec;    /**< the spec to create its compressor with; owned by the policy */
+    gcomp_policy_rule rule;
+    const char *reason;  /**< static name of the rule: "override", "1-D", "small", "default" */
+    const char *pattern; /**< the matching glob for GCOMP_RULE_OVERRIDE (owned by the
+                              policy), else NULL */
+    size_t bytes;        /**< estimated message bytes per step (gcomp_spec_bytes_estimate) */
+    size_t dense_bytes;  /**< 4 * n: the gradient uncompressed */
+} gcomp_layer_plan;
+
+/**
+ * Chooses the spec for tensor `t` (rules in this order: first matching glob, 1-D, small,
+ * default) and estimates its bytes per step.  Thread-safe on a shared policy.
+ * Returns GCOMP_OK, GCOMP_E_ARG (NULL, n = 0, a shape that does not hold n, or a chosen
+ * spec that needs a shape the tensor lacks: the message names the tensor), GCOMP_E_LIMIT
+ * or GCOMP_E_NOMEM.
+ */
+GCOMP_API gcomp_status gcomp_policy_choose(const gcomp_policy *p, const gcomp_tensor_desc *t,
+                                           gcomp_layer_plan *out, gcomp_error *err);
+
+/**
+ * Bytes of one message that `spec` makes for a tensor of n elements (shape as for
+ * gcomp_compressor_create) in the steady state, i.e. after any warm-up: the encode bound
+ * at the spec's own density, computed without allocating the tensor's state.  Exact up to
+ * the index coding's choice for fixed-count codecs (top-k, dgc, block, rows, cols,
+ * random-k, dense ones: within a few percent, never below); the worst case for
+ * data-dependent counts (threshold, sampled).
+ * Returns GCOMP_OK, GCOMP_E_ARG, GCOMP_E_SPEC, GCOMP_E_UNKNOWN_CODEC, GCOMP_E_LIMIT or
+ * GCOMP_E_NOMEM.
+ */
+GCOMP_API gcomp_status gcomp_spec_bytes_estimate(const char *spec, size_t n, size_t rows,
+                                                 size_t cols, size_t *bytes, gcomp_error *err);
 
 #ifdef __cplusplus
 }

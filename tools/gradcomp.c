@@ -22,6 +22,7 @@ static const cli_command commands[] = {
     {"state", cmd_state, "state FILE [--residual OUT]  (summarise a saved compressor state)"},
     {"list-codecs", cmd_list_codecs, "list-codecs [--json]         (codecs and their parameters)"},
     {"bench", cmd_bench, "bench -c SPEC -n N [--shape RxC] [--runs R] [--json]"},
+    {"plan-layers", cmd_plan_layers, "plan-layers POLICY FILE [--json]   (spec per tensor, bytes/step)"},
 #ifdef GCOMP_CLI_MPI
     {"allreduce-bench", cmd_allreduce_bench,
      "allreduce-bench -c SPEC -n N [--strategy S] [--json]   (under mpirun)"},

@@ -1,0 +1,275 @@
+/*
+ * policy.c - layer-wise policies: one spec per tensor of a model, and what it costs.
+ *
+ * Why: in a real model most of the bytes sit in a few big weight matrices, while the many
+ * small tensors (biases, norm scales, the last layer of a classifier) cost almost nothing
+ * to send dense and are the ones that suffer most from sparsification.  DGC (Lin et al.
+ * 2018) and most systems that followed it (e.g. Horovod's and BytePS's compression hooks)
+ * leave tensors below a size threshold uncompressed; the same rule here, plus 1-D tensors
+ * and per-name overrides (embeddings usually take a lower density).
+ *
+ * Grammar (include/gradcomp.h has the user's view): items split on ';', the key ends at
+ * the first '=' of the item, so a value can be any spec (which uses ':', ',' and '=',
+ * never ';').  Keywords: spec, dense, min_elements, dense_1d; every other key is a glob.
+ * A typo in a keyword becomes a glob whose value must still be a valid spec, so most
+ * typos are caught at create (`min_element=100`: "unknown codec '100'").
+ *
+ * Decision for a tensor: the first glob that matches its name, else 1-D -> dense (when
+ * dense_1d), else fewer than min_elements -> dense, else spec.  Overrides come first
+ * because they are the user's explicit word about one tensor.
+ *
+ * Bytes per step: the encode bound of the spec for that tensor in the steady state (the
+ * codec's init at the spec's own density, no warm-up), computed on a compressor object
+ * that never gets feedback state, so planning a 100M-parameter model allocates almost
+ * nothing.  Rejected: creating real compressors (ef/dgc would allocate and clear 2-4
+ * floats per element just to read one number); a closed-form size per codec (would
+ * duplicate every codec's bound and drift from it).
+ */
+#include "core/internal.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <stdlib.h>
+
+#define DEFAULT_SPEC "topk:density=0.001,feedback=ef"
+#define DEFAULT_DENSE "none"
+#define POLICY_MAX 65536
+
+typedef struct override {
+    const char *glob, *spec;
+} override;
+
+struct gcomp_policy {
+    char *buf; /* the policy text, split in place */
+    const char *spec, *dense;
+    size_t min_elements;
+    bool dense_1d;
+    override *over;
+    size_t nover;
+};
+
+void gcomp_policy_free(gcomp_policy *p) {
+    if (!p) return;
+    gcomp__free(p->buf);
+    gcomp__free(p->over);
+    gcomp__free(p);
+}
+
+static char *trim(char *s) {
+    while (isspace((unsigned char)*s)) s++;
+    char *e = s + strlen(s);
+    while (e > s && isspace((unsigned char)e[-1])) e--;
+    *e = 0;
+    return s;
+}
+
+static gcomp_status check_spec(const char *key, const char *spec, gcomp_error *err) {
+    gcomp__spec parsed;
+    gcomp_error local;
+    gcomp_status st = gcomp__spec_parse(spec, &parsed, &local);
+    if (st != GCOMP_OK) return gcomp__fail(err, st, "policy: %s=%s: %s", key, spec, local.message);
+    return GCOMP_OK;
+}
+
+gcomp_status gcomp_policy_create(gcomp_policy **out, const char *policy, gcomp_error *err) {
+    if (!out) return gcomp__fail(err, GCOMP_E_ARG, "policy: out must not be NULL");
+    *out = NULL;
+    if (!policy) return gcomp__fail(err, GCOMP_E_ARG, "policy: NULL policy string");
+    size_t len = strlen(policy);
+    if (len > POLICY_MAX)
+        return gcomp__fail(err, GCOMP_E_SPEC, "policy: longer than %d characters", POLICY_MAX);
+    size_t items = 1;
+    for (size_t i = 0; i < len; i++) items += policy[i] == ';';
+    gcomp_policy *p = gcomp__calloc(sizeof *p);
+    if (!p) return gcomp__fail(err, GCOMP_E_NOMEM, "policy: out of memory");
+    p->buf = gcomp__alloc(len + 1);
+    p->over = gcomp__alloc(items * sizeof *p->over);
+    if (!p->buf || !p->over) {
+        gcomp_policy_free(p);
+        return gcomp__fail(err, GCOMP_E_NOMEM, "policy: out of memory");
+    }
+    memcpy(p->buf, policy, len + 1);
+    p->spec = DEFAULT_SPEC;
+    p->dense = DEFAULT_DENSE;
+    p->min_elements = 16384;
+    p->dense_1d = true;
+    bool seen_spec = false, seen_dense = false, seen_min = false, seen_1d = false;
+
+    gcomp_status st = GCOMP_OK;
+    char *item = p->buf;
+    for (size_t no = 1; item; no++) {
+        char *semi = strchr(item, ';');
+        if (semi) *semi = 0;
+        char *next = semi ? semi + 1 : NULL;
+        char *text = trim(item);
+        item = next;
+        if (!*text) continue;
+        char *eq = strchr(text, '=');
+        if (!eq) {
+            st = gcomp__fail(err, GCOMP_E_SPEC,
+                             "policy: item %zu '%s': expected key=value (spec=, dense=, "
+                             "min_elements=, dense_1d= or GLOB=SPEC)",
+                             no, text);
+            break;
+        }
+        *eq = 0;
+        char *key = trim(text), *val = trim(eq + 1);
+        if (!*key || !*val) {
+            st = gcomp__fail(err, GCOMP_E_SPEC, "policy: item %zu: empty %s", no,
+                             *key ? "value" : "key");
+            break;
+        }
+        bool dup = false;
+        if (!strcmp(key, "spec")) {
+            dup = seen_spec;
+            seen_spec = true;
+            p->spec = val;
+            st = check_spec(key, val, err);
+        } else if (!strcmp(key, "dense")) {
+            dup = seen_dense;
+            seen_dense = true;
+            p->dense = val;
+            st = check_spec(key, val, err);
+        } else if (!strcmp(key, "min_elements")) {
+            dup = seen_min;
+            seen_min = true;
+            char *end;
+            errno = 0;
+            unsigned long long v = strtoull(val, &end, 10);
+            if (!isdigit((unsigned char)val[0]) || *end || errno)
+                st = gcomp__fail(err, GCOMP_E_SPEC,
+                                 "policy: min_elements=%s: expected a non-negative integer", val);
+            p->min_elements = (size_t)v;
+        } else if (!strcmp(key, "dense_1d")) {
+            dup = seen_1d;
+            seen_1d = true;
+            if (strcmp(val, "0") && strcmp(val, "1"))
+                st = gcomp__fail(err, GCOMP_E_SPEC, "policy: dense_1d=%s: expected 0 or 1", val);
+            p->dense_1d = val[0] == '1';
+        } else {
+            for (size_t j = 0; j < p->nover; j++) dup |= !strcmp(p->over[j].glob, key);
+            p->over[p->nover].glob = key;
+            p->over[p->nover].spec = val;
+            p->nover++;
+            st = check_spec(key, val, err);
+        }
+        if (st == GCOMP_OK && dup)
+            st = gcomp__fail(err, GCOMP_E_SPEC, "policy: '%s' given twice", key);
+        if (st != GCOMP_OK) break;
+    }
+    if (st != GCOMP_OK) {
+        gcomp_policy_free(p);
+        return st;
+    }
+    *out = p;
+    return GCOMP_OK;
+}
+
+/* Glob match: '*' any run (also empty), '?' one character, anything else itself.
+ * Iterative with one backtrack point, O(|pattern| * |name|) at worst. */
+static bool glob_match(const char *pat, const char *name) {
+    const char *star = NULL, *resume = NULL;
+    while (*name) {
+        if (*pat == '*') {
+            star = pat++;
+            resume = name;
+        } else if (*pat == '?' || *pat == *name) {
+            pat++;
+            name++;
+        } else if (star) {
+            pat = star + 1;
+            name = ++resume;
+        } else {
+            return false;
+        }
+    }
+    while (*pat == '*') pat++;
+    return *pat == 0;
+}
+
+gcomp_status gcomp_spec_bytes_estimate(const char *spec, size_t n, size_t rows, size_t cols,
+                                       size_t *bytes, gcomp_error *err) {
+    if (!spec || !bytes) return gcomp__fail(err, GCOMP_E_ARG, "spec and bytes must not be NULL");
+    *bytes = 0;
+    if (n == 0) return gcomp__fail(err, GCOMP_E_ARG, "tensor size n must be > 0");
+    if (n > UINT32_MAX)
+        return gcomp__fail(err, GCOMP_E_LIMIT, "tensor of %zu elements: at most 2^32-1", n);
+    if ((rows || cols) && (rows == 0 || cols == 0 || rows * cols != n || rows > n))
+        return gcomp__fail(err, GCOMP_E_ARG, "shape %zux%zu does not hold %zu elements", rows, cols,
+                           n);
+    gcomp__spec parsed;
+    gcomp_status st = gcomp__spec_parse(spec, &parsed, err);
+    if (st != GCOMP_OK) return st;
+    /* A compressor as gcomp_compressor_create builds it, minus the feedback state: the
+     * bound depends only on the codec.  Feedback `none` so free has nothing to release
+     * there; no density override, so the steady-state density counts. */
+    parsed.feedback = &gcomp__feedback_none;
+    gcomp_compressor *c = gcomp__calloc(sizeof *c);
+    if (!c) return gcomp__fail(err, GCOMP_E_NOMEM, "out of memory");
+    c->spec = parsed;
+    c->n = n;
+    c->rows = rows;
+    c->cols = cols;
+    c->seed = (uint64_t)gcomp__spec_num(&parsed, "seed", 0);
+    c->vp.spec = &c->spec;
+    c->vp.seed = c->seed;
+    c->max_entries = c->max_values = n;
+    c->codec = parsed.codec;
+    if (c->codec->init) {
+        gcomp_error local;
+        local.message[0] = 0;
+        st = c->codec->init(c, &local);
+        if (st != GCOMP_OK) {
+            gcomp_compressor_free(c);
+            if (local.message[0]) return gcomp__fail(err, st, "%s", local.message);
+            return gcomp__fail(err, st, "%s: %s", parsed.codec->info.name, gcomp_status_str(st));
+        }
+    }
+    *bytes = gcomp_encode_bound(c);
+    gcomp_compressor_free(c);
+    return GCOMP_OK;
+}
+
+gcomp_status gcomp_policy_choose(const gcomp_policy *p, const gcomp_tensor_desc *t,
+                                 gcomp_layer_plan *out, gcomp_error *err) {
+    if (!p || !t || !out) return gcomp__fail(err, GCOMP_E_ARG, "policy: NULL argument");
+    memset(out, 0, sizeof *out);
+    const char *name = t->name ? t->name : "";
+    if (t->n == 0) return gcomp__fail(err, GCOMP_E_ARG, "policy: tensor '%s' has 0 elements", name);
+    if ((t->rows || t->cols) &&
+        (t->rows == 0 || t->cols == 0 || t->rows * t->cols != t->n || t->rows > t->n))
+        return gcomp__fail(err, GCOMP_E_ARG,
+                           "policy: tensor '%s': shape %zux%zu does not hold %zu "
+                           "elements",
+                           name, t->rows, t->cols, t->n);
+    bool one_d = t->rows == 0 || t->rows == 1 || t->cols == 1;
+    out->rule = GCOMP_RULE_DEFAULT;
+    out->reason = "default";
+    out->spec = p->spec;
+    size_t j = 0;
+    for (; j < p->nover; j++)
+        if (glob_match(p->over[j].glob, name)) break;
+    if (j < p->nover) {
+        out->rule = GCOMP_RULE_OVERRIDE;
+        out->reason = "override";
+        out->pattern = p->over[j].glob;
+        out->spec = p->over[j].spec;
+    } else if (one_d && p->dense_1d) {
+        out->rule = GCOMP_RULE_1D;
+        out->reason = "1-D";
+        out->spec = p->dense;
+    } else if (t->n < p->min_elements) {
+        out->rule = GCOMP_RULE_SMALL;
+        out->reason = "small";
+        out->spec = p->dense;
+    }
+    out->dense_bytes = 4 * t->n;
+    gcomp_error local;
+    local.message[0] = 0;
+    gcomp_status st =
+        gcomp_spec_bytes_estimate(out->spec, t->n, t->rows, t->cols, &out->bytes, &local);
+    if (st != GCOMP_OK)
+        return gcomp__fail(err, st, "policy: tensor '%s' (%s rule, %s): %s", name, out->reason,
+                           out->spec, local.message);
+    return GCOMP_OK;
+}
