@@ -1,0 +1,188 @@
+"""_native.py - finds libgradcomp.so and declares its C API for ctypes.
+
+Why ctypes and not a CPython extension: the package then needs no compiler, no Python
+headers and no build step, works on any CPython 3 that can load the shared library, and
+the same files run from the source tree (PYTHONPATH=python) and from an installed copy.
+The cost is ~1 us per call, negligible next to encoding a tensor.  ctypes drops the GIL
+around every foreign call, so a DDP hook's decode on a gloo thread overlaps the next
+bucket's encode on the main thread.
+
+The structures below mirror include/gradcomp.h field for field (ctypes applies the same
+alignment rules as the C compiler); tests/python/test_core.py checks their sizes and
+offsets against the header with a C compiler when one is present.
+
+Library search order (first hit wins):
+  1. $GRADCOMP_LIB (a path to the .so; an error when it does not exist),
+  2. the package's own directory (an installed copy: `cmake --install` puts it there),
+  3. the build tree next to the sources: <repo>/build*/libgradcomp.so, newest first,
+  4. ctypes.util.find_library("gradcomp") (the system's library path).
+"""
+
+import ctypes
+import ctypes.util
+import glob
+import os
+
+c_size_p = ctypes.POINTER(ctypes.c_size_t)
+
+
+class ParamInfo(ctypes.Structure):
+    """gcomp_param_info."""
+
+    _fields_ = [
+        ("name", ctypes.c_char_p),
+        ("type", ctypes.c_int),
+        ("min", ctypes.c_double),
+        ("max", ctypes.c_double),
+        ("min_exclusive", ctypes.c_int),
+        ("deflt", ctypes.c_char_p),
+        ("choices", ctypes.c_char_p),
+        ("help", ctypes.c_char_p),
+    ]
+
+
+class CodecInfo(ctypes.Structure):
+    """gcomp_codec_info."""
+
+    _fields_ = [
+        ("name", ctypes.c_char_p),
+        ("id", ctypes.c_uint16),
+        ("flags", ctypes.c_uint),
+        ("help", ctypes.c_char_p),
+        ("params", ctypes.POINTER(ParamInfo)),
+        ("nparams", ctypes.c_size_t),
+    ]
+
+
+class ErrorInfo(ctypes.Structure):
+    """gcomp_error."""
+
+    _fields_ = [("status", ctypes.c_int), ("message", ctypes.c_char * 256)]
+
+
+class MessageInfo(ctypes.Structure):
+    """gcomp_message_info."""
+
+    _fields_ = [
+        ("format_version", ctypes.c_uint),
+        ("codec_id", ctypes.c_uint16),
+        ("codec_name", ctypes.c_char_p),
+        ("flags", ctypes.c_uint32),
+        ("n", ctypes.c_uint64),
+        ("payload_len", ctypes.c_uint32),
+        ("fingerprint", ctypes.c_uint64),
+        ("payload_crc", ctypes.c_uint32),
+        ("elements_sent", ctypes.c_uint64),
+        ("index_coding", ctypes.c_char_p),
+        ("value_coding", ctypes.c_char_p),
+    ]
+
+
+class Stats(ctypes.Structure):
+    """gcomp_stats."""
+
+    _fields_ = [
+        ("messages", ctypes.c_uint64),
+        ("bytes_in", ctypes.c_uint64),
+        ("bytes_out", ctypes.c_uint64),
+        ("elements_sent", ctypes.c_uint64),
+        ("encode_ns", ctypes.c_uint64),
+        ("decoded", ctypes.c_uint64),
+        ("decode_ns", ctypes.c_uint64),
+    ]
+
+
+_P = ctypes.c_void_p
+_S = ctypes.c_size_t
+_I = ctypes.c_int
+
+# name: (restype, argtypes).  Functions that are optional (added by later issues) are
+# listed in OPTIONAL; the package works without them and says so when they are used.
+PROTOTYPES = {
+    "gcomp_status_str": (ctypes.c_char_p, [_I]),
+    "gcomp_version": (ctypes.c_char_p, []),
+    "gcomp_codec_count": (_S, []),
+    "gcomp_codec_at": (ctypes.POINTER(CodecInfo), [_S]),
+    "gcomp_codec_find": (ctypes.POINTER(CodecInfo), [ctypes.c_char_p]),
+    "gcomp_codec_by_id": (ctypes.POINTER(CodecInfo), [ctypes.c_uint16]),
+    "gcomp_common_params": (ctypes.POINTER(ParamInfo), [c_size_p]),
+    "gcomp_spec_canonical": (
+        _I,
+        [ctypes.c_char_p, ctypes.c_char_p, _S, ctypes.POINTER(ctypes.c_uint64), ctypes.POINTER(ErrorInfo)],
+    ),
+    "gcomp_compressor_create": (
+        _I,
+        [ctypes.POINTER(_P), ctypes.c_char_p, _S, _S, _S, ctypes.POINTER(ErrorInfo)],
+    ),
+    "gcomp_compressor_free": (None, [_P]),
+    "gcomp_compressor_spec": (ctypes.c_char_p, [_P]),
+    "gcomp_compressor_fingerprint": (ctypes.c_uint64, [_P]),
+    "gcomp_compressor_codec": (ctypes.POINTER(CodecInfo), [_P]),
+    "gcomp_compressor_size": (_S, [_P]),
+    "gcomp_encode_bound": (_S, [_P]),
+    "gcomp_encode": (_I, [_P, _P, _P, _S, c_size_p]),
+    "gcomp_compressor_decode_add": (_I, [_P, _P, _S, _P, ctypes.c_float]),
+    "gcomp_decode_add": (_I, [_P, _S, _P, _S, ctypes.c_float]),
+    "gcomp_message_inspect": (_I, [_P, _S, ctypes.POINTER(MessageInfo)]),
+    "gcomp_state_bound": (_S, [_P]),
+    "gcomp_state_save": (_I, [_P, _P, _S, c_size_p]),
+    "gcomp_state_load": (_I, [_P, _P, _S]),
+    "gcomp_compressor_from_state": (_I, [ctypes.POINTER(_P), _P, _S, ctypes.POINTER(ErrorInfo)]),
+    "gcomp_state_reset": (None, [_P]),
+    "gcomp_compressor_residual": (ctypes.POINTER(ctypes.c_float), [_P]),
+    "gcomp_compressor_step": (ctypes.c_uint64, [_P]),
+    "gcomp_compressor_set_epoch": (_I, [_P, ctypes.c_double]),
+    "gcomp_compressor_stats": (None, [_P, ctypes.POINTER(Stats)]),
+    "gcomp_compressor_stats_reset": (None, [_P]),
+}
+OPTIONAL = set()
+
+
+def _candidates():
+    env = os.environ.get("GRADCOMP_LIB")
+    if env:
+        if not os.path.exists(env):
+            raise OSError(f"GRADCOMP_LIB={env!r} does not exist")
+        return [env]
+    here = os.path.dirname(os.path.abspath(__file__))
+    out = sorted(glob.glob(os.path.join(here, "libgradcomp.so*")))
+    repo = os.path.dirname(os.path.dirname(here))
+    built = glob.glob(os.path.join(repo, "build*", "libgradcomp.so"))
+    out += sorted(built, key=lambda p: os.path.getmtime(p), reverse=True)
+    found = ctypes.util.find_library("gradcomp")
+    if found:
+        out.append(found)
+    return out
+
+
+def load():
+    """Loads the library and sets every prototype; returns (CDLL, path)."""
+    tried = []
+    for path in _candidates():
+        try:
+            lib = ctypes.CDLL(path)
+        except OSError as e:
+            tried.append(f"{path}: {e}")
+            continue
+        for name, (res, args) in PROTOTYPES.items():
+            fn = getattr(lib, name, None)
+            if fn is None:
+                if name in OPTIONAL:
+                    continue
+                raise OSError(f"{path} lacks {name}: too old for this package")
+            fn.restype = res
+            fn.argtypes = args
+        return lib, path
+    raise OSError(
+        "gradcomp: cannot find libgradcomp.so; build it (cmake --build) or set GRADCOMP_LIB"
+        + ("".join("\n  " + t for t in tried) if tried else "")
+    )
+
+
+def declare(lib, name, restype, argtypes):
+    """Declares an optional function; returns it, or None when this library lacks it."""
+    fn = getattr(lib, name, None)
+    if fn is not None:
+        fn.restype = restype
+        fn.argtypes = argtypes
+    return fn

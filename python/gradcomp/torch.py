@@ -1,0 +1,476 @@
+"""gradcomp.torch - a PyTorch DDP communication hook that compresses gradients in C.
+
+    hook, state = gradcomp.torch.hook("topk:density=0.01,feedback=ef", model=ddp_model)
+    ddp_model.register_comm_hook(state, hook)
+
+Per DDP bucket, each parameter's gradient (a view into the bucket's flat buffer) is
+handled by one of three paths, chosen by the policy:
+  * dense    - small and 1-D tensors (biases, norms): one fp32 all_reduce for all of them;
+  * gather   - every codec that makes a self-describing message (sparsifiers,
+               quantizers): the messages of the bucket are encoded by C straight into one
+               uint8 tensor, the per-message lengths are all-gathered (gloo in torch 1.13
+               has no uneven all_gather), the byte tensors are all-gathered padded to the
+               longest, and each rank's messages are decode-added by C into the gradient
+               views with scale 1/world, rank 0 first, so every replica sums in the same
+               order and stays bit-identical;
+  * lowrank  - PowerSGD (Vogels et al., NeurIPS 2019): the C compressor computes
+               P = M Q, the bucket's P factors are summed with one all_reduce, C
+               orthogonalises and computes Q = M^T P, the Qs are summed with a second
+               all_reduce, and C writes the rank-r approximation P Q^T / world.
+Every collective is submitted from the hook's own thread, in the same order on every
+rank; only the last one of each path is asynchronous, and the callbacks that finish the
+work (decoding, the final low-rank product) submit nothing.  Submitting collectives from
+callbacks (as torch's own powerSGD_hook does) was rejected: callbacks run on gloo's
+threads, so two ranks could submit two buckets' collectives in different orders.
+
+State: one Compressor per parameter, keyed stably across steps by parameter name when the
+model is known (hook(..., model=m)), else by order of first appearance (DDP calls the
+hook for its buckets in index order, and the first step always sees the initial bucket
+layout, so the order is the same in every process and after a restart; keys by position
+in a bucket would break when DDP rebuilds its buckets after the first iteration).  At the
+first step a parameter is seen, all ranks all-gather their spec fingerprints and shapes:
+a difference raises MismatchError naming the parameter and both specs.  The state
+pickles (every compressor's state_bytes, counters, policy; not the process group) so a
+checkpoint resumes exactly where it stopped.
+
+Torch is imported here, not in gradcomp/__init__.py, so the core package works without it.
+"""
+
+import math
+import time
+
+import torch
+import torch.distributed as dist
+
+from . import core as _core
+from . import errors as _err
+
+_F32 = torch.float32
+
+
+class LayerPolicy:
+    """The default policy: compress a parameter with `spec` unless it is small.
+
+    A parameter goes dense (plain fp32 all_reduce) when it has fewer than `min_elements`
+    elements, or is 1-D (biases, norm scales) and `vectors` is False, or the codec needs
+    a matrix and the tensor is not one.  Small tensors cost more in per-message overhead
+    and latency than they save, and biases are sensitive to compression error.
+    A policy is any picklable callable (key, shape) -> spec string or None (dense).
+    """
+
+    def __init__(self, spec, min_elements=1024, vectors=False):
+        self.spec = _core.canonical(spec)
+        self.min_elements = int(min_elements)
+        self.vectors = bool(vectors)
+        name = self.spec.split(":", 1)[0]
+        info = _core.codec_info(name) or {}
+        self._needs_shape = "needs_shape" in info.get("properties", ())
+        self._dense_equivalent = _is_plain_dense(self.spec)
+
+    def __call__(self, key, shape):
+        numel = math.prod(shape)
+        if numel < self.min_elements or self._dense_equivalent:
+            return None
+        if len(shape) < 2 and (not self.vectors or self._needs_shape):
+            return None
+        return self.spec
+
+    def __repr__(self):
+        return f"LayerPolicy({self.spec!r}, min_elements={self.min_elements}, vectors={self.vectors})"
+
+
+def _is_plain_dense(canonical):
+    # "none" with f32 values and no feedback sends the tensor as is: an all_reduce does the
+    # same with no message headers and no gather.
+    name, _, rest = canonical.partition(":")
+    kv = dict(item.split("=", 1) for item in rest.split(",") if "=" in item)
+    return name == "none" and kv.get("values", "f32") == "f32" and kv.get("feedback", "none") == "none"
+
+
+def _u64_to_i64(v):
+    return v - (1 << 64) if v >= (1 << 63) else v
+
+
+class _Entry:
+    __slots__ = ("key", "shape", "numel", "spec", "comp", "kind")
+
+    def __init__(self, key, shape, spec, comp):
+        self.key, self.shape, self.numel, self.spec, self.comp = key, shape, math.prod(shape), spec, comp
+        if comp is None:
+            self.kind = "dense"
+        elif "multiphase" in comp.codec["properties"]:
+            self.kind = "lowrank"
+        else:
+            self.kind = "gather"
+
+
+class GradcompState:
+    """What the hook keeps between steps; pass it to register_comm_hook with the hook.
+
+    Attributes: `policy`, `process_group` (None: the default group), `step` (completed
+    steps: calls for the last bucket), `stats` (dict of counters, see below),
+    `compressors` (key -> Compressor).
+
+    stats: steps; message_bytes (gradcomp messages this rank encoded = the sum of its
+    compressors' C bytes_out); dense_bytes (fp32 bytes all-reduced uncompressed);
+    lowrank_bytes (P and Q factors all-reduced); bytes_sent (the three together: what
+    this rank puts on the wire per collective, before padding); pad_bytes (padding added
+    so all ranks' byte tensors have one size); control_bytes (length tables); hook_ns
+    (for each bucket, from hook entry to its future's completion, summed).
+    """
+
+    def __init__(self, policy, process_group=None, model=None, check_specs=True):
+        if isinstance(policy, str):
+            policy = LayerPolicy(policy)
+        if not callable(policy):
+            raise TypeError("policy must be a spec string or a callable (key, shape) -> spec or None")
+        self.policy = policy
+        self.process_group = process_group
+        self.check_specs = check_specs
+        self.step = 0
+        self.epoch = None
+        self._init_runtime()
+        self._entries = {}
+        self._order = []
+        self._saved = {}
+        self._saved_order = []
+        self.stats = dict.fromkeys(
+            ("steps", "message_bytes", "dense_bytes", "lowrank_bytes", "bytes_sent", "pad_bytes",
+             "control_bytes", "hook_ns"), 0)
+        if model is not None:
+            self.bind(model)
+
+    def _init_runtime(self):
+        self._names = {}
+        self._keys = {}  # id(parameter) -> key
+        self._send = {}  # bucket index -> uint8 send buffer (reused)
+        self._recv = {}  # bucket index -> list of uint8 receive buffers
+
+    def bind(self, model):
+        """Keys compressors by parameter name (stable across code changes that reorder
+        buckets, and used in error messages).  Call before the first step."""
+        for name, p in model.named_parameters():
+            if name.startswith("module."):
+                name = name[len("module."):]
+            self._names[id(p)] = name
+        return self
+
+    @property
+    def compressors(self):
+        return {k: e.comp for k, e in self._entries.items() if e.comp is not None}
+
+    @property
+    def world_size(self):
+        return dist.get_world_size(self.process_group)
+
+    def set_epoch(self, epoch):
+        """Fractional epoch for the schedules (DGC warm-up) of every compressor."""
+        self.epoch = float(epoch)
+        for e in self._entries.values():
+            if e.comp is not None:
+                e.comp.set_epoch(self.epoch)
+
+    def reset_stats(self):
+        for k in self.stats:
+            self.stats[k] = 0
+        for c in self.compressors.values():
+            c.reset_stats()
+
+    # -- entries --
+    def _entry(self, param, grad):
+        pid = id(param)
+        key = self._keys.get(pid)
+        if key is not None:
+            return self._entries[key]
+        ordinal = len(self._order)
+        key = self._names.get(pid)
+        if key is None:
+            if ordinal < len(self._saved_order) and not self._names:
+                key = self._saved_order[ordinal]
+            else:
+                key = f"#{ordinal}"
+        if key in self._entries:
+            raise _err.Error(f"gradcomp.torch: two parameters map to key {key!r}")
+        shape = tuple(grad.shape)
+        saved = self._saved.pop(key, None)
+        spec = self.policy(key, shape)
+        comp = None
+        if spec is not None:
+            comp = _core.Compressor(spec, math.prod(shape), shape)
+            if _is_plain_dense(comp.spec):
+                comp.close()
+                comp, spec = None, None
+            else:
+                spec = comp.spec
+        if saved is not None:
+            s_shape, s_spec, blob = saved
+            if tuple(s_shape) != shape or s_spec != spec:
+                raise _err.StateError(
+                    f"gradcomp.torch: saved state of parameter {key} is for shape {tuple(s_shape)} "
+                    f"and spec {s_spec!r}, but the model has shape {shape} and spec {spec!r}",
+                    status=_err.E_STATE)
+            if comp is not None and blob is not None:
+                comp.load_state(blob)
+        if comp is not None and self.epoch is not None:
+            comp.set_epoch(self.epoch)
+        e = _Entry(key, shape, spec, comp)
+        self._entries[key] = e
+        self._order.append(key)
+        self._keys[pid] = key
+        return e
+
+    def _check(self, entries, group):
+        """All ranks compare fingerprints and shapes of these parameters (first step)."""
+        world = dist.get_world_size(group)
+        mine = []
+        for e in entries:
+            mine += [_u64_to_i64(e.comp.fingerprint) if e.comp is not None else 0, e.numel]
+        t = torch.tensor(mine, dtype=torch.int64)
+        outs = [torch.empty_like(t) for _ in range(world)]
+        dist.all_gather(outs, t, group=group)
+        self.stats["control_bytes"] += t.numel() * 8
+        for r, o in enumerate(outs):
+            if torch.equal(o, t):
+                continue
+            # Every rank sees the same gathered data, so all of them get here together and
+            # the object gather below cannot hang.
+            specs = [None] * world
+            dist.all_gather_object(specs, [(e.key, e.spec, e.shape) for e in entries], group=group)
+            for i, e in enumerate(entries):
+                if o[2 * i] != t[2 * i] or o[2 * i + 1] != t[2 * i + 1]:
+                    other = specs[r][i] if i < len(specs[r]) else None
+                    raise _err.MismatchError(
+                        f"gradcomp.torch: parameter {e.key}: rank {dist.get_rank(group)} uses spec "
+                        f"{e.spec or 'dense'} (shape {e.shape}), rank {r} uses "
+                        f"{(other[1] or 'dense') if other else '?'} (shape {other[2] if other else '?'})",
+                        status=_err.E_MISMATCH)
+            raise _err.MismatchError("gradcomp.torch: ranks differ in their buckets", status=_err.E_MISMATCH)
+
+    # -- checkpointing --
+    def __getstate__(self):
+        entries = {}
+        for key in self._order:
+            e = self._entries[key]
+            entries[key] = (e.shape, e.spec, e.comp.state_bytes() if e.comp is not None else None)
+        # Entries loaded but not seen yet survive a save before the first step.
+        for key, v in self._saved.items():
+            entries.setdefault(key, v)
+        order = self._order + [k for k in self._saved_order if k not in self._entries]
+        return {
+            "version": 1,
+            "policy": self.policy,
+            "check_specs": self.check_specs,
+            "step": self.step,
+            "epoch": self.epoch,
+            "stats": dict(self.stats),
+            "order": order,
+            "entries": entries,
+        }
+
+    def __setstate__(self, d):
+        if d.get("version") != 1:
+            raise _err.StateError(f"gradcomp.torch: unknown state version {d.get('version')!r}",
+                                  status=_err.E_STATE)
+        self.policy = d["policy"]
+        self.process_group = None
+        self.check_specs = d["check_specs"]
+        self.step = d["step"]
+        self.epoch = d["epoch"]
+        self.stats = dict(d["stats"])
+        self._init_runtime()
+        self._entries = {}
+        self._order = []
+        self._saved = dict(d["entries"])
+        self._saved_order = list(d["order"])
+
+    # -- buffers --
+    def _send_buffer(self, bucket_index, nbytes):
+        b = self._send.get(bucket_index)
+        if b is None or b.numel() < nbytes:
+            b = torch.empty(max(nbytes, 8), dtype=torch.uint8)
+            self._send[bucket_index] = b
+        return b
+
+    def _recv_buffers(self, bucket_index, world, nbytes):
+        bs = self._recv.get(bucket_index)
+        if bs is None or len(bs) != world or bs[0].numel() < nbytes:
+            bs = [torch.empty(max(nbytes, 8), dtype=torch.uint8) for _ in range(world)]
+            self._recv[bucket_index] = bs
+        return [b[:nbytes] for b in bs]
+
+
+def _completed(value):
+    f = torch.futures.Future()
+    f.set_result(value)
+    return f
+
+
+def _dense_path(state, group, world, grads, whole_buffer):
+    """fp32 all_reduce of the dense tensors; returns a future that has averaged them."""
+    n = sum(g.numel() for g in grads)
+    state.stats["dense_bytes"] += 4 * n
+    if whole_buffer is not None:
+        buf = whole_buffer
+        fut = dist.all_reduce(buf, group=group, async_op=True).get_future()
+        return fut.then(lambda f: buf.div_(world))
+    flat = torch.cat([g.reshape(-1) for g in grads])
+    fut = dist.all_reduce(flat, group=group, async_op=True).get_future()
+
+    def unpack(f):
+        flat.div_(world)
+        off = 0
+        for g in grads:
+            g.view(-1).copy_(flat[off:off + g.numel()])
+            off += g.numel()
+        return None
+
+    return fut.then(unpack)
+
+
+def _gather_path(state, group, world, bucket_index, entries, grads):
+    """Encode in C, exchange lengths and padded byte tensors, decode-add in C."""
+    total_bound = sum(e.comp.bound for e in entries)
+    send = state._send_buffer(bucket_index, total_bound)
+    base = send.data_ptr()
+    lens = []
+    off = 0
+    for e, g in zip(entries, grads):
+        ln = e.comp._encode_ptr(g.data_ptr(), base + off, total_bound - off)
+        lens.append(ln)
+        off += ln
+    total = off
+    state.stats["message_bytes"] += total
+    # This rank's gradient has been consumed: the views now accumulate the average.
+    for g in grads:
+        g.zero_()
+    mine = torch.tensor(lens, dtype=torch.int64)
+    all_lens = [torch.empty_like(mine) for _ in range(world)]
+    dist.all_gather(all_lens, mine, group=group)
+    state.stats["control_bytes"] += 8 * len(lens)
+    table = [t.tolist() for t in all_lens]
+    longest = max(sum(t) for t in table)
+    state.stats["pad_bytes"] += longest - total
+    recv = state._recv_buffers(bucket_index, world, longest)
+    fut = dist.all_gather(recv, send[:longest], group=group, async_op=True).get_future()
+    scale = 1.0 / world
+    gptrs = [g.data_ptr() for g in grads]
+
+    def decode(f):
+        for r in range(world):
+            rb = recv[r].data_ptr()
+            o = 0
+            for e, gp, ln in zip(entries, gptrs, table[r]):
+                if ln < 0 or o + ln > longest:
+                    raise _err.CorruptMessage(f"gradcomp.torch: rank {r} sent a bad length table",
+                                              status=_err.E_CORRUPT)
+                st = _core._lib.gcomp_compressor_decode_add(e.comp._h, rb + o, ln, gp, scale)
+                if st:
+                    _core._raise(st, f"gradcomp.torch: decoding parameter {e.key} from rank {r}")
+                o += ln
+        return None
+
+    return fut.then(decode)
+
+
+def _lowrank_path(state, group, world, entries, grads):
+    """PowerSGD's two all_reduce rounds over the bucket's P and then Q factors."""
+    dense_now = []
+    lr = []
+    for e, g in zip(entries, grads):
+        p = e.comp._lowrank_begin(g.data_ptr())
+        if p is None:  # the codec asks for a dense step (e.g. before its start iteration)
+            dense_now.append(g)
+        else:
+            lr.append((e, g, p))
+    futs = []
+    if dense_now:
+        futs.append(_dense_path(state, group, world, dense_now, None))
+    if not lr:
+        return futs
+    flat_p = torch.cat([_as_tensor(addr, cnt) for _, _, (addr, cnt) in lr])
+    dist.all_reduce(flat_p, group=group)
+    off = 0
+    qs = []
+    for e, g, (addr, cnt) in lr:
+        _as_tensor(addr, cnt).copy_(flat_p[off:off + cnt])
+        off += cnt
+        qs.append(e.comp._lowrank_after_p())
+    flat_q = torch.cat([_as_tensor(addr, cnt) for addr, cnt in qs])
+    state.stats["lowrank_bytes"] += 4 * (flat_p.numel() + flat_q.numel())
+    fut = dist.all_reduce(flat_q, group=group, async_op=True).get_future()
+    scale = 1.0 / world
+
+    def finish(f):
+        o = 0
+        for (e, g, _), (addr, cnt) in zip(lr, qs):
+            _as_tensor(addr, cnt).copy_(flat_q[o:o + cnt])
+            o += cnt
+            e.comp._lowrank_finish(g.data_ptr(), scale)
+        return None
+
+    futs.append(fut.then(finish))
+    return futs
+
+
+def _as_tensor(addr, count):
+    """A float32 tensor over C memory (no copy); valid while the compressor lives."""
+    import ctypes
+
+    if count == 0:
+        return torch.empty(0, dtype=_F32)
+    return torch.frombuffer((ctypes.c_float * count).from_address(addr), dtype=_F32)
+
+
+def gradcomp_hook(state, bucket):
+    """The DDP communication hook (register it with a GradcompState)."""
+    t0 = time.perf_counter_ns()
+    group = state.process_group if state.process_group is not None else dist.group.WORLD
+    world = dist.get_world_size(group)
+    buf = bucket.buffer()
+    grads = bucket.gradients()
+    params = bucket.parameters()
+    nseen = len(state._entries)
+    entries = [state._entry(p, g) for p, g in zip(params, grads)]
+    if state.check_specs and len(state._entries) != nseen:
+        state._check(entries, group)
+
+    dense = [g for e, g in zip(entries, grads) if e.kind == "dense"]
+    gath = [(e, g) for e, g in zip(entries, grads) if e.kind == "gather"]
+    lowr = [(e, g) for e, g in zip(entries, grads) if e.kind == "lowrank"]
+    futs = []
+    if dense:
+        whole = buf if len(dense) == len(entries) else None
+        futs.append(_dense_path(state, group, world, dense, whole))
+    if lowr:
+        futs += _lowrank_path(state, group, world, [e for e, _ in lowr], [g for _, g in lowr])
+    if gath:
+        futs.append(_gather_path(state, group, world, bucket.index(), [e for e, _ in gath],
+                                 [g for _, g in gath]))
+    st = state.stats
+    st["bytes_sent"] = st["message_bytes"] + st["dense_bytes"] + st["lowrank_bytes"]
+    if bucket.is_last():
+        state.step += 1
+        st["steps"] += 1
+
+    def done(f):
+        f.wait()  # re-raises the first error of any path
+        for x in f.value():
+            x.wait()
+        st["hook_ns"] += time.perf_counter_ns() - t0
+        return buf
+
+    if not futs:
+        return _completed(buf)
+    return torch.futures.collect_all(futs).then(done)
+
+
+def hook(spec_or_policy, process_group=None, model=None, check_specs=True):
+    """Returns (hook, state) for `ddp_model.register_comm_hook(state, hook)`.
+
+    spec_or_policy: a spec string (compressed with LayerPolicy's rule: tensors under 1024
+    elements and 1-D tensors go dense), a LayerPolicy, or any picklable callable
+    (key, shape) -> spec or None.  model: the DDP model or its module, to key
+    compressors (and error messages) by parameter name.  process_group: None for the
+    default group.  Works with the gloo backend on CPU tensors.
+    """
+    return gradcomp_hook, GradcompState(spec_or_policy, process_group, model, check_specs)

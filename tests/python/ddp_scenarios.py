@@ -1,0 +1,198 @@
+"""ddp_scenarios.py - short 2-process gloo DDP runs with the gradcomp hook, for the tests.
+
+    python3 ddp_scenarios.py --out results.json SCENARIO [SCENARIO ...]
+
+A scenario is `train:<spec>`, `resume:<spec>` or `mismatch`.  Both ranks run every
+scenario in one process pair (one torch start-up for the whole suite) and write what they
+saw to <out>.rank<r>.json; test_torch_hook.py reads and checks it.  Runs are
+deterministic: fixed seeds, synthetic teacher data, one thread.
+
+  train:   30 steps; loss per step, parameters' checksum on every rank, the hook's byte
+           counters and the C statistics of every compressor.
+  resume:  20 uninterrupted steps, and 10 + pickle/restore into a fresh model, optimizer
+           and hook state + 10 more; the final parameters of both.
+  mismatch: rank 1 uses another spec for one layer; the error each rank gets.
+"""
+
+import argparse
+import io
+import json
+import os
+import pickle
+import socket
+import sys
+import traceback
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+import gradcomp
+import gradcomp.torch as gt
+
+IN, HID, OUT, BATCH = 32, 64, 4, 64
+
+
+def make_model():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(
+        torch.nn.Linear(IN, HID), torch.nn.ReLU(), torch.nn.Linear(HID, HID), torch.nn.ReLU(),
+        torch.nn.Linear(HID, OUT))
+
+
+def batches(rank, steps, start=0):
+    teacher = torch.randn(IN, OUT, generator=torch.Generator().manual_seed(7))
+    for s in range(start, start + steps):
+        g = torch.Generator().manual_seed(1000 * s + rank)
+        x = torch.randn(BATCH, IN, generator=g)
+        yield x, (x @ teacher).argmax(1)
+
+
+def policy(spec):
+    # Every 2-D weight is compressed (the small last layer too), biases go dense.
+    return gt.LayerPolicy(spec, min_elements=64)
+
+
+def setup(spec, state=None, names=True):
+    """A fresh DDP model, optimizer and hook state (or `state`, restored from a pickle).
+    names: key the compressors by parameter name; else by order of first appearance."""
+    model = DDP(make_model())
+    if state is None:
+        hook, state = gt.hook(policy(spec), model=model if names else None)
+    else:
+        hook = gt.gradcomp_hook
+        if names:
+            state.bind(model)
+    model.register_comm_hook(state, hook)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    return model, opt, state
+
+
+def train(model, opt, rank, steps, start=0):
+    losses = []
+    for x, y in batches(rank, steps, start):
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return losses
+
+
+def flat_params(model):
+    return torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+
+
+def replicas_identical(model):
+    flat = flat_params(model)
+    outs = [torch.empty_like(flat) for _ in range(dist.get_world_size())]
+    dist.all_gather(outs, flat)
+    return all(torch.equal(outs[0], o) for o in outs)
+
+
+def scenario_train(rank, spec):
+    model, opt, state = setup(spec, names=False)
+    losses = train(model, opt, rank, 30)
+    comps = state.compressors
+    return {
+        "losses": losses,
+        "identical": replicas_identical(model),
+        "stats": dict(state.stats),
+        "c_bytes_out": sum(c.stats["bytes_out"] for c in comps.values()),
+        "c_messages": sum(c.stats["messages"] for c in comps.values()),
+        "c_stats": {k: c.stats for k, c in comps.items()},
+        "keys": sorted(comps),
+        "steps": state.step,
+    }
+
+
+def scenario_resume(rank, spec):
+    model, opt, state = setup(spec)
+    train(model, opt, rank, 20)
+    straight = flat_params(model)
+
+    model, opt, state = setup(spec)
+    train(model, opt, rank, 10)
+    blob = io.BytesIO()
+    torch.save({"model": model.module.state_dict(), "opt": opt.state_dict(),
+                "hook": pickle.dumps(state)}, blob)
+    blob.seek(0)
+    ck = torch.load(blob)
+    del model, opt, state
+    restored = pickle.loads(ck["hook"])
+    # Saved with names, restored without: the i-th parameter seen takes the i-th saved key.
+    model2, opt2, restored = setup(spec, restored, names=False)
+    model2.module.load_state_dict(ck["model"])
+    opt2.load_state_dict(ck["opt"])
+    train(model2, opt2, rank, 10, start=10)
+    resumed = flat_params(model2)
+    diff = (straight - resumed).abs().max().item()
+    return {"identical": bool(torch.equal(straight, resumed)), "max_abs_diff": diff,
+            "steps": restored.step, "replicas_identical": replicas_identical(model2),
+            "keys": sorted(restored.compressors)}
+
+
+def scenario_mismatch(rank, spec):
+    other = "topk:density=0.5" if rank == 1 else spec
+
+    def pol(key, shape):
+        if key == "2.weight":
+            return other
+        return None
+
+    model = DDP(make_model())
+    hook, state = gt.hook(pol, model=model)
+    model.register_comm_hook(state, hook)
+    try:
+        train(model, torch.optim.SGD(model.parameters(), lr=0.1), rank, 1)
+    except Exception as e:  # DDP re-raises the hook's error from backward()
+        return {"error": f"{type(e).__name__}: {e}"}
+    return {"error": None}
+
+
+SCENARIOS = {"train": scenario_train, "resume": scenario_resume, "mismatch": scenario_mismatch}
+
+
+def worker(rank, world, port, scenarios, out):
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(port)
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    results = {}
+    for sc in scenarios:
+        kind, _, spec = sc.partition(":")
+        try:
+            results[sc] = SCENARIOS[kind](rank, spec)
+        except Exception:
+            results[sc] = {"exception": traceback.format_exc()}
+            if kind == "mismatch":
+                break
+        dist.barrier()
+    with open(f"{out}.rank{rank}.json", "w") as f:
+        json.dump(results, f)
+    dist.destroy_process_group()
+
+
+def free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--world", type=int, default=2)
+    ap.add_argument("scenarios", nargs="+")
+    a = ap.parse_args()
+    # Mismatch leaves DDP objects in an error state: run it last.
+    sc = sorted(a.scenarios, key=lambda s: s.startswith("mismatch"))
+    mp.spawn(worker, args=(a.world, free_port(), sc, a.out), nprocs=a.world, join=True)
+    print("gradcomp", gradcomp.LIBRARY_PATH, file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()

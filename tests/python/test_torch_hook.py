@@ -1,0 +1,152 @@
+"""The DDP communication hook on 2 gloo processes (CPU): training, replicas, bytes, resume.
+
+One process pair runs every scenario (tests/python/ddp_scenarios.py), so torch starts
+once; each test below checks one property of what the ranks reported.  Codecs that have
+not landed in C yet are skipped by name (NOT LANDED in the skip reason).
+"""
+
+import json
+import os
+import pickle
+import subprocess
+import sys
+
+import pytest
+
+import gradcomp
+from conftest import HAVE_TORCH, HERE, has_codec, needs_codec, needs_torch
+
+pytestmark = needs_torch
+
+TOPK = "topk:density=0.05,feedback=ef"
+TWOBIT = "twobit:threshold=0.05"
+POWERSGD = "powersgd:rank=2"
+SPECS = {"topk": TOPK, "twobit": TWOBIT, "powersgd": POWERSGD}
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    if not HAVE_TORCH:
+        pytest.skip("PyTorch is not installed")
+    scen = []
+    for name, spec in SPECS.items():
+        if has_codec(name):
+            scen += [f"train:{spec}", f"resume:{spec}"]
+    scen.append(f"mismatch:{TOPK}")
+    out = str(tmp_path_factory.mktemp("ddp") / "r")
+    env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
+    p = subprocess.run([sys.executable, os.path.join(HERE, "ddp_scenarios.py"), "--out", out, *scen],
+                       env=env, capture_output=True, text=True, timeout=400)
+    assert p.returncode == 0, p.stdout + p.stderr
+    res = []
+    for r in range(2):
+        with open(f"{out}.rank{r}.json") as f:
+            res.append(json.load(f))
+    return res
+
+
+def get(runs, key):
+    out = []
+    for r in runs:
+        v = r[key]
+        assert "exception" not in v, v["exception"]
+        out.append(v)
+    return out
+
+
+def check_training(runs, spec):
+    r0, r1 = get(runs, f"train:{spec}")
+    for r in (r0, r1):
+        first, last = sum(r["losses"][:5]) / 5, sum(r["losses"][-5:]) / 5
+        assert last < 0.85 * first, f"loss did not go down: {first:.3f} -> {last:.3f}"
+        assert r["identical"], "parameters differ across ranks"
+        assert r["steps"] == 30
+        assert r["stats"]["steps"] == 30
+        assert r["keys"] == ["#0", "#2", "#4"]  # the three weights; biases dense
+        assert r["stats"]["dense_bytes"] == 30 * 4 * (64 + 64 + 4)
+    return r0, r1
+
+
+def check_message_bytes(runs, spec):
+    for r in get(runs, f"train:{spec}"):
+        st = r["stats"]
+        assert st["message_bytes"] == r["c_bytes_out"] > 0
+        assert r["c_messages"] == 3 * 30
+        assert st["bytes_sent"] == st["message_bytes"] + st["dense_bytes"] + st["lowrank_bytes"]
+        for k, c in r["c_stats"].items():
+            assert c["decoded"] == 2 * c["messages"], k  # own and the peer's message
+
+
+def check_resume(runs, spec):
+    for r in get(runs, f"resume:{spec}"):
+        assert r["identical"], f"resumed run differs from the uninterrupted one by {r['max_abs_diff']}"
+        assert r["replicas_identical"]
+        assert r["steps"] == 20
+        assert r["keys"] == ["0.weight", "2.weight", "4.weight"]
+
+
+@needs_codec("topk")
+def test_topk_ef(runs):
+    check_training(runs, TOPK)
+    check_message_bytes(runs, TOPK)
+
+
+@needs_codec("topk")
+def test_topk_ef_resume(runs):
+    check_resume(runs, TOPK)
+
+
+@needs_codec("twobit")
+def test_twobit(runs):
+    check_training(runs, TWOBIT)
+    check_message_bytes(runs, TWOBIT)
+
+
+@needs_codec("twobit")
+def test_twobit_resume(runs):
+    check_resume(runs, TWOBIT)
+
+
+@needs_codec("powersgd")
+def test_powersgd(runs):
+    for r in check_training(runs, POWERSGD):
+        st = r["stats"]
+        # P (rows x rank) and Q (cols x rank) per weight matrix, fp32, every step.
+        rank = 2
+        per_step = sum((m + n) * rank * 4 for m, n in ((64, 32), (64, 64), (4, 64)))
+        assert st["lowrank_bytes"] == 30 * per_step, st
+        assert st["message_bytes"] == 0
+
+
+@needs_codec("powersgd")
+def test_powersgd_resume(runs):
+    check_resume(runs, POWERSGD)
+
+
+def test_spec_mismatch_names_the_parameter(runs):
+    for rank, r in enumerate(runs):
+        err = r[f"mismatch:{TOPK}"].get("error") or ""
+        assert "MismatchError" in err and "2.weight" in err, err
+        assert "density=0.5" in err and "density=0.05" in err, err
+
+
+def test_state_pickles_without_process_group():
+    import gradcomp.torch as gt
+
+    hook, state = gt.hook(TOPK)
+    s2 = pickle.loads(pickle.dumps(state))
+    assert s2.process_group is None and isinstance(s2.policy, gt.LayerPolicy)
+    assert s2.policy.spec == gradcomp.canonical(TOPK)
+
+
+def test_layer_policy():
+    import gradcomp.torch as gt
+
+    p = gt.LayerPolicy(TOPK, min_elements=100)
+    assert p("w", (10, 10)) == gradcomp.canonical(TOPK)
+    assert p("w", (9, 10)) is None
+    assert p("b", (1000,)) is None
+    assert gt.LayerPolicy(TOPK, min_elements=100, vectors=True)("b", (1000,))
+    assert gt.LayerPolicy("none")("w", (100, 100)) is None  # plain fp32: an all_reduce
+    with pytest.raises(gradcomp.SpecError):
+        gt.LayerPolicy("topk:density=7")
