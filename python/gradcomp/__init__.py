@@ -36,6 +36,7 @@ from .core import (  # noqa: F401
     HEADER_SIZE,
     LIBRARY_PATH,
     Compressor,
+    Policy,
     canonical,
     codec_info,
     codec_names,
@@ -44,6 +45,7 @@ from .core import (  # noqa: F401
     inspect,
     library_version,
     list_codecs,
+    spec_bytes_estimate,
     spec_fingerprint,
     status_name,
 )

@@ -92,6 +92,30 @@ class Stats(ctypes.Structure):
     ]
 
 
+class TensorDesc(ctypes.Structure):
+    """gcomp_tensor_desc."""
+
+    _fields_ = [
+        ("name", ctypes.c_char_p),
+        ("n", ctypes.c_size_t),
+        ("rows", ctypes.c_size_t),
+        ("cols", ctypes.c_size_t),
+    ]
+
+
+class LayerPlan(ctypes.Structure):
+    """gcomp_layer_plan."""
+
+    _fields_ = [
+        ("spec", ctypes.c_char_p),
+        ("rule", ctypes.c_int),
+        ("reason", ctypes.c_char_p),
+        ("pattern", ctypes.c_char_p),
+        ("bytes", ctypes.c_size_t),
+        ("dense_bytes", ctypes.c_size_t),
+    ]
+
+
 _P = ctypes.c_void_p
 _S = ctypes.c_size_t
 _I = ctypes.c_int
@@ -134,8 +158,31 @@ PROTOTYPES = {
     "gcomp_compressor_set_epoch": (_I, [_P, ctypes.c_double]),
     "gcomp_compressor_stats": (None, [_P, ctypes.POINTER(Stats)]),
     "gcomp_compressor_stats_reset": (None, [_P]),
+    # layer-wise policy (src/adapt/policy.c)
+    "gcomp_policy_create": (_I, [ctypes.POINTER(_P), ctypes.c_char_p, ctypes.POINTER(ErrorInfo)]),
+    "gcomp_policy_free": (None, [_P]),
+    "gcomp_policy_choose": (_I, [_P, ctypes.POINTER(TensorDesc), ctypes.POINTER(LayerPlan), ctypes.POINTER(ErrorInfo)]),
+    "gcomp_spec_bytes_estimate": (_I, [ctypes.c_char_p, _S, _S, _S, c_size_p, ctypes.POINTER(ErrorInfo)]),
+    # low-rank multi-phase protocol (src/lowrank/powersgd.c)
+    "gcomp_lowrank_begin": (_I, [_P, _P, ctypes.POINTER(_P), c_size_p, ctypes.POINTER(ctypes.c_uint)]),
+    "gcomp_lowrank_after_p": (_I, [_P, ctypes.POINTER(_P), c_size_p]),
+    "gcomp_lowrank_after_q": (_I, [_P, ctypes.POINTER(_P), c_size_p]),
+    "gcomp_lowrank_finish": (_I, [_P, _P, ctypes.c_float]),
+    "gcomp_lowrank_abort": (None, [_P]),
+    "gcomp_lowrank_residual": (_I, [_P, _P]),
 }
-OPTIONAL = set()
+OPTIONAL = {
+    "gcomp_policy_create",
+    "gcomp_policy_free",
+    "gcomp_policy_choose",
+    "gcomp_spec_bytes_estimate",
+    "gcomp_lowrank_begin",
+    "gcomp_lowrank_after_p",
+    "gcomp_lowrank_after_q",
+    "gcomp_lowrank_finish",
+    "gcomp_lowrank_abort",
+    "gcomp_lowrank_residual",
+}
 
 
 def _candidates():

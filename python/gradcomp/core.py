@@ -368,6 +368,9 @@ class Compressor:
         self._bound = _lib.gcomp_encode_bound(h)
         self._buf = None  # encode buffer, allocated at first encode and reused
         self._len = ctypes.c_size_t()
+        self._flags = _lib.gcomp_compressor_codec(h).contents.flags
+        self._lr_ptr = ctypes.c_void_p()
+        self._lr_rounds = ctypes.c_uint()
 
     @classmethod
     def from_state(cls, blob, shape=None):
@@ -451,16 +454,27 @@ class Compressor:
 
     @property
     def residual(self):
-        """A NumPy copy of the error-feedback residual, or None when the spec keeps none."""
-        p = _lib.gcomp_compressor_residual(self._handle())
-        if not p:
-            return None
+        """A NumPy copy of the error-feedback residual, or None when the spec keeps none
+        (PowerSGD's residual, kept in factored form, is formed on demand)."""
+        h = self._handle()
         np = _numpy()
-        return np.ctypeslib.as_array(p, shape=(self.n,)).copy()
+        p = _lib.gcomp_compressor_residual(h)
+        if p:
+            return np.ctypeslib.as_array(p, shape=(self.n,)).copy()
+        if self.multiphase and getattr(_lib, "gcomp_lowrank_residual", None) is not None:
+            out = np.empty(self.n, np.float32)
+            _check(_lib.gcomp_lowrank_residual(h, out.ctypes.data), "residual")
+            return out
+        return None
 
     def set_epoch(self, epoch):
         """Tells schedules (DGC warm-up) which fractional epoch the next encode is in."""
         _check(_lib.gcomp_compressor_set_epoch(self._handle(), float(epoch)), "set_epoch")
+
+    @property
+    def multiphase(self):
+        """True for codecs driven by the low-rank protocol (PowerSGD) rather than encode."""
+        return bool(self._flags & 0x10)
 
     # -- coding --
     def _encode_ptr(self, gptr, dptr, cap):
@@ -504,6 +518,76 @@ class Compressor:
         if st:
             _raise(st, f"decode_add ({self.spec})")
 
+    # -- low-rank (PowerSGD) protocol: the caller sums P and Q over ranks in place --
+    #
+    # One step:  p, rounds = c.lowrank_begin(grad)
+    #            rounds == 0: dense step -- reduce grad yourself, then c.lowrank_finish(None)
+    #            else, `rounds` times: sum p over ranks in place; q = c.lowrank_after_p();
+    #            sum q in place; (between rounds: p = c.lowrank_after_q());
+    #            finally c.lowrank_finish(out, 1 / world)   (out = P^ Q^T / world)
+    # p and q are float32 NumPy views of the compressor's own buffers (no copy), valid
+    # until the next call on the compressor.  include/gradcomp.h has the full contract.
+
+    def _lr_begin(self, gptr):
+        n = ctypes.c_size_t()
+        st = _lib.gcomp_lowrank_begin(self._h, gptr, ctypes.byref(self._lr_ptr), ctypes.byref(n),
+                                      ctypes.byref(self._lr_rounds))
+        if st:
+            _raise(st, f"lowrank_begin ({self.spec})")
+        return self._lr_ptr.value, n.value, self._lr_rounds.value
+
+    def _lr_next(self, fn, what):
+        n = ctypes.c_size_t()
+        st = fn(self._h, ctypes.byref(self._lr_ptr), ctypes.byref(n))
+        if st:
+            _raise(st, f"{what} ({self.spec})")
+        return self._lr_ptr.value, n.value
+
+    def _lr_finish(self, optr, scale):
+        st = _lib.gcomp_lowrank_finish(self._h, optr, scale)
+        if st:
+            _raise(st, f"lowrank_finish ({self.spec})")
+
+    def _lr_abort(self):
+        _lib.gcomp_lowrank_abort(self._h)
+
+    @staticmethod
+    def _view(addr, count):
+        np = _numpy()
+        if not count:
+            return np.empty(0, np.float32)
+        return np.ctypeslib.as_array((ctypes.c_float * count).from_address(addr))
+
+    def lowrank_begin(self, grad):
+        """Starts a step: returns (P view or None, rounds); rounds == 0 is a dense step."""
+        self._handle()
+        _need("gcomp_lowrank_begin")
+        gptr, _ = float_buffer(grad, self.n, what="gradient")
+        addr, n, rounds = self._lr_begin(gptr)
+        return (self._view(addr, n) if rounds else None), rounds
+
+    def lowrank_after_p(self):
+        """After P was summed over ranks: returns the Q buffer to sum."""
+        self._handle()
+        return self._view(*self._lr_next(_need("gcomp_lowrank_after_p"), "lowrank_after_p"))
+
+    def lowrank_after_q(self):
+        """Between rounds (iters > 1), after Q was summed: returns the next P to sum."""
+        self._handle()
+        return self._view(*self._lr_next(_need("gcomp_lowrank_after_q"), "lowrank_after_q"))
+
+    def lowrank_finish(self, out, scale=1.0):
+        """Writes out = scale * P^ Q^T (overwrites) and commits the step; out is None on a
+        dense step (which it only commits)."""
+        self._handle()
+        _need("gcomp_lowrank_finish")
+        optr = None if out is None else float_buffer(out, self.n, writable=True, what="out")[0]
+        self._lr_finish(optr, float(scale))
+
+    def lowrank_abort(self):
+        """Abandons the step in flight; the state stays as it was before begin."""
+        _need("gcomp_lowrank_abort")(self._handle())
+
     # -- state --
     def state_bytes(self):
         """The compressor's state (residual, momentum, warm start, step) as a versioned blob."""
@@ -527,3 +611,73 @@ class Compressor:
 
 def _from_state_and_shape(blob, shape):
     return Compressor.from_state(blob, shape=shape)
+
+
+# ---- layer-wise policy ------------------------------------------------------------------
+
+
+def _need(name):
+    fn = getattr(_lib, name, None)
+    if fn is None:
+        raise _err.UnsupportedError(f"{LIBRARY_PATH} lacks {name}", status=_err.E_UNSUPPORTED)
+    return fn
+
+
+def spec_bytes_estimate(spec, n, shape=None):
+    """Steady-state message bytes of `spec` for a tensor of n elements (shape as for
+    Compressor), without allocating the tensor's state."""
+    rows, cols = _matrix_shape(shape, int(n))
+    out = ctypes.c_size_t()
+    err = _native.ErrorInfo()
+    st = _need("gcomp_spec_bytes_estimate")(_spec_bytes(spec), int(n), rows, cols, ctypes.byref(out),
+                                            ctypes.byref(err))
+    _check(st, f"spec {spec!r}", err)
+    return out.value
+
+
+class Policy:
+    """The C layer-wise policy (include/gradcomp.h, gcomp_policy): one spec per tensor.
+
+    Policy("spec=topk:density=0.001,feedback=ef;min_elements=16384;embed*=topk:density=0.0005")
+    choose(name, shape) -> {"spec", "rule", "reason", "pattern", "bytes", "dense_bytes"}.
+    Pickles as its policy string.
+    """
+
+    def __init__(self, text):
+        if not isinstance(text, str):
+            raise TypeError("policy must be a str")
+        h = ctypes.c_void_p()
+        err = _native.ErrorInfo()
+        _check(_need("gcomp_policy_create")(ctypes.byref(h), text.encode("utf-8"), ctypes.byref(err)),
+               f"policy {text!r}", err)
+        self._h = h
+        self.text = text
+
+    def __del__(self):
+        h, self._h = getattr(self, "_h", None), None
+        if h:
+            _lib.gcomp_policy_free(h)
+
+    def __reduce__(self):
+        return (Policy, (self.text,))
+
+    def __repr__(self):
+        return f"gradcomp.Policy({self.text!r})"
+
+    def choose(self, name, shape):
+        shape = tuple(int(d) for d in shape) or (1,)
+        n = math.prod(shape)
+        rows, cols = _matrix_shape(shape, n)
+        desc = _native.TensorDesc(str(name).encode("utf-8"), n, rows, cols)
+        plan = _native.LayerPlan()
+        err = _native.ErrorInfo()
+        _check(_lib.gcomp_policy_choose(self._h, ctypes.byref(desc), ctypes.byref(plan), ctypes.byref(err)),
+               f"policy for tensor {name!r}", err)
+        return {
+            "spec": _s(plan.spec),
+            "rule": plan.rule,
+            "reason": _s(plan.reason),
+            "pattern": _s(plan.pattern),
+            "bytes": plan.bytes,
+            "dense_bytes": plan.dense_bytes,
+        }

@@ -36,6 +36,7 @@ checkpoint resumes exactly where it stopped.
 Torch is imported here, not in gradcomp/__init__.py, so the core package works without it.
 """
 
+import ctypes
 import math
 import time
 
@@ -48,35 +49,55 @@ from . import errors as _err
 _F32 = torch.float32
 
 
-class LayerPolicy:
-    """The default policy: compress a parameter with `spec` unless it is small.
+def _is_policy_string(text):
+    # A C policy is `key=value;...` whose first key has no ':'; a spec is `name[:k=v,...]`.
+    head = text.split("=", 1)[0]
+    return ";" in text or ("=" in text and ":" not in head)
 
-    A parameter goes dense (plain fp32 all_reduce) when it has fewer than `min_elements`
-    elements, or is 1-D (biases, norm scales) and `vectors` is False, or the codec needs
-    a matrix and the tensor is not one.  Small tensors cost more in per-message overhead
-    and latency than they save, and biases are sensitive to compression error.
+
+class LayerPolicy:
+    """The default policy: the C layer-wise policy (gcomp_policy, src/adapt/policy.c).
+
+    LayerPolicy(spec, min_elements=1024, vectors=False) compresses a tensor with `spec`
+    unless it has fewer than `min_elements` elements or is 1-D (biases, norm scales; with
+    vectors=False): those go dense, as a plain fp32 all_reduce.  Small tensors cost more
+    in per-message overhead and latency than they save, and 1-D ones are sensitive to
+    compression error.  LayerPolicy("spec=...;min_elements=...;embed*=...") takes a full
+    C policy string instead (name globs match the parameter key).
     A policy is any picklable callable (key, shape) -> spec string or None (dense).
     """
 
     def __init__(self, spec, min_elements=1024, vectors=False):
-        self.spec = _core.canonical(spec)
-        self.min_elements = int(min_elements)
-        self.vectors = bool(vectors)
-        name = self.spec.split(":", 1)[0]
-        info = _core.codec_info(name) or {}
-        self._needs_shape = "needs_shape" in info.get("properties", ())
-        self._dense_equivalent = _is_plain_dense(self.spec)
+        if _is_policy_string(spec):
+            text = spec
+        else:
+            text = f"spec={_core.canonical(spec)};min_elements={int(min_elements)};dense_1d={0 if vectors else 1}"
+        self.text = text
+        self.spec = spec if _is_policy_string(spec) else _core.canonical(spec)
+        self._c = _core.Policy(text)
+        self._canon = {}
+
+    def __getstate__(self):
+        return {"text": self.text, "spec": self.spec}
+
+    def __setstate__(self, d):
+        self.text, self.spec = d["text"], d["spec"]
+        self._c = _core.Policy(self.text)
+        self._canon = {}
+
+    def plan(self, key, shape):
+        """The C policy's full decision (spec, rule, reason, estimated bytes)."""
+        return self._c.choose(key, shape)
 
     def __call__(self, key, shape):
-        numel = math.prod(shape)
-        if numel < self.min_elements or self._dense_equivalent:
-            return None
-        if len(shape) < 2 and (not self.vectors or self._needs_shape):
-            return None
-        return self.spec
+        spec = self._c.choose(key, shape)["spec"]
+        canon = self._canon.get(spec)
+        if canon is None:
+            canon = self._canon[spec] = _core.canonical(spec)
+        return None if _is_plain_dense(canon) else canon
 
     def __repr__(self):
-        return f"LayerPolicy({self.spec!r}, min_elements={self.min_elements}, vectors={self.vectors})"
+        return f"LayerPolicy({self.text!r})"
 
 
 def _is_plain_dense(canonical):
@@ -111,11 +132,12 @@ class GradcompState:
     steps: calls for the last bucket), `stats` (dict of counters, see below),
     `compressors` (key -> Compressor).
 
-    stats: steps; message_bytes (gradcomp messages this rank encoded = the sum of its
-    compressors' C bytes_out); dense_bytes (fp32 bytes all-reduced uncompressed);
-    lowrank_bytes (P and Q factors all-reduced); bytes_sent (the three together: what
-    this rank puts on the wire per collective, before padding); pad_bytes (padding added
-    so all ranks' byte tensors have one size); control_bytes (length tables); hook_ns
+    stats: steps; message_bytes (what this rank sent for compressed tensors: gather
+    messages, PowerSGD's P and Q factors and its dense steps -- always equal to the sum of
+    its compressors' C statistics bytes_out); dense_bytes (fp32 bytes of the tensors the
+    policy sends dense); bytes_sent (the two together, per rank, before padding);
+    lowrank_bytes (the P and Q part of message_bytes); pad_bytes (padding that gives all
+    ranks' byte tensors one size); control_bytes (length tables, spec checks); hook_ns
     (for each bucket, from hook entry to its future's completion, summed).
     """
 
@@ -305,23 +327,24 @@ def _completed(value):
     return f
 
 
-def _dense_path(state, group, world, grads, whole_buffer):
+def _dense_path(state, group, world, grads, whole_buffer, on_done=None):
     """fp32 all_reduce of the dense tensors; returns a future that has averaged them."""
-    n = sum(g.numel() for g in grads)
-    state.stats["dense_bytes"] += 4 * n
     if whole_buffer is not None:
-        buf = whole_buffer
-        fut = dist.all_reduce(buf, group=group, async_op=True).get_future()
-        return fut.then(lambda f: buf.div_(world))
-    flat = torch.cat([g.reshape(-1) for g in grads])
+        flat = whole_buffer
+    else:
+        flat = torch.cat([g.reshape(-1) for g in grads])
     fut = dist.all_reduce(flat, group=group, async_op=True).get_future()
 
     def unpack(f):
+        f.wait()
         flat.div_(world)
-        off = 0
-        for g in grads:
-            g.view(-1).copy_(flat[off:off + g.numel()])
-            off += g.numel()
+        if whole_buffer is None:
+            off = 0
+            for g in grads:
+                g.view(-1).copy_(flat[off:off + g.numel()])
+                off += g.numel()
+        if on_done is not None:
+            on_done()
         return None
 
     return fut.then(unpack)
@@ -356,6 +379,7 @@ def _gather_path(state, group, world, bucket_index, entries, grads):
     gptrs = [g.data_ptr() for g in grads]
 
     def decode(f):
+        f.wait()
         for r in range(world):
             rb = recv[r].data_ptr()
             o = 0
@@ -372,50 +396,118 @@ def _gather_path(state, group, world, bucket_index, entries, grads):
     return fut.then(decode)
 
 
-def _lowrank_path(state, group, world, entries, grads):
-    """PowerSGD's two all_reduce rounds over the bucket's P and then Q factors."""
-    dense_now = []
-    lr = []
-    for e, g in zip(entries, grads):
-        p = e.comp._lowrank_begin(g.data_ptr())
-        if p is None:  # the codec asks for a dense step (e.g. before its start iteration)
-            dense_now.append(g)
-        else:
-            lr.append((e, g, p))
-    futs = []
-    if dense_now:
-        futs.append(_dense_path(state, group, world, dense_now, None))
-    if not lr:
-        return futs
-    flat_p = torch.cat([_as_tensor(addr, cnt) for _, _, (addr, cnt) in lr])
-    dist.all_reduce(flat_p, group=group)
-    off = 0
-    qs = []
-    for e, g, (addr, cnt) in lr:
-        _as_tensor(addr, cnt).copy_(flat_p[off:off + cnt])
-        off += cnt
-        qs.append(e.comp._lowrank_after_p())
-    flat_q = torch.cat([_as_tensor(addr, cnt) for addr, cnt in qs])
-    state.stats["lowrank_bytes"] += 4 * (flat_p.numel() + flat_q.numel())
-    fut = dist.all_reduce(flat_q, group=group, async_op=True).get_future()
-    scale = 1.0 / world
+def _is_f16(spec):
+    return ",values=f16" in "," + spec.split(":", 1)[-1]
 
-    def finish(f):
-        o = 0
-        for (e, g, _), (addr, cnt) in zip(lr, qs):
-            _as_tensor(addr, cnt).copy_(flat_q[o:o + cnt])
-            o += cnt
-            e.comp._lowrank_finish(g.data_ptr(), scale)
-        return None
 
-    futs.append(fut.then(finish))
-    return futs
+def _copy_back(src, bufs):
+    src = src if src.dtype == _F32 else src.to(_F32)
+    o = 0
+    for a, n in bufs:
+        _as_tensor(a, n).copy_(src[o:o + n])
+        o += n
+
+
+def _factor_allreduce(group, bufs, dtype, async_op=False):
+    """Sums the C buffers `bufs` [(address, count)] over ranks with one all_reduce.
+    Blocking: the sums are written back on return.  Async: returns (future, wire)."""
+    flat = torch.cat([_as_tensor(a, n) for a, n in bufs])
+    wire = flat if dtype == _F32 else flat.to(dtype)
+    if async_op:
+        return dist.all_reduce(wire, group=group, async_op=True).get_future(), wire
+    dist.all_reduce(wire, group=group)
+    _copy_back(wire, bufs)
+    return None
+
+
+class _LowRankStep:
+    """One bucket's PowerSGD step through the C protocol (include/gradcomp.h, "Low-rank"):
+    per round one all_reduce of all the bucket's P factors and one of all its Qs."""
+
+    def __init__(self, state, entries, grads):
+        self.state = state
+        self.comp_e, self.comp_g, self.dense_e, self.dense_g = [], [], [], []
+        self.begun = []
+        self.rounds = 0
+        self.ps = []
+        try:
+            for e, g in zip(entries, grads):
+                addr, n, r = e.comp._lr_begin(g.data_ptr())
+                self.begun.append(e)
+                if r == 0:  # dense step: before start_iter, or compression would not pay
+                    self.dense_e.append(e)
+                    self.dense_g.append(g)
+                    continue
+                if self.rounds and r != self.rounds:
+                    raise _err.ProtocolError(
+                        "gradcomp.torch: PowerSGD tensors of one bucket use different iters= "
+                        f"({self.rounds} and {r}); use one value per model", status=_err.E_PROTOCOL)
+                self.rounds = r
+                self.comp_e.append(e)
+                self.comp_g.append(g)
+                self.ps.append((addr, n))
+        except BaseException:
+            self.abort()
+            raise
+        # values=f16: C already rounded P and Q to f16, so fp16 on the wire loses nothing
+        # more (gloo sums fp16; it has no bf16 all_reduce).
+        f16 = bool(self.comp_e) and all(_is_f16(e.spec) for e in self.comp_e)
+        self.dtype = torch.float16 if f16 else _F32
+        st = state.stats
+        for e in self.dense_e:
+            st["message_bytes"] += 4 * e.numel  # what C counts for a dense step
+
+    def abort(self):
+        for e in self.begun:
+            e.comp._lr_abort()
+
+    def commit_dense(self):
+        for e in self.dense_e:
+            e.comp._lr_finish(None, 0.0)
+
+    def run(self, group, world):
+        """All rounds but the last Q reduction blocking; returns the final future."""
+        if not self.comp_e:
+            return None
+        esize = 2 if self.dtype == torch.float16 else 4
+        st = self.state.stats
+        try:
+            ps = self.ps
+            for k in range(self.rounds):
+                if k > 0:
+                    ps = [e.comp._lr_next(_core._lib.gcomp_lowrank_after_q, "lowrank_after_q")
+                          for e in self.comp_e]
+                _factor_allreduce(group, ps, self.dtype)
+                qs = [e.comp._lr_next(_core._lib.gcomp_lowrank_after_p, "lowrank_after_p")
+                      for e in self.comp_e]
+                nbytes = esize * (sum(n for _, n in ps) + sum(n for _, n in qs))
+                st["lowrank_bytes"] += nbytes
+                st["message_bytes"] += nbytes
+                if k + 1 < self.rounds:
+                    _factor_allreduce(group, qs, self.dtype)
+            fut, wire = _factor_allreduce(group, qs, self.dtype, async_op=True)
+        except BaseException:
+            self.abort()
+            raise
+        scale = 1.0 / world
+
+        def finish(f):
+            try:
+                f.wait()
+                _copy_back(wire, qs)
+                for e, g in zip(self.comp_e, self.comp_g):
+                    e.comp._lr_finish(g.data_ptr(), scale)  # g = P^ Q^T / world
+            except BaseException:
+                for e in self.comp_e:
+                    e.comp._lr_abort()
+                raise
+            return None
+
+        return fut.then(finish)
 
 
 def _as_tensor(addr, count):
-    """A float32 tensor over C memory (no copy); valid while the compressor lives."""
-    import ctypes
-
+    """A float32 tensor over C memory (no copy); valid until the next call on its owner."""
     if count == 0:
         return torch.empty(0, dtype=_F32)
     return torch.frombuffer((ctypes.c_float * count).from_address(addr), dtype=_F32)
@@ -434,28 +526,40 @@ def gradcomp_hook(state, bucket):
     if state.check_specs and len(state._entries) != nseen:
         state._check(entries, group)
 
+    st = state.stats
     dense = [g for e, g in zip(entries, grads) if e.kind == "dense"]
+    st["dense_bytes"] += 4 * sum(g.numel() for g in dense)
     gath = [(e, g) for e, g in zip(entries, grads) if e.kind == "gather"]
     lowr = [(e, g) for e, g in zip(entries, grads) if e.kind == "lowrank"]
+    lr = _LowRankStep(state, [e for e, _ in lowr], [g for _, g in lowr]) if lowr else None
+    commit = None
+    if lr is not None and lr.dense_g:
+        dense = dense + lr.dense_g  # PowerSGD's dense steps join the fp32 all_reduce
+        commit = lr.commit_dense
     futs = []
-    if dense:
-        whole = buf if len(dense) == len(entries) else None
-        futs.append(_dense_path(state, group, world, dense, whole))
-    if lowr:
-        futs += _lowrank_path(state, group, world, [e for e, _ in lowr], [g for _, g in lowr])
+    try:
+        if dense:
+            whole = buf if len(dense) == len(entries) else None
+            futs.append(_dense_path(state, group, world, dense, whole, commit))
+        if lr is not None:
+            f = lr.run(group, world)
+            if f is not None:
+                futs.append(f)
+    except BaseException:
+        if lr is not None:
+            lr.abort()
+        raise
     if gath:
         futs.append(_gather_path(state, group, world, bucket.index(), [e for e, _ in gath],
                                  [g for _, g in gath]))
-    st = state.stats
-    st["bytes_sent"] = st["message_bytes"] + st["dense_bytes"] + st["lowrank_bytes"]
+    st["bytes_sent"] = st["message_bytes"] + st["dense_bytes"]
     if bucket.is_last():
         state.step += 1
         st["steps"] += 1
 
     def done(f):
-        f.wait()  # re-raises the first error of any path
         for x in f.value():
-            x.wait()
+            x.wait()  # re-raises the first error of any path
         st["hook_ns"] += time.perf_counter_ns() - t0
         return buf
 

@@ -520,3 +520,22 @@ def test_core_works_without_torch():
     out = subprocess.run([__import__("sys").executable, "-c", code], env=env, check=True,
                          capture_output=True, text=True).stdout
     assert out.strip() == "no torch"
+
+
+# ---- layer-wise policy ------------------------------------------------------------------
+
+
+def test_policy_from_c():
+    p = gradcomp.Policy("spec=topk:density=0.01,feedback=ef;min_elements=1000;emb*=topk:density=0.5")
+    big = p.choose("fc.weight", (100, 100))
+    assert big["spec"].startswith("topk:density=0.01") and big["reason"] == "default"
+    assert big["dense_bytes"] == 40000 and 0 < big["bytes"] < 40000
+    assert p.choose("fc.bias", (100,))["reason"] == "1-D"
+    assert p.choose("small", (10, 10))["reason"] == "small"
+    o = p.choose("emb.weight", (100, 100))
+    assert o["reason"] == "override" and o["pattern"] == "emb*"
+    assert pickle.loads(pickle.dumps(p)).choose("emb.weight", (100, 100)) == o
+    with pytest.raises(gradcomp.SpecError):
+        gradcomp.Policy("spec=topk:density=9")
+    est = gradcomp.spec_bytes_estimate("topk:density=0.01", N)
+    assert est >= len(gradcomp.Compressor("topk:density=0.01", N).encode(grad()))
