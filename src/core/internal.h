@@ -252,7 +252,7 @@ struct gcomp__codec {
 
 const gcomp__codec *gcomp__codec_find(const char *name);
 /* Value coders a selector's `values=` may name; keep in step with registry.c. */
-#define GCOMP__VALUES_CHOICES "f32|f16|bf16"
+#define GCOMP__VALUES_CHOICES "f32|f16|bf16|int8|int4|sign|twobit|ternary|qsgd"
 /* Parameters most selectors share, so their tables do not repeat them. */
 #define GCOMP__PARAM_VALUES                                                                        \
     {"values", GCOMP_PARAM_ENUM, 0, 0, 0, "f32", GCOMP__VALUES_CHOICES,                            \

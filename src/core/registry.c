@@ -18,6 +18,12 @@ extern const gcomp__codec gcomp__codec_block;
 extern const gcomp__codec gcomp__codec_rows;
 extern const gcomp__codec gcomp__codec_cols;
 extern const gcomp__codec gcomp__codec_dgc;
+extern const gcomp__codec gcomp__codec_int8;
+extern const gcomp__codec gcomp__codec_int4;
+extern const gcomp__codec gcomp__codec_sign;
+extern const gcomp__codec gcomp__codec_twobit;
+extern const gcomp__codec gcomp__codec_ternary;
+extern const gcomp__codec gcomp__codec_qsgd;
 
 static const gcomp__codec *const codecs[] = {
     &gcomp__codec_none,      &gcomp__codec_topk,      &gcomp__codec_threshold,
@@ -25,17 +31,31 @@ static const gcomp__codec *const codecs[] = {
     &gcomp__codec_importance,
     &gcomp__codec_block,     &gcomp__codec_rows,      &gcomp__codec_cols,
     &gcomp__codec_dgc,
+    &gcomp__codec_int8,      &gcomp__codec_int4,      &gcomp__codec_sign,
+    &gcomp__codec_twobit,    &gcomp__codec_ternary,   &gcomp__codec_qsgd,
 };
 #define NCODECS (sizeof codecs / sizeof codecs[0])
 
 extern const gcomp__vcoder gcomp__vcoder_f32;
 extern const gcomp__vcoder gcomp__vcoder_f16;
 extern const gcomp__vcoder gcomp__vcoder_bf16;
+extern const gcomp__vcoder gcomp__vcoder_int8;
+extern const gcomp__vcoder gcomp__vcoder_int4;
+extern const gcomp__vcoder gcomp__vcoder_sign;
+extern const gcomp__vcoder gcomp__vcoder_twobit;
+extern const gcomp__vcoder gcomp__vcoder_ternary;
+extern const gcomp__vcoder gcomp__vcoder_qsgd;
 
 static const gcomp__vcoder *const vcoders[] = {
     &gcomp__vcoder_f32,
     &gcomp__vcoder_f16,
     &gcomp__vcoder_bf16,
+    &gcomp__vcoder_int8,
+    &gcomp__vcoder_int4,
+    &gcomp__vcoder_sign,
+    &gcomp__vcoder_twobit,
+    &gcomp__vcoder_ternary,
+    &gcomp__vcoder_qsgd,
 };
 #define NVCODERS (sizeof vcoders / sizeof vcoders[0])
 

@@ -1,0 +1,338 @@
+/*
+ * values_twobit.c - twobit: MXNet's 2-bit gradient compression, kvstore semantics.
+ *
+ * MXNet (kvstore gradient compression, type '2bit', Huilgol 2017) keeps a residual r per
+ * tensor on the worker; each step
+ *
+ *     r += g;   q = +t if r >= t,  -t if r <= -t,  else 0;   r -= q
+ *
+ * and sends 2 bits per value, 16 values per 32-bit word.  Here the residual is the
+ * error-feedback buffer (the `twobit` codec fixes feedback=ef, so the working vector
+ * the coder sees is already r + g and the value it writes back is r - q): the same
+ * operations in the same order as MXNet, so the numbers match MXNet's step for step.
+ * The receiver needs only t and the words.
+ *
+ * Word layout, MXNet's (docs/FORMAT.md, "twobit"): value k of a word (k = 0..15) sits in
+ * byte k/4 of the little-endian word, in bits 7-2(k%4) (high) and 6-2(k%4) (low), i.e.
+ * the first value of each byte in its two most significant bits; codes 11 = +t,
+ * 10 = -t, 00 = 0.  01 is never written and is rejected (MXNet reads it as 0).
+ *
+ * Speed: one pass, 16 values per AVX-512 step: two compare masks, a blend for the
+ * residual, and the masks interleaved into the word with two bit deposits.  The dense
+ * codec fuses the residual update r + g into that pass (below, "the dense codec"), so it
+ * reads r and g and writes r once, as MXNet's kernel does.
+ *
+ * As `values=` of a selector it quantizes the kept values the same way (with
+ * feedback=ef that is MXNet's rule applied to a sparse set).  Under the `threshold`
+ * selector the key `threshold` is shared: the selection threshold is also t.
+ */
+#include "values/values_quant.h"
+
+static const gcomp_param_info twobit_params[] = {
+    {"threshold", GCOMP_PARAM_FLOAT, 0, 3.0e38, 1, "0.5", NULL,
+     "t: residual >= t sends +t, <= -t sends -t, else 0 (MXNet's 2bit threshold)"},
+};
+#define NTWOBIT_PARAMS (sizeof twobit_params / sizeof twobit_params[0])
+
+static size_t section_bytes(size_t nv) {
+    return 4 + 4 * ((nv + 15) / 16);
+}
+
+static size_t twobit_bound(const gcomp__vparams *p, size_t nv) {
+    (void)p;
+    return section_bytes(nv);
+}
+
+/* Bit position of the low bit of value k (0..15) in its word: MXNet's order. */
+static inline unsigned code_shift(size_t k) {
+    return (unsigned)(8 * (k >> 2) + 6 - 2 * (k & 3));
+}
+
+#if GCOMP__Q_AVX512
+/* Reverses the bit order inside each nibble of a 16-bit mask: value k's bit moves to bit
+ * 4(k/4) + 3 - k%4, so that depositing it at even bit positions lands on code_shift(k). */
+static inline uint32_t nibble_reverse(uint32_t x) {
+    x = ((x & 0x5555u) << 1) | ((x >> 1) & 0x5555u);
+    return ((x & 0x3333u) << 2) | ((x >> 2) & 0x3333u);
+}
+/* Bit j of x to bit 2j (and the inverse). */
+static inline uint32_t spread_even(uint32_t x) {
+#if defined(__BMI2__)
+    return _pdep_u32(x, 0x55555555u);
+#else
+    x = (x | (x << 8)) & 0x00ff00ffu;
+    x = (x | (x << 4)) & 0x0f0f0f0fu;
+    x = (x | (x << 2)) & 0x33333333u;
+    return (x | (x << 1)) & 0x55555555u;
+#endif
+}
+static inline uint32_t gather_even(uint32_t x) {
+#if defined(__BMI2__)
+    return _pext_u32(x, 0x55555555u);
+#else
+    x &= 0x55555555u;
+    x = (x | (x >> 1)) & 0x33333333u;
+    x = (x | (x >> 2)) & 0x0f0f0f0fu;
+    x = (x | (x >> 4)) & 0x00ff00ffu;
+    return (x | (x >> 8)) & 0x0000ffffu;
+#endif
+}
+#endif
+
+/* The pass: x = v[i] (+ add[i] when add is not NULL: the fused r + g of the dense codec),
+ * 16 values per word, residual x - q into res (may alias v or add).  `nt`: write res with
+ * non-temporal stores (a residual far larger than the caches is not read again this step,
+ * and skipping the read-for-ownership saves a third of the traffic). */
+static gcomp_status twobit_run(float t, const float *v, const float *add, float *res, size_t nv,
+                               uint8_t *words, bool nt) {
+    const float nt_ = -t;
+    uint32_t bad = 0;
+    size_t i = 0;
+#if GCOMP__Q_AVX512
+    if (gcomp__quant_simd()) {
+        const __m512 vt = _mm512_set1_ps(t), vnt = _mm512_set1_ps(nt_), zero = _mm512_setzero_ps();
+        const __m512i absmask = _mm512_set1_epi32(0x7fffffff);
+        __m512i vab = _mm512_setzero_si512();
+        nt = nt && res && ((uintptr_t)res & 63) == 0;
+        for (; i + 16 <= nv; i += 16) {
+            __m512 x = _mm512_loadu_ps(v + i);
+            if (add) x = _mm512_add_ps(x, _mm512_loadu_ps(add + i));
+            vab = _mm512_max_epu32(vab, _mm512_and_si512(_mm512_castps_si512(x), absmask));
+            __mmask16 P = _mm512_cmp_ps_mask(x, vt, _CMP_GE_OQ);
+            __mmask16 N = _mm512_cmp_ps_mask(x, vnt, _CMP_LE_OQ);
+            uint32_t pr = nibble_reverse(P), nr = nibble_reverse(N);
+            gcomp__put32(words + i / 4, spread_even(pr) | (spread_even(pr | nr) << 1));
+            if (res) {
+                __m512 q = _mm512_mask_blend_ps(N, _mm512_mask_blend_ps(P, zero, vt), vnt);
+                __m512 r = _mm512_sub_ps(x, q);
+                if (nt)
+                    _mm512_stream_ps(res + i, r);
+                else
+                    _mm512_storeu_ps(res + i, r);
+            }
+        }
+        if (nt) _mm_sfence();
+        bad = (uint32_t)_mm512_reduce_max_epu32(vab);
+    }
+#endif
+    (void)nt;
+    /* Portable (and the tail): the rule exactly as written at the top. */
+    for (; i < nv; i += 16) {
+        uint32_t w = 0;
+        size_t m = nv - i < 16 ? nv - i : 16;
+        for (size_t k = 0; k < m; k++) {
+            float x = add ? v[i + k] + add[i + k] : v[i + k];
+            uint32_t u;
+            memcpy(&u, &x, 4);
+            u &= 0x7fffffffu;
+            bad = u > bad ? u : bad;
+            float q = 0.0f;
+            if (x >= t) {
+                w |= 3u << code_shift(k);
+                q = t;
+            } else if (x <= nt_) {
+                w |= 2u << code_shift(k);
+                q = nt_;
+            }
+            if (res) res[i + k] = x - q;
+        }
+        gcomp__put32(words + i / 4, w);
+    }
+    return bad >= 0x7f800000u ? GCOMP_E_NONFINITE : GCOMP_OK;
+}
+
+static gcomp_status twobit_encode(const gcomp__vparams *p, const float *v, size_t nv, float *res,
+                                  uint64_t key, uint8_t *dst, size_t cap, size_t *len) {
+    (void)key;
+    size_t need = section_bytes(nv);
+    if (cap < need) return GCOMP_E_DST_SIZE;
+    const float t = (float)gcomp__spec_num(p->spec, "threshold", 0.5);
+    gcomp__putf(dst, t);
+    gcomp_status st = twobit_run(t, v, NULL, res, nv, dst + 4, false);
+    if (st != GCOMP_OK) return st;
+    *len = need;
+    return GCOMP_OK;
+}
+
+static gcomp_status twobit_decode(const uint8_t *src, size_t len, size_t nv, float *acc,
+                                  float scale) {
+    if (len != section_bytes(nv)) return GCOMP_E_CORRUPT;
+    float t = gcomp__getf(src);
+    if (!isfinite(t) || !(t > 0.0f)) return GCOMP_E_CORRUPT;
+    const uint8_t *words = src + 4;
+    size_t nw = (nv + 15) / 16;
+    /* Code 01 (low bit without high bit) anywhere is invalid. */
+    uint32_t bad = 0;
+    for (size_t j = 0; j < nw; j++) {
+        uint32_t w = gcomp__get32(words + 4 * j);
+        bad |= w & ~(w >> 1) & 0x55555555u;
+    }
+    if (bad) return GCOMP_E_CORRUPT;
+    if (nv & 15) { /* padding values of the last word must be 00 */
+        uint32_t w = gcomp__get32(words + 4 * (nw - 1)), pad = 0;
+        for (size_t k = nv & 15; k < 16; k++) pad |= 3u << code_shift(k);
+        if (w & pad) return GCOMP_E_CORRUPT;
+    }
+    if (!acc) return GCOMP_OK;
+    const float up = scale * t, dn = scale * -t, z = scale * 0.0f;
+    size_t i = 0;
+#if GCOMP__Q_AVX512
+    if (gcomp__quant_simd()) {
+        const __m512 vup = _mm512_set1_ps(up), vdn = _mm512_set1_ps(dn), vz = _mm512_set1_ps(z);
+        for (; i + 16 <= nv; i += 16) {
+            uint32_t w = gcomp__get32(words + i / 4);
+            uint32_t lo = nibble_reverse(gather_even(w)), hi = nibble_reverse(gather_even(w >> 1));
+            __m512 q = _mm512_mask_blend_ps((__mmask16)(hi & ~lo),
+                                            _mm512_mask_blend_ps((__mmask16)lo, vz, vup), vdn);
+            _mm512_storeu_ps(acc + i, _mm512_add_ps(_mm512_loadu_ps(acc + i), q));
+        }
+    }
+#endif
+    for (; i < nv; i++) {
+        uint32_t c = (gcomp__get32(words + 4 * (i / 16)) >> code_shift(i & 15)) & 3u;
+        acc[i] += c == 3u ? up : c == 2u ? dn : z;
+    }
+    return GCOMP_OK;
+}
+
+/* ---- the dense codec: MXNet's residual update fused into the pass ----------------------
+ *
+ * With the generic pipeline, feedback=ef first writes w = e + g in a pass of its own and
+ * the coder then reads w and writes w - q: five streams of n floats.  MXNet's kernel
+ * reads r and g and writes r once: three.  So the `twobit` codec replaces the ef feedback
+ * it was created with by `twobit_ef` below -- the same semantics, name, residual and
+ * saved-state layout (n x f32, docs/FORMAT.md "state"), so gcomp_compressor_residual,
+ * save/load and the canonical spec are unchanged -- whose prepare does no work and whose
+ * residual the codec updates itself: w = (e + g) - q, swapped in by commit on success
+ * (so a NaN gradient still changes nothing).  The float operations are ef's plus the
+ * coder's, in the same order: the messages and residuals are bit-identical to the
+ * unfused pipeline (tests/unit/test_twobit.c checks it). */
+typedef struct twobit_state {
+    float *e, *w;
+} twobit_state;
+
+static gcomp_status tbef_init(gcomp_compressor *c) {
+    twobit_state *s = gcomp__calloc(sizeof *s);
+    if (!s) return GCOMP_E_NOMEM;
+    c->fb_state = s;
+    s->e = gcomp__calloc(c->n * sizeof(float));
+    s->w = gcomp__alloc(c->n * sizeof(float));
+    return s->e && s->w ? GCOMP_OK : GCOMP_E_NOMEM;
+}
+static void tbef_fini(gcomp_compressor *c) {
+    twobit_state *s = c->fb_state;
+    if (!s) return;
+    gcomp__free(s->e);
+    gcomp__free(s->w);
+    gcomp__free(s);
+    c->fb_state = NULL;
+}
+static gcomp_status tbef_prepare(gcomp_compressor *c, const float *g, const float **x,
+                                 float **res) {
+    twobit_state *s = c->fb_state;
+    *x = g; /* the codec adds e itself and checks the sum is finite */
+    *res = s->w;
+    return GCOMP_OK;
+}
+static void tbef_commit(gcomp_compressor *c) {
+    twobit_state *s = c->fb_state;
+    float *t = s->e;
+    s->e = s->w;
+    s->w = t;
+}
+static size_t tbef_state_size(const gcomp_compressor *c) {
+    return c->n * sizeof(float);
+}
+static void tbef_state_save(const gcomp_compressor *c, uint8_t *dst) {
+    const twobit_state *s = c->fb_state;
+    memcpy(dst, s->e, c->n * sizeof(float));
+}
+static gcomp_status tbef_state_load(gcomp_compressor *c, const uint8_t *src, size_t len) {
+    twobit_state *s = c->fb_state;
+    if (len != c->n * sizeof(float)) return GCOMP_E_STATE;
+    for (size_t i = 0; i < c->n; i++)
+        if ((gcomp__get32(src + 4 * i) & 0x7f800000u) == 0x7f800000u) return GCOMP_E_STATE;
+    memcpy(s->e, src, len);
+    return GCOMP_OK;
+}
+static void tbef_state_reset(gcomp_compressor *c) {
+    twobit_state *s = c->fb_state;
+    memset(s->e, 0, c->n * sizeof(float));
+}
+static const float *tbef_residual(const gcomp_compressor *c) {
+    const twobit_state *s = c->fb_state;
+    return s->e;
+}
+
+static const gcomp__feedback twobit_ef = {
+    .name = "ef",
+    .init = tbef_init,
+    .fini = tbef_fini,
+    .prepare = tbef_prepare,
+    .commit = tbef_commit,
+    .state_size = tbef_state_size,
+    .state_save = tbef_state_save,
+    .state_load = tbef_state_load,
+    .state_reset = tbef_state_reset,
+    .residual = tbef_residual,
+};
+
+static gcomp_status twobit_codec_init(gcomp_compressor *c, gcomp_error *err) {
+    (void)err;
+    if (c->spec.feedback != &gcomp__feedback_ef) return GCOMP_OK;
+    if (gcomp__feedback_ef.fini) gcomp__feedback_ef.fini(c);
+    c->fb_state = NULL;
+    c->spec.feedback = &twobit_ef;
+    return twobit_ef.init(c);
+}
+
+#define SECTION 24 /* the sparse section header (docs/FORMAT.md), dense form */
+
+static gcomp_status twobit_codec_encode(gcomp_compressor *c, const float *x, float *res,
+                                        uint8_t *payload, size_t cap, size_t *len) {
+    if (c->spec.feedback != &twobit_ef) return gcomp__sparse_encode(c, x, res, payload, cap, len);
+    const twobit_state *s = c->fb_state;
+    size_t n = c->n, need = SECTION + section_bytes(n);
+    if (cap < need) return GCOMP_E_DST_SIZE;
+    const float t = (float)gcomp__spec_num(&c->spec, "threshold", 0.5);
+    /* r + g, as ef would have formed it (e first, then g). */
+    gcomp_status st = twobit_run(t, s->e, x, res, n, payload + SECTION + 4, n >= (1u << 21));
+    if (st != GCOMP_OK) return st;
+    gcomp__put32(payload, (uint32_t)n);     /* k */
+    gcomp__put32(payload + 4, (uint32_t)n); /* nvals */
+    payload[8] = GCOMP__IX_NONE;
+    payload[9] = GCOMP__V_TWOBIT;
+    payload[10] = GCOMP__EXPAND_ELEM;
+    payload[11] = 0;
+    gcomp__put32(payload + 12, 1); /* unit */
+    gcomp__put32(payload + 16, 0); /* stride */
+    gcomp__put32(payload + 20, 0); /* index bytes */
+    gcomp__putf(payload + SECTION, t);
+    gcomp__selection sel = {0};
+    sel.k = sel.nvals = n;
+    sel.val = (float *)x;
+    sel.index_kind = GCOMP__IX_NONE;
+    sel.expand = GCOMP__EXPAND_ELEM;
+    sel.unit = 1;
+    c->last = sel;
+    c->last_dense = true;
+    *len = need;
+    return GCOMP_OK;
+}
+
+const gcomp__vcoder gcomp__vcoder_twobit = {"twobit",       GCOMP__V_TWOBIT, twobit_params,
+                                            NTWOBIT_PARAMS, twobit_bound,    twobit_encode,
+                                            twobit_decode};
+static const gcomp__vcoder twobit_dense = {"twobit",     GCOMP__V_TWOBIT, NULL,         0,
+                                           twobit_bound, twobit_encode,   twobit_decode};
+
+const gcomp__codec gcomp__codec_twobit = {
+    .info = {"twobit", 19, GCOMP_CODEC_QUANTIZER,
+             "MXNet 2-bit: residual +g, send +-t where |r| >= t, 16 values per word (~16x); "
+             "the residual (feedback=ef) is part of the method",
+             twobit_params, NTWOBIT_PARAMS},
+    .fixed_values = &twobit_dense,
+    .init = twobit_codec_init,
+    .encode = twobit_codec_encode,
+    .fixed_feedback = "ef",
+};
