@@ -1,0 +1,406 @@
+/*
+ * gradcomp_mpi.h - compressed collectives on MPI (libgradcomp_mpi).
+ *
+ * Moves compressed gradients between the ranks of an MPI communicator and leaves, in
+ * each rank's own float32 buffers, the sum (or average) of what every rank's decoder
+ * produces.  Standard MPI-3 only (non-blocking collectives), so Open MPI and MPICH work.
+ *
+ *     gcomp_mpi_comm *comm;
+ *     gcomp_mpi_comm_create(&comm, MPI_COMM_WORLD, NULL, 60.0, &err);
+ *     gcomp_mpi_tensor t[2] = {{"fc1.weight", "topk:density=0.001,feedback=ef", n1},
+ *                              {"fc1.bias", "none", n2}};
+ *     gcomp_mpi_bucket *b;
+ *     gcomp_mpi_bucket_create(&b, comm, t, 2, NULL, 60.0, &err);     // collective
+ *     float *data[2] = {grad1, grad2};
+ *     gcomp_mpi_allreduce(b, data, GCOMP_MPI_AVERAGE, 60.0, &err);  // every step
+ *     // or: gcomp_mpi_start(b, data, ...); ...compute...; gcomp_mpi_wait(b, 60.0, &err);
+ *
+ * Objects
+ *   A communicator (gcomp_mpi_comm) wraps a duplicate of the caller's MPI_Comm with
+ *   MPI_ERRORS_RETURN, so MPI errors come back as statuses instead of aborting.  A
+ *   bucket (gcomp_mpi_bucket) is a fixed list of tensors, each with its own codec spec
+ *   and its own compressor state (error-feedback residuals, ...), which the library
+ *   creates from the spec and owns.  Each bucket has its own duplicate communicator, so
+ *   several buckets may be in flight at once (one per layer, started as soon as the
+ *   layer's gradient is ready).  Every rank must create the same buckets in the same
+ *   order, and start the allreduces of one bucket in the same order.
+ *
+ * Strategies (chosen per tensor from its codec's flags; overridable per tensor)
+ *   allgather   sizes, then MPI_Allgatherv of the messages (no padding), and every rank
+ *               decodes every message.  Any codec.  Traffic per rank grows with P.
+ *               Default for sparse and other non-linear codecs.
+ *   sparse      sparse allreduce whose traffic per rank is bounded by 2(P-1)/P of one
+ *               message (Ok-Topk / SparCML "split allgather"): the index space is cut
+ *               into P regions; each rank sends each region's slice of its decoded
+ *               contribution to the region's owner (MPI_Alltoallv), the owner sums,
+ *               re-compresses its region with the same codec and error feedback (the
+ *               owner-side residual), and the owners' messages are allgathered.
+ *   allreduce   MPI_Allreduce of the codec's values for codecs that sum linearly:
+ *               `none` in f32, f16 or bf16 (f16/bf16 are summed as halves by a
+ *               user-defined MPI_Op that only casts and adds), `randomk` with the same
+ *               seed on every rank (values only; the positions are re-derived from the
+ *               seed), and PowerSGD's P and Q factors (when the codec is built in).
+ *               Default for linear codecs.
+ *   rsag        reduce-scatter + allgather with re-compression at the owner and error
+ *               feedback on both sides (DeepSpeed's 1-bit compressed allreduce): each
+ *               rank compresses chunk j of its gradient with its own chunk compressor
+ *               and sends it to rank j (MPI_Alltoallv); rank j decodes and sums the P
+ *               chunks, compresses the sum with the owner-side residual, and the owners'
+ *               messages are allgathered.  Default for quantizers (int8, sign, ...).
+ *   hierarchical (flag, combined with any of the above): a dense float32 reduce inside a
+ *               node (MPI_Comm_split_type(MPI_COMM_TYPE_SHARED)), the compressed
+ *               exchange between node leaders only, and a broadcast back inside the node.
+ *               With one node the leader's dense sum is exact and nothing is compressed.
+ *
+ * Pipelining
+ *   Inside a bucket, consecutive tensors with the same strategy are grouped into
+ *   sub-buckets of about `bucket_bytes` (dense bytes).  Sub-bucket i+1 is compressed
+ *   while sub-bucket i is on the wire (MPI_Iallgatherv / MPI_Ialltoallv /
+ *   MPI_Iallreduce), and sub-bucket i is decoded while i+1 is on the wire.  Collectives
+ *   are issued in the same order on every rank (a fixed schedule), which MPI requires.
+ *   MPI makes progress only inside MPI calls: gcomp_mpi_start does all the compression
+ *   and issues what it can; call gcomp_mpi_test now and then during the caller's own
+ *   computation so large transfers keep moving, then gcomp_mpi_wait.
+ *
+ * Set-up checks
+ *   Bucket creation compares, across all ranks, every tensor's canonical spec
+ *   fingerprint, size and shape, strategy, name and the wire format version (an
+ *   MPI_Allreduce of a hash and its complement with MPI_MAX, so every rank learns the
+ *   minimum and maximum and all of them agree).  A difference is GCOMP_E_MISMATCH on
+ *   every rank, naming the first tensor that differs: never wrong numbers.  At run time
+ *   every message is checked again (fingerprint, size, checksums) before it is decoded.
+ *
+ * Errors, timeouts, failures
+ *   Every blocking call takes `timeout_s` (seconds; <= 0 means the communicator's
+ *   default from gcomp_mpi_options).  Waiting is an MPI_Test loop with a deadline and
+ *   short sleeps, never a blocking MPI wait, so a dead or stalled peer gives
+ *   GCOMP_E_TIMEOUT (or GCOMP_E_MPI when MPI itself reports the error) instead of a hang.
+ *   After a timeout or an MPI error the communicator and all its buckets report
+ *   GCOMP_E_FAILED until gcomp_mpi_comm_reset or free.
+ *   A problem one rank finds in its own data (a NaN gradient, a corrupt message from a
+ *   peer) is sent along with the exchange, so every rank returns an error for that call
+ *   (the status of the rank that found it) and the communicator stays usable.
+ *   What MPI cannot do: after a peer process has died, Open MPI 4.1 (without ULFM) cannot
+ *   repair or shrink a communicator; the contract here is "an error instead of a hang".
+ *   The surviving ranks should then save what they need and exit; MPI_Finalize may itself
+ *   hang waiting for the dead peer, and mpirun aborts the job unless told otherwise
+ *   (`--mca orte_enable_recovery 1` keeps the survivors alive long enough to report).
+ *   Requests that never completed keep their buffers: the library keeps those buffers
+ *   allocated (never freed under MPI's feet) until the communicator is freed, and a
+ *   pending request at that point is leaked on purpose.
+ *   MPI_Comm_split_type and MPI_Comm_split have no non-blocking form; they run only in
+ *   gcomp_mpi_comm_create and gcomp_mpi_comm_reset, so a peer that dies exactly there
+ *   can hang those two calls.  Every other call is bounded by its timeout.
+ *   After a failed allreduce (any status), the tensors' data is unspecified and the
+ *   compressors' residuals have advanced as if the step had been sent: at most one
+ *   step's compressed content is lost.
+ *
+ * Threads
+ *   The library never calls MPI_Init, MPI_Finalize or MPI_Abort, never prints, exits or
+ *   aborts.  It needs MPI_THREAD_FUNNELED (the codecs may run OpenMP worker threads that
+ *   never call MPI) or MPI_THREAD_SERIALIZED: a communicator and its buckets are used by
+ *   one thread at a time, the one allowed to call MPI.  Distinct communicators made from
+ *   distinct MPI communicators are independent.
+ *
+ * Ownership
+ *   `create` / `free` pairs; free(NULL) is a no-op; a failed create leaves nothing
+ *   allocated and sets *out to NULL.  Strings and arrays passed to create are copied.
+ *   Tensor data passed to start/allreduce is borrowed until the call completes.
+ */
+#ifndef GRADCOMP_MPI_H
+#define GRADCOMP_MPI_H
+
+#include <mpi.h>
+
+#include "gradcomp.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct gcomp_mpi_comm gcomp_mpi_comm;
+typedef struct gcomp_mpi_bucket gcomp_mpi_bucket;
+
+/* ------------------------------------------------------------------------------------- */
+/* Strategies                                                                              */
+
+/** How a tensor's messages meet across ranks (see the top of this file). */
+typedef enum gcomp_mpi_strategy {
+    GCOMP_MPI_AUTO = 0,      /**< from the codec's flags (see gcomp_mpi_strategy_auto) */
+    GCOMP_MPI_ALLGATHER = 1, /**< allgather messages, decode all */
+    GCOMP_MPI_SPARSE = 2,    /**< sparse allreduce (regions, owners, allgather) */
+    GCOMP_MPI_ALLREDUCE = 3, /**< dense allreduce of linear values */
+    GCOMP_MPI_RSAG = 4       /**< reduce-scatter + allgather with owner re-compression */
+} gcomp_mpi_strategy;
+
+/** Or'ed into a strategy: dense reduce inside each node, the strategy between nodes. */
+#define GCOMP_MPI_HIERARCHICAL 0x100
+
+/**
+ * Parses "auto", "allgather", "sparse", "allreduce", "rsag", "hierarchical" (= auto
+ * between nodes) or "hierarchical:NAME" into *out.  Returns GCOMP_OK or GCOMP_E_ARG.
+ */
+GCOMP_API gcomp_status gcomp_mpi_strategy_parse(const char *s, int *out);
+
+/** Static name of a strategy value ("allgather", "hierarchical:rsag", ...), "?" if bad. */
+GCOMP_API const char *gcomp_mpi_strategy_name(int strategy);
+
+/**
+ * The strategy GCOMP_MPI_AUTO picks for a codec spec (never AUTO, never HIERARCHICAL):
+ * ALLREDUCE for linear codecs whose values are f32, f16 or bf16 (`none`, `randomk`) and
+ * for multi-phase codecs (PowerSGD), RSAG for quantizers (int8, int4, sign, twobit,
+ * ternary, qsgd), ALLGATHER for everything else (sparse selectors).  `nranks` is the
+ * number of ranks that exchange (reserved for size-dependent choices; today unused).
+ * Returns GCOMP_OK, GCOMP_E_ARG, GCOMP_E_SPEC or GCOMP_E_UNKNOWN_CODEC.
+ */
+GCOMP_API gcomp_status gcomp_mpi_strategy_auto(const char *spec, int nranks, int *out);
+
+/* ------------------------------------------------------------------------------------- */
+/* Communicator                                                                            */
+
+typedef struct gcomp_mpi_options {
+    /** Timeout for blocking calls that pass timeout_s <= 0.  Default 300 s. */
+    double timeout_s;
+    /**
+     * How ranks are grouped into nodes for the hierarchical strategy.  0 (default):
+     * MPI_Comm_split_type(MPI_COMM_TYPE_SHARED), i.e. real shared-memory nodes.  k > 0:
+     * consecutive groups of k ranks (rank / k), to exercise the hierarchical path on one
+     * machine.  Must be the same on every rank.
+     */
+    int ranks_per_node;
+} gcomp_mpi_options;
+
+/** Fills *o with the defaults. */
+GCOMP_API void gcomp_mpi_options_default(gcomp_mpi_options *o);
+
+/**
+ * Creates a communicator over `comm` (collective over `comm`; MPI must be initialised).
+ * The library duplicates `comm` (MPI_Comm_idup, bounded by `timeout_s`), sets
+ * MPI_ERRORS_RETURN on its duplicates, and splits them into nodes and node leaders
+ * (MPI_Comm_split_type / MPI_Comm_split: blocking, see the top of this file).  `comm`
+ * stays the caller's and must outlive the object.
+ *  opt        may be NULL (defaults); copied.
+ *  err        may be NULL.
+ * Returns GCOMP_OK, GCOMP_E_ARG (NULL out, MPI not initialised, MPI_COMM_NULL, bad
+ * option), GCOMP_E_NOMEM, GCOMP_E_MPI, GCOMP_E_TIMEOUT.
+ */
+GCOMP_API gcomp_status gcomp_mpi_comm_create(gcomp_mpi_comm **out, MPI_Comm comm,
+                                             const gcomp_mpi_options *opt, double timeout_s,
+                                             gcomp_error *err);
+
+/**
+ * Frees the communicator and its MPI duplicates (local; buckets must be freed first, or
+ * GCOMP_E_ARG is returned and nothing is freed... except that NULL is a no-op).
+ * Buffers of requests that never completed are freed only if those requests have
+ * completed by now; otherwise they are leaked on purpose (MPI may still write them).
+ */
+GCOMP_API gcomp_status gcomp_mpi_comm_free(gcomp_mpi_comm *c);
+
+/**
+ * GCOMP_OK while usable; GCOMP_E_FAILED after a timeout or MPI error, with the original
+ * failure in *err (may be NULL).
+ */
+GCOMP_API gcomp_status gcomp_mpi_comm_status(const gcomp_mpi_comm *c, gcomp_error *err);
+
+/**
+ * Collective: makes a failed communicator usable again by re-duplicating the caller's
+ * MPI communicator (idup with `timeout_s`, then the node split).  Every rank must call
+ * it.  Buckets created before the reset stay failed: free and create them again.
+ * Helps only when every peer is alive and all ranks saw the failure (a stall that ended,
+ * a timeout set too short); after a peer died it fails again with GCOMP_E_TIMEOUT or
+ * GCOMP_E_MPI.  Returns GCOMP_OK, GCOMP_E_ARG, GCOMP_E_NOMEM, GCOMP_E_MPI,
+ * GCOMP_E_TIMEOUT.
+ */
+GCOMP_API gcomp_status gcomp_mpi_comm_reset(gcomp_mpi_comm *c, double timeout_s, gcomp_error *err);
+
+/** This rank, the number of ranks, the number of nodes, and this rank's node index. */
+GCOMP_API int gcomp_mpi_comm_rank(const gcomp_mpi_comm *c);
+GCOMP_API int gcomp_mpi_comm_size(const gcomp_mpi_comm *c);
+GCOMP_API int gcomp_mpi_comm_nodes(const gcomp_mpi_comm *c);
+GCOMP_API int gcomp_mpi_comm_node(const gcomp_mpi_comm *c);
+
+/* ------------------------------------------------------------------------------------- */
+/* Buckets                                                                                 */
+
+/** One tensor of a bucket. */
+typedef struct gcomp_mpi_tensor {
+    const char *name;  /**< for messages and the set-up check; may be NULL ("#i"); copied */
+    const char *spec;  /**< codec spec, e.g. "topk:density=0.001,feedback=ef"; copied */
+    size_t n;          /**< elements (float32) */
+    size_t rows, cols; /**< optional matrix shape (0, 0 for a vector), as for compressors */
+    int strategy;      /**< GCOMP_MPI_AUTO or an override, optionally | HIERARCHICAL */
+} gcomp_mpi_tensor;
+
+typedef struct gcomp_mpi_bucket_options {
+    /**
+     * Sub-bucket size for pipelining, in dense bytes (4 n per tensor): consecutive
+     * tensors with the same strategy are grouped until this size is reached.  A tensor is
+     * never split.  0 means no limit (one sub-bucket per run of same-strategy tensors).
+     * Default 4 MiB.  Must be the same on every rank.
+     */
+    size_t bucket_bytes;
+} gcomp_mpi_bucket_options;
+
+GCOMP_API void gcomp_mpi_bucket_options_default(gcomp_mpi_bucket_options *o);
+
+/**
+ * Creates a bucket (collective over the communicator): duplicates its MPI communicator,
+ * creates each tensor's compressors from its spec, reserves every buffer the steady
+ * state needs, and runs the set-up check described at the top of this file.
+ *  tensors    `count` descriptions (count >= 1); copied.
+ *  opt        may be NULL (defaults).
+ * Returns GCOMP_OK; GCOMP_E_ARG (bad arguments; n too large for an MPI count); the
+ * compressor's status for a bad spec (GCOMP_E_SPEC, GCOMP_E_UNKNOWN_CODEC, ...), with
+ * the tensor named in *err; GCOMP_E_UNSUPPORTED (a strategy override the codec cannot
+ * use, e.g. allreduce for topk); GCOMP_E_MISMATCH (ranks differ: every rank returns it);
+ * GCOMP_E_NOMEM; GCOMP_E_TIMEOUT, GCOMP_E_MPI (the communicator is then failed);
+ * GCOMP_E_FAILED.
+ * A status that only this rank can see (a bad spec) is still reported to the other
+ * ranks through the set-up check, which then fails there with GCOMP_E_MISMATCH.
+ */
+GCOMP_API gcomp_status gcomp_mpi_bucket_create(gcomp_mpi_bucket **out, gcomp_mpi_comm *comm,
+                                               const gcomp_mpi_tensor *tensors, size_t count,
+                                               const gcomp_mpi_bucket_options *opt,
+                                               double timeout_s, gcomp_error *err);
+
+/**
+ * Frees a bucket (local).  Must not be called while an allreduce is in flight unless the
+ * communicator has failed; pending requests' buffers then move to the communicator.
+ * NULL is a no-op.
+ */
+GCOMP_API void gcomp_mpi_bucket_free(gcomp_mpi_bucket *b);
+
+/** Number of tensors, and the strategy actually used for tensor i (-1 if out of range). */
+GCOMP_API size_t gcomp_mpi_bucket_count(const gcomp_mpi_bucket *b);
+GCOMP_API int gcomp_mpi_bucket_strategy(const gcomp_mpi_bucket *b, size_t i);
+
+typedef enum gcomp_mpi_op {
+    GCOMP_MPI_SUM = 0,    /**< sum over ranks of the decoded tensors */
+    GCOMP_MPI_AVERAGE = 1 /**< the sum divided by the number of ranks */
+} gcomp_mpi_op;
+
+/**
+ * Allreduce of the bucket, blocking: on return data[i] (n_i floats, each rank's own
+ * gradient on entry) holds the sum or average of the decoded tensors of all ranks.
+ * Equivalent to gcomp_mpi_start followed by gcomp_mpi_wait(timeout_s).
+ * Returns GCOMP_OK or the first error: GCOMP_E_ARG, GCOMP_E_NONFINITE (a NaN/Inf
+ * gradient on some rank: every rank returns it), GCOMP_E_CORRUPT, GCOMP_E_CHECKSUM,
+ * GCOMP_E_MISMATCH (a message that does not belong: every rank that sees it, and the
+ * owner strategies forward it to all), GCOMP_E_LIMIT (an exchange above 2 GiB),
+ * GCOMP_E_NOMEM, GCOMP_E_PROTOCOL (already in flight), GCOMP_E_TIMEOUT, GCOMP_E_MPI,
+ * GCOMP_E_FAILED.  *err (may be NULL) names the tensor and the rank where it can.
+ */
+GCOMP_API gcomp_status gcomp_mpi_allreduce(gcomp_mpi_bucket *b, float *const *data, gcomp_mpi_op op,
+                                           double timeout_s, gcomp_error *err);
+
+/**
+ * Starts a non-blocking allreduce: compresses every tensor (pipelined with the first
+ * transfers) and returns with the rest in flight.  data[i] is borrowed until
+ * gcomp_mpi_test reports done or gcomp_mpi_wait returns: do not read or write it before.
+ * Returns GCOMP_OK (in flight), GCOMP_E_PROTOCOL (this bucket is already in flight),
+ * GCOMP_E_ARG, GCOMP_E_FAILED, GCOMP_E_MPI, GCOMP_E_NOMEM.  A local error that the other
+ * ranks must learn about (GCOMP_E_NONFINITE) is not returned here but by test/wait,
+ * after it has been shared.
+ */
+GCOMP_API gcomp_status gcomp_mpi_start(gcomp_mpi_bucket *b, float *const *data, gcomp_mpi_op op,
+                                       gcomp_error *err);
+
+/**
+ * Makes progress without blocking: tests the transfers in flight, issues the next ones,
+ * decodes what has arrived.  *done becomes 1 when the allreduce has finished (then the
+ * status is its outcome, and the bucket is idle again), 0 otherwise.
+ * Returns GCOMP_OK while in flight or finished successfully, else as gcomp_mpi_allreduce.
+ * Called on an idle bucket: GCOMP_OK with *done = 1.
+ */
+GCOMP_API gcomp_status gcomp_mpi_test(gcomp_mpi_bucket *b, int *done, gcomp_error *err);
+
+/**
+ * Waits, at most `timeout_s` seconds from this call (<= 0: the communicator's default),
+ * for the allreduce in flight to finish.  Idle bucket: GCOMP_OK at once.
+ * On timeout returns GCOMP_E_TIMEOUT and the communicator is failed.
+ */
+GCOMP_API gcomp_status gcomp_mpi_wait(gcomp_mpi_bucket *b, double timeout_s, gcomp_error *err);
+
+/* ---- what this rank sent (for references, tests and benchmarks) ----------------------- */
+
+/**
+ * The j-th message this rank produced for tensor i in the last completed allreduce,
+ * and the element range [*offset, *offset + *count) of the tensor it describes (its
+ * decoder's output goes there).  allgather, sparse, allreduce: one message for the
+ * whole tensor; rsag: one per non-empty chunk; hierarchical: only node leaders have
+ * messages (of the node's sum), other ranks none.  Summing, over all ranks, the decoded
+ * messages at their ranges gives the exact result of allgather and allreduce (up to float
+ * rounding and, for f16/bf16 sums, half rounding), and of sparse and rsag up to what the
+ * owners kept in their residuals (gcomp_mpi_owner_residual).
+ * The pointer is valid until the next start or free.  No message for a PowerSGD tensor.
+ * Returns GCOMP_OK, GCOMP_E_ARG (out of range: j >= the count in *nmsg of
+ * gcomp_mpi_message_count).
+ */
+GCOMP_API gcomp_status gcomp_mpi_message(const gcomp_mpi_bucket *b, size_t i, size_t j,
+                                         const void **msg, size_t *len, size_t *offset,
+                                         size_t *count);
+GCOMP_API size_t gcomp_mpi_message_count(const gcomp_mpi_bucket *b, size_t i);
+
+/**
+ * The owner-side error-feedback residual of tensor i on this rank (sparse and rsag;
+ * hierarchical: node leaders only): *count floats describing elements
+ * [*offset, *offset + *count) of the tensor.  *res is NULL (count 0) when this rank owns
+ * nothing of the tensor or its strategy keeps no owner residual.  Valid until the next
+ * start.  Returns GCOMP_OK or GCOMP_E_ARG.
+ */
+GCOMP_API gcomp_status gcomp_mpi_owner_residual(const gcomp_mpi_bucket *b, size_t i,
+                                                const float **res, size_t *offset, size_t *count);
+
+/**
+ * The compressor holding tensor i's worker-side state for the strategies with one
+ * compressor per tensor (allgather, sparse, allreduce; for hierarchical, on leaders),
+ * e.g. to read its residual or statistics; NULL otherwise (rsag has one per chunk).
+ * Owned by the bucket.
+ */
+GCOMP_API gcomp_compressor *gcomp_mpi_compressor(const gcomp_mpi_bucket *b, size_t i);
+
+/* ---- statistics ------------------------------------------------------------------------ */
+
+/**
+ * Counters accumulated over completed allreduces since creation or the last reset.
+ * Bytes are what this rank hands to MPI for other ranks and receives from them, per the
+ * algorithm, not counted on the wire: allgatherv counts its message once per peer,
+ * alltoallv the slices for peers, a dense allreduce 2(P-1)/P of its buffer each way
+ * (the ring algorithm's volume); size exchanges included.  Node-internal traffic of the
+ * hierarchical strategy is counted apart (node_bytes).
+ */
+typedef struct gcomp_mpi_stats {
+    uint64_t calls;          /**< allreduces completed */
+    uint64_t bytes_sent;     /**< to other ranks (between nodes for hierarchical) */
+    uint64_t bytes_received; /**< from other ranks */
+    uint64_t node_bytes;     /**< hierarchical: sent + received inside the node */
+    uint64_t codec_ns;       /**< encode, owner re-compression and decode time */
+    uint64_t wire_ns;        /**< time with at least one transfer of it in flight */
+    uint64_t elapsed_ns;     /**< start to completion (bucket); unused per tensor */
+    uint64_t overlap_ns;     /**< codec time spent while a transfer was in flight */
+} gcomp_mpi_stats;
+
+/**
+ * Per bucket (`i` = (size_t)-1) or per tensor.  A tensor's wire time is that of its
+ * sub-bucket (the tensors of a sub-bucket travel together).
+ * Returns GCOMP_OK or GCOMP_E_ARG.
+ */
+GCOMP_API gcomp_status gcomp_mpi_stats_get(const gcomp_mpi_bucket *b, size_t i,
+                                           gcomp_mpi_stats *out);
+GCOMP_API void gcomp_mpi_stats_reset(gcomp_mpi_bucket *b);
+
+/* ---- helpers the tools share ----------------------------------------------------------- */
+
+/**
+ * The MPI_Op that sums IEEE binary16 (f16) or bfloat16 values stored as 16-bit words
+ * (datatype MPI_UINT16_T): each pair is widened to float, added, and rounded back to
+ * nearest-even (f16 saturates at +-65504).  This is the only arithmetic the library
+ * runs inside an MPI_Op; nothing is ever decoded there.  Created with the communicator,
+ * valid until it is freed.  `bf16` 0: f16, 1: bf16.
+ */
+GCOMP_API MPI_Op gcomp_mpi_half_sum_op(const gcomp_mpi_comm *c, int bf16);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* GRADCOMP_MPI_H */

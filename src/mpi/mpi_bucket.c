@@ -1,0 +1,878 @@
+/*
+ * mpi_bucket.c - buckets: set-up (compressors, sub-buckets, the cross-rank check), the
+ * pipelined engine behind start/test/wait, statistics and introspection.
+ *
+ * Engine.  A bucket is cut into groups (sub-buckets, see gradcomp_mpi.h).  Each group
+ * runs a fixed list of steps: LOCAL steps do codec work, COLL steps issue non-blocking
+ * collectives.  MPI matches collectives on a communicator by the order they are issued,
+ * so COLL steps are issued in one global order on every rank - lexicographic in (group,
+ * step) - whatever the timing; a later group's LOCAL steps (its compression) run while an
+ * earlier group's collectives are in flight, and an earlier group is decoded while a
+ * later one is on the wire.  This is PyTorch DDP's / Horovod's bucketing with the
+ * compression folded into the pipeline.  Rejected: a progress thread (needs
+ * MPI_THREAD_MULTIPLE, which many MPI builds do not give, and doubles the CPU use on
+ * machines as small as these); one communicator for all buckets (buckets started in
+ * different orders by a trainer would then mismatch: each bucket has its own duplicate).
+ *
+ * Set-up check.  Bucket creation compares, across ranks, a hash of everything that must
+ * agree (tensor count, each tensor's canonical spec fingerprint, n, shape, strategy,
+ * name, the format version and the bucket options) with one MPI_Allreduce(MPI_MAX) of
+ * (h, ~h): every rank gets max(h) and ~min(h), so all agree whether and where they
+ * differ.  Only when the bucket hash differs does a second allreduce name the tensor.
+ * A rank that failed locally (bad spec) puts a marker in the first allreduce, so the
+ * others fail too instead of waiting for it.
+ */
+#include "mpi_internal.h"
+
+#include <limits.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+/* ---- small helpers shared with the strategy files ---------------------------------------- */
+
+uint64_t gm_ring_bytes(size_t bytes, int p) {
+    return p > 1 ? (uint64_t)((2.0 * (double)(p - 1) / (double)p) * (double)bytes) : 0;
+}
+
+gcomp_status gm_issue_fail(gcomp_mpi_bucket *b, int rc, const char *what) {
+    return gm_comm_mpi_fail(b->comm, NULL, rc, what);
+}
+
+gcomp_status gm_req_room(gm_group *g, int k) {
+    if (g->req_cap >= k) return GCOMP_OK;
+    MPI_Request *r = realloc(g->req, (size_t)k * sizeof *r);
+    if (!r) return GCOMP_E_NOMEM;
+    g->req = r;
+    g->req_cap = k;
+    return GCOMP_OK;
+}
+
+void gm_group_local_fail(gcomp_mpi_bucket *b, gm_group *g, gcomp_status st, size_t tensor,
+                         const char *what) {
+    if (g->local_st != GCOMP_OK) return;
+    g->local_st = st;
+    snprintf(g->local_msg, sizeof g->local_msg, "tensor '%s' (#%zu): %s: %s", b->t[tensor].name,
+             tensor, what, gcomp_status_str(st));
+}
+
+void gm_group_shared_fail(gcomp_mpi_bucket *b, gm_group *g, gcomp_status st, int rank,
+                          size_t tensor) {
+    if (g->st != GCOMP_OK) return;
+    g->st = st;
+    const char *who = g->hier ? "node" : "rank";
+    int me = g->hier ? b->comm->node_index : b->comm->rank;
+    if (rank == me && g->local_st != GCOMP_OK)
+        snprintf(g->msg, sizeof g->msg, "%.224s (on this %s)", g->local_msg, who);
+    else if (rank >= 0)
+        snprintf(g->msg, sizeof g->msg, "tensor '%s' (#%zu): %s (found by %s %d)",
+                 b->t[tensor].name, tensor, gcomp_status_str(st), who, rank);
+    else
+        snprintf(g->msg, sizeof g->msg, "tensor '%s' (#%zu): %s", b->t[tensor].name, tensor,
+                 gcomp_status_str(st));
+}
+
+bool gm_scan_markers(gcomp_mpi_bucket *b, gm_group *g, const uint64_t *w, size_t count,
+                     size_t per_rank) {
+    for (size_t i = 0; i < count; i++)
+        if (w[i] & GM_MARK) {
+            gm_group_shared_fail(b, g, gm_marker_status(w[i]), gm_marker_rank(w[i]),
+                                 g->t0 + i % per_rank);
+            return true;
+        }
+    return false;
+}
+
+/* ---- tensors ------------------------------------------------------------------------------ */
+
+static void tensor_free(gm_tensor *t, int xsize) {
+    free(t->name);
+    gcomp_compressor_free(t->c);
+    if (t->chunk)
+        for (int j = 0; j < xsize; j++) gcomp_compressor_free(t->chunk[j]);
+    free(t->chunk);
+    gcomp_compressor_free(t->owner);
+    free(t->reg);
+    gm_buf_free(&t->own);
+    gm_buf_free(&t->bits);
+    gm_buf_free(&t->pos);
+    free(t->msgs);
+    /* t->work is freed (or buried) by the bucket */
+}
+
+/* The owner-side spec: the tensor's codec and parameters with error feedback, so what an
+ * owner drops when it re-compresses stays in its residual (nothing is lost). */
+static gcomp_status owner_spec(const char *canon, char *out, size_t cap) {
+    const char *fb = strstr(canon, ",feedback=");
+    const char *seed = strstr(canon, ",seed=");
+    if (!fb || !seed) {
+        snprintf(out, cap, "%s", canon);
+        return GCOMP_OK;
+    }
+    size_t sl = strcspn(seed + 6, ",");
+    int w = snprintf(out, cap, "%.*s,feedback=ef,seed=%.*s", (int)(fb - canon), canon, (int)sl,
+                     seed + 6);
+    return w > 0 && (size_t)w < cap ? GCOMP_OK : GCOMP_E_LIMIT;
+}
+
+/* Sets up one tensor: canonical spec, strategy, compressors.  Errors go to err. */
+static gcomp_status tensor_setup(gcomp_mpi_bucket *b, size_t i, const gcomp_mpi_tensor *d,
+                                 gcomp_error *err) {
+    gcomp_mpi_comm *c = b->comm;
+    gm_tensor *t = &b->t[i];
+    char nm[32];
+    if (!d->name) snprintf(nm, sizeof nm, "#%zu", i);
+    t->name = strdup(d->name ? d->name : nm);
+    if (!t->name) return gm_fail(err, GCOMP_E_NOMEM, "out of memory");
+    t->n = d->n;
+    t->rows = d->rows;
+    t->cols = d->cols;
+    if (!d->spec) return gm_fail(err, GCOMP_E_ARG, "tensor '%s': spec is NULL", t->name);
+    if (d->n == 0) return gm_fail(err, GCOMP_E_ARG, "tensor '%s': n is 0", t->name);
+    if (d->n > (size_t)INT_MAX)
+        return gm_fail(err, GCOMP_E_ARG, "tensor '%s': %zu elements; MPI counts allow %d", t->name,
+                       d->n, INT_MAX);
+    gcomp_error e2;
+    gcomp_status st = gcomp_spec_canonical(d->spec, t->spec, sizeof t->spec, &t->fp, &e2);
+    if (st != GCOMP_OK) return gm_fail(err, st, "tensor '%s': %s", t->name, e2.message);
+    int s = d->strategy;
+    if ((s & ~(0xff | GCOMP_MPI_HIERARCHICAL)) || (s & 0xff) > GCOMP_MPI_RSAG)
+        return gm_fail(err, GCOMP_E_ARG,
+                       "tensor '%s': strategy %d is not one of gcomp_mpi_strategy", t->name, s);
+    t->hier = (s & GCOMP_MPI_HIERARCHICAL) != 0;
+    int xsize = t->hier ? c->nnodes : c->size;
+    int xrank = t->hier ? c->node_index : c->rank;
+    bool member = !t->hier || c->node_rank == 0;
+    bool exchange = member && !(t->hier && c->nnodes == 1);
+    t->strategy = s & 0xff;
+    if (t->strategy == GCOMP_MPI_AUTO) {
+        st = gcomp_mpi_strategy_auto(t->spec, xsize, &t->strategy);
+        if (st != GCOMP_OK)
+            return gm_fail(err, st, "tensor '%s': %s", t->name, gcomp_status_str(st));
+    }
+    char name[64], values[16] = "";
+    size_t nl = strcspn(t->spec, ":");
+    snprintf(name, sizeof name, "%.*s", (int)nl, t->spec);
+    const gcomp_codec_info *ci = gcomp_codec_find(name);
+    t->flags = ci ? ci->flags : 0;
+    const char *v = strstr(t->spec, "values=");
+    if (v) snprintf(values, sizeof values, "%.*s", (int)strcspn(v + 7, ","), v + 7);
+    if (t->flags & GCOMP_CODEC_MULTIPHASE)
+        return gm_fail(err, GCOMP_E_UNSUPPORTED,
+                       "tensor '%s': multi-phase codec '%s' is not wired into the MPI layer yet",
+                       t->name, name);
+    if (t->strategy == GCOMP_MPI_ALLREDUCE) {
+        t->vtype = !strcmp(values, "f32")    ? 0
+                   : !strcmp(values, "f16")  ? 1
+                   : !strcmp(values, "bf16") ? 2
+                                             : -1;
+        if (!(t->flags & GCOMP_CODEC_LINEAR) || t->vtype < 0)
+            return gm_fail(err, GCOMP_E_UNSUPPORTED,
+                           "tensor '%s': strategy allreduce needs a codec whose messages sum "
+                           "linearly with f32/f16/bf16 values (none, randomk); '%s' does not",
+                           t->name, t->spec);
+        t->seeded = (t->flags & GCOMP_CODEC_SPARSE) != 0;
+    }
+    if ((t->strategy == GCOMP_MPI_RSAG || t->strategy == GCOMP_MPI_SPARSE) &&
+        (t->flags & GCOMP_CODEC_NEEDS_SHAPE))
+        return gm_fail(err, GCOMP_E_UNSUPPORTED,
+                       "tensor '%s': strategy %s cuts the tensor into regions; codec '%s' needs a "
+                       "matrix shape",
+                       t->name, gcomp_mpi_strategy_name(t->strategy), name);
+
+    t->msgs = calloc((size_t)(xsize > 0 ? xsize : 1), sizeof *t->msgs);
+    if (!t->msgs) return gm_fail(err, GCOMP_E_NOMEM, "out of memory");
+    if (t->hier && gm_reserve(&t->work, t->n * sizeof(float)) != GCOMP_OK)
+        return gm_fail(err, GCOMP_E_NOMEM, "tensor '%s': out of memory", t->name);
+    if (!exchange) return GCOMP_OK; /* no compressor here */
+
+    if (t->strategy == GCOMP_MPI_RSAG || t->strategy == GCOMP_MPI_SPARSE) {
+        t->reg = calloc((size_t)xsize + 1, sizeof *t->reg);
+        if (!t->reg) return gm_fail(err, GCOMP_E_NOMEM, "out of memory");
+        for (int j = 0; j <= xsize; j++)
+            t->reg[j] = (size_t)(((unsigned __int128)t->n * (unsigned)j) / (unsigned)xsize);
+        size_t mine = t->reg[xrank + 1] - t->reg[xrank];
+        char ospec[600], ocanon[512];
+        if (owner_spec(t->spec, ospec, sizeof ospec) != GCOMP_OK)
+            return gm_fail(err, GCOMP_E_LIMIT, "tensor '%s': spec too long", t->name);
+        if (gcomp_spec_canonical(ospec, ocanon, sizeof ocanon, &t->owner_fp, NULL) != GCOMP_OK) {
+            snprintf(ospec, sizeof ospec, "%s", t->spec); /* a codec with its own feedback */
+            t->owner_fp = t->fp;
+        }
+        if (mine) {
+            st = gcomp_compressor_create(&t->owner, ospec, mine, 0, 0, &e2);
+            if (st != GCOMP_OK)
+                return gm_fail(err, st, "tensor '%s': owner compressor: %s", t->name, e2.message);
+        }
+        if (t->strategy == GCOMP_MPI_RSAG) {
+            t->chunk = calloc((size_t)xsize, sizeof *t->chunk);
+            if (!t->chunk) return gm_fail(err, GCOMP_E_NOMEM, "out of memory");
+            for (int j = 0; j < xsize; j++) {
+                size_t len = t->reg[j + 1] - t->reg[j];
+                if (!len) continue;
+                st = gcomp_compressor_create(&t->chunk[j], t->spec, len, 0, 0, &e2);
+                if (st != GCOMP_OK)
+                    return gm_fail(err, st, "tensor '%s': chunk compressor: %s", t->name,
+                                   e2.message);
+            }
+            return GCOMP_OK;
+        }
+    }
+    st = gcomp_compressor_create(&t->c, t->spec, t->n, t->rows, t->cols, &e2);
+    if (st != GCOMP_OK) return gm_fail(err, st, "tensor '%s': %s", t->name, e2.message);
+    if (t->strategy == GCOMP_MPI_SPARSE &&
+        gm_reserve(&t->own, gcomp_encode_bound(t->c)) != GCOMP_OK)
+        return gm_fail(err, GCOMP_E_NOMEM, "tensor '%s': out of memory", t->name);
+    if (t->strategy == GCOMP_MPI_ALLREDUCE) {
+        /* How many values travel is fixed by the spec and n; learn it from one encode of
+         * zeros so the packed layout is identical on every rank before any call. */
+        t->nvals = t->n;
+        if (t->seeded) {
+            gcomp_compressor *tmp;
+            size_t cap = 0, len = 0;
+            st = gcomp_compressor_create(&tmp, t->spec, t->n, t->rows, t->cols, &e2);
+            if (st != GCOMP_OK) return gm_fail(err, st, "tensor '%s': %s", t->name, e2.message);
+            cap = gcomp_encode_bound(tmp);
+            float *z = calloc(t->n, sizeof *z);
+            uint8_t *m = malloc(cap);
+            const uint8_t *vals;
+            uint64_t key;
+            st = !z || !m ? GCOMP_E_NOMEM : gcomp_encode(tmp, z, m, cap, &len);
+            if (st == GCOMP_OK)
+                st = gm_linear_values(m, len, t->n, t->vtype, &vals, &t->nvals, &key);
+            free(z);
+            free(m);
+            gcomp_compressor_free(tmp);
+            if (st != GCOMP_OK)
+                return gm_fail(err, st, "tensor '%s': cannot sum '%s' messages linearly: %s",
+                               t->name, t->spec, gcomp_status_str(st));
+            if (gm_reserve(&t->pos, t->nvals * 4 + 4) != GCOMP_OK)
+                return gm_fail(err, GCOMP_E_NOMEM, "out of memory");
+        }
+    }
+    return GCOMP_OK;
+}
+
+/* ---- groups ------------------------------------------------------------------------------- */
+
+static void add_steps(gm_group *g) {
+    g->nsteps = 0;
+    bool inner = !(g->hier && g->single_node);
+    if (g->hier) gm_steps_hier_prefix(g);
+    int first_inner = g->nsteps;
+    if (inner) {
+        switch (g->strategy) {
+        case GCOMP_MPI_ALLGATHER:
+            gm_steps_allgather(g);
+            break;
+        case GCOMP_MPI_ALLREDUCE:
+            gm_steps_allreduce(g);
+            break;
+        default:
+            gm_steps_owner(g);
+            break;
+        }
+    }
+    if (g->hier) {
+        for (int i = first_inner; i < g->nsteps; i++) g->steps[i].member_only = true;
+        gm_steps_hier_suffix(g);
+    }
+    g->last_coll = -1;
+    for (int i = 0; i < g->nsteps; i++)
+        if (g->steps[i].coll && (!g->steps[i].member_only || g->member)) g->last_coll = i;
+}
+
+static gcomp_status group_setup(gcomp_mpi_bucket *b, gm_group *g) {
+    gcomp_mpi_comm *c = b->comm;
+    gm_tensor *t0 = &b->t[g->t0];
+    g->nt = g->t1 - g->t0;
+    g->strategy = t0->strategy;
+    g->hier = t0->hier;
+    g->single_node = g->hier && c->nnodes == 1;
+    g->xc = g->hier ? b->bleaders : b->bc;
+    g->xsize = g->hier ? c->nnodes : c->size;
+    g->xrank = g->hier ? c->node_index : c->rank;
+    g->member = !g->hier || c->node_rank == 0;
+    add_steps(g);
+    if (gm_req_room(g, (int)g->nt + 4) != GCOMP_OK) return GCOMP_E_NOMEM;
+    size_t P = (size_t)g->xsize, nt = g->nt;
+    size_t words = 8 * (3 * P * nt + nt + 2 * (P + 1)) + 4 * 4 * P + 64;
+    if (gm_reserve(&g->words, words) != GCOMP_OK) return GCOMP_E_NOMEM;
+    memset(g->words.p, 0, words);
+    uint64_t *w = g->words.p;
+    g->sz_send = w;
+    g->sz_recv = w + P * nt;
+    g->gsz_recv = w + 2 * P * nt;
+    g->gsz_send = w + 3 * P * nt;
+    g->dest_off = (size_t *)(w + 3 * P * nt + nt);
+    g->pos = g->dest_off + P + 1;
+    int *ip = (int *)(g->pos + P + 1);
+    g->cnt_s = ip;
+    g->dsp_s = ip + P;
+    g->cnt_r = ip + 2 * P;
+    g->dsp_r = ip + 3 * P;
+    if (!g->member || g->single_node) return GCOMP_OK;
+    switch (g->strategy) {
+    case GCOMP_MPI_ALLGATHER:
+        return gm_reserve_allgather(b, g);
+    case GCOMP_MPI_ALLREDUCE:
+        return gm_reserve_allreduce(b, g);
+    default:
+        return gm_reserve_owner(b, g);
+    }
+}
+
+static bool same_group(const gm_tensor *a, const gm_tensor *t) {
+    if (a->strategy != t->strategy || a->hier != t->hier) return false;
+    if (a->strategy == GCOMP_MPI_ALLREDUCE && a->vtype != t->vtype) return false;
+    return true;
+}
+
+/* ---- the set-up check ------------------------------------------------------------------------ */
+
+enum { CHK_T = 0, CHK_H = 2, CHK_FAIL = 4, CHK_N = 5 };
+enum { PT_FP = 0, PT_SIZE = 2, PT_STRAT = 4, PT_NAME = 6, PT_N = 8 };
+
+typedef struct check_cells {
+    uint64_t in[CHK_N], out[CHK_N];
+    uint64_t *tin, *tout;
+} check_cells;
+
+static void put_pair(uint64_t *a, uint64_t v) {
+    a[0] = v;
+    a[1] = ~v;
+}
+static bool pair_differs(const uint64_t *a) {
+    return a[0] != ~a[1];
+}
+
+static gcomp_status setup_check(gcomp_mpi_bucket *b, const gcomp_mpi_tensor *d, size_t count,
+                                gcomp_status local, uint64_t deadline, gcomp_error *err) {
+    gcomp_mpi_comm *c = b->comm;
+    check_cells *cc = calloc(1, sizeof *cc);
+    if (!cc) return gm_comm_fail(c, err, GCOMP_E_NOMEM, "out of memory in the set-up check");
+    cc->tin = calloc(count * PT_N, 8);
+    cc->tout = calloc(count * PT_N, 8);
+    if (!cc->tin || !cc->tout) {
+        free(cc->tin);
+        free(cc->tout);
+        free(cc);
+        return gm_comm_fail(c, err, GCOMP_E_NOMEM, "out of memory in the set-up check");
+    }
+    uint64_t h = gm_mix(GCOMP_FORMAT_VERSION) ^ gm_mix(0x5eed0000ull + b->opt.bucket_bytes);
+    h = gm_mix(h ^ (uint64_t)c->opt.ranks_per_node);
+    for (size_t i = 0; i < count; i++) {
+        const gm_tensor *t = &b->t[i];
+        /* A rank whose canonicalisation failed hashes the raw spec: it fails anyway. */
+        uint64_t fp =
+            t->fp ? t->fp
+                  : gm_fnv1a(d[i].spec ? d[i].spec : "", d[i].spec ? strlen(d[i].spec) : 0, 0);
+        fp = gm_mix(fp ^ ((uint64_t)GCOMP_FORMAT_VERSION << 56));
+        uint64_t sz =
+            gm_mix(gm_mix(d[i].n) ^ gm_mix(d[i].rows * 0x9e3779b97f4a7c15ull) ^ (d[i].cols << 1));
+        uint64_t strat = (uint64_t)((unsigned)d[i].strategy) << 8 | (uint64_t)(t->strategy & 0xff);
+        uint64_t nm = d[i].name ? gm_fnv1a(d[i].name, strlen(d[i].name), 0) : gm_mix(i + 1);
+        uint64_t *p = cc->tin + i * PT_N;
+        put_pair(p + PT_FP, fp);
+        put_pair(p + PT_SIZE, sz);
+        put_pair(p + PT_STRAT, strat);
+        put_pair(p + PT_NAME, nm);
+        h = gm_mix(h ^ fp) + gm_mix(sz ^ (strat << 1)) + nm;
+    }
+    put_pair(cc->in + CHK_T, count);
+    put_pair(cc->in + CHK_H, h);
+    cc->in[CHK_FAIL] = local != GCOMP_OK ? gm_marker(local, c->rank) : 0;
+    MPI_Request req;
+    int rc = MPI_Iallreduce(cc->in, cc->out, CHK_N, MPI_UINT64_T, MPI_MAX, b->bc, &req);
+    if (rc != MPI_SUCCESS) {
+        free(cc->tin);
+        free(cc->tout);
+        free(cc);
+        return gm_comm_mpi_fail(c, err, rc, "MPI_Iallreduce (bucket set-up check)");
+    }
+    gcomp_status st = gm_wait_all(c, &req, 1, deadline, "bucket set-up check", err);
+    if (st != GCOMP_OK) return st; /* cc leaked on purpose */
+    st = GCOMP_OK;
+    if (cc->out[CHK_FAIL]) {
+        uint64_t m = cc->out[CHK_FAIL];
+        st = local != GCOMP_OK ? local : GCOMP_E_MISMATCH;
+        if (local == GCOMP_OK)
+            gm_fail(err, st, "rank %d could not set up the bucket (%s); no rank uses it",
+                    gm_marker_rank(m), gcomp_status_str(gm_marker_status(m)));
+    } else if (pair_differs(cc->out + CHK_T)) {
+        st = gm_fail(err, GCOMP_E_MISMATCH, "ranks have different tensor counts (%llu to %llu)",
+                     (unsigned long long)~cc->out[CHK_T + 1], (unsigned long long)cc->out[CHK_T]);
+    } else if (pair_differs(cc->out + CHK_H)) {
+        rc = MPI_Iallreduce(cc->tin, cc->tout, (int)(count * PT_N), MPI_UINT64_T, MPI_MAX, b->bc,
+                            &req);
+        if (rc != MPI_SUCCESS) return gm_comm_mpi_fail(c, err, rc, "MPI_Iallreduce (set-up check)");
+        st = gm_wait_all(c, &req, 1, deadline, "bucket set-up check (per tensor)", err);
+        if (st != GCOMP_OK) return st;
+        st = gm_fail(err, GCOMP_E_MISMATCH,
+                     "bucket settings differ across ranks "
+                     "(bucket_bytes, ranks_per_node or format version)");
+        for (size_t i = 0; i < count; i++) {
+            const uint64_t *p = cc->tout + i * PT_N;
+            const char *what = pair_differs(p + PT_FP)      ? "codec spec (fingerprint)"
+                               : pair_differs(p + PT_SIZE)  ? "size or shape"
+                               : pair_differs(p + PT_STRAT) ? "strategy"
+                               : pair_differs(p + PT_NAME)  ? "name (tensor order?)"
+                                                            : NULL;
+            if (what) {
+                st = gm_fail(err, GCOMP_E_MISMATCH,
+                             "tensor '%s' (#%zu): %s differs across ranks (this rank: %s, n=%zu)",
+                             b->t[i].name ? b->t[i].name : "?", i, what,
+                             b->t[i].spec[0] ? b->t[i].spec : d[i].spec, d[i].n);
+                break;
+            }
+        }
+    }
+    free(cc->tin);
+    free(cc->tout);
+    free(cc);
+    return st;
+}
+
+/* ---- create / free ------------------------------------------------------------------------- */
+
+void gcomp_mpi_bucket_options_default(gcomp_mpi_bucket_options *o) {
+    if (!o) return;
+    memset(o, 0, sizeof *o);
+    o->bucket_bytes = (size_t)4 << 20;
+}
+
+static size_t group_bufs(gm_group *g, void **out) {
+    size_t k = 0;
+    void *list[] = {g->send.p, g->recv.p, g->gsend.p, g->grecv.p, g->pack.p, g->words.p};
+    for (size_t i = 0; i < sizeof list / sizeof list[0]; i++)
+        if (list[i]) out[k++] = list[i];
+    return k;
+}
+
+static void bucket_destroy(gcomp_mpi_bucket *b) {
+    gcomp_mpi_comm *c = b->comm;
+    int fin = 0;
+    MPI_Finalized(&fin);
+    /* Requests still in flight (after a failure): their buffers go to the graveyard. */
+    for (size_t gi = 0; gi < b->ng; gi++) {
+        gm_group *g = &b->g[gi];
+        if (g->inflight && g->nreq > 0) {
+            void **bufs = calloc(6 + b->nt, sizeof *bufs);
+            size_t nb = bufs ? group_bufs(g, bufs) : 0;
+            if (bufs && g->hier)
+                for (size_t i = g->t0; i < g->t1; i++) {
+                    bufs[nb++] = b->t[i].work.p;
+                    b->t[i].work.p = NULL;
+                }
+            if (bufs) gm_comm_bury(c, g->req, g->nreq, bufs, nb);
+            g->req = NULL;
+            g->send.p = g->recv.p = g->gsend.p = g->grecv.p = g->pack.p = g->words.p = NULL;
+        }
+        gm_buf_free(&g->send);
+        gm_buf_free(&g->recv);
+        gm_buf_free(&g->gsend);
+        gm_buf_free(&g->grecv);
+        gm_buf_free(&g->pack);
+        gm_buf_free(&g->words);
+        free(g->req);
+    }
+    if (b->t)
+        for (size_t i = 0; i < b->nt; i++) {
+            int xs = b->t[i].hier ? c->nnodes : c->size;
+            tensor_free(&b->t[i], xs);
+            gm_buf_free(&b->t[i].work);
+        }
+    free(b->t);
+    free(b->g);
+    if (!fin) {
+        if (b->bc != MPI_COMM_NULL) MPI_Comm_free(&b->bc);
+        if (b->bnode != MPI_COMM_NULL) MPI_Comm_free(&b->bnode);
+        if (b->bleaders != MPI_COMM_NULL) MPI_Comm_free(&b->bleaders);
+    }
+    free(b);
+}
+
+void gcomp_mpi_bucket_free(gcomp_mpi_bucket *b) {
+    if (!b) return;
+    b->comm->nbuckets--;
+    bucket_destroy(b);
+}
+
+typedef struct dup_cells {
+    MPI_Comm bc, bnode, bleaders;
+} dup_cells;
+
+gcomp_status gcomp_mpi_bucket_create(gcomp_mpi_bucket **out, gcomp_mpi_comm *comm,
+                                     const gcomp_mpi_tensor *tensors, size_t count,
+                                     const gcomp_mpi_bucket_options *opt, double timeout_s,
+                                     gcomp_error *err) {
+    if (!out) return gm_fail(err, GCOMP_E_ARG, "out must not be NULL");
+    *out = NULL;
+    gcomp_status st = gm_comm_check(comm, err);
+    if (st != GCOMP_OK) return st;
+    if (!tensors || count == 0 || count > (size_t)INT_MAX / 16)
+        return gm_fail(err, GCOMP_E_ARG, "tensors must hold 1 or more descriptions");
+    uint64_t deadline = gm_deadline(comm, timeout_s);
+    gcomp_mpi_bucket *b = calloc(1, sizeof *b);
+    dup_cells *dc = calloc(1, sizeof *dc);
+    if (!b || !dc) {
+        free(b);
+        free(dc);
+        return gm_fail(err, GCOMP_E_NOMEM, "out of memory creating a bucket");
+    }
+    b->comm = comm;
+    b->epoch = comm->epoch;
+    b->bc = b->bnode = b->bleaders = MPI_COMM_NULL;
+    if (opt)
+        b->opt = *opt;
+    else
+        gcomp_mpi_bucket_options_default(&b->opt);
+
+    /* 1. Our own communicators (collective on every rank whatever the tensors are). */
+    MPI_Request req[3];
+    int nreq = 0, rc = MPI_Comm_idup(comm->comm, &dc->bc, &req[nreq++]);
+    if (rc == MPI_SUCCESS) rc = MPI_Comm_idup(comm->node, &dc->bnode, &req[nreq++]);
+    if (rc == MPI_SUCCESS && comm->leaders != MPI_COMM_NULL)
+        rc = MPI_Comm_idup(comm->leaders, &dc->bleaders, &req[nreq++]);
+    if (rc != MPI_SUCCESS) {
+        free(b);
+        free(dc);
+        return gm_comm_mpi_fail(comm, err, rc, "MPI_Comm_idup (bucket)");
+    }
+    st = gm_wait_all(comm, req, nreq, deadline, "duplicating the communicator for a bucket", err);
+    if (st != GCOMP_OK) return st; /* b and dc leaked on purpose: MPI may still write them */
+    b->bc = dc->bc;
+    b->bnode = dc->bnode;
+    b->bleaders = comm->leaders != MPI_COMM_NULL ? dc->bleaders : MPI_COMM_NULL;
+    free(dc);
+    comm->nbuckets++;
+
+    /* 2. Local set-up.  A failure here is still shared through the check below. */
+    gcomp_error local_err = {0};
+    gcomp_status local = GCOMP_OK;
+    b->nt = count;
+    b->t = calloc(count, sizeof *b->t);
+    b->g = calloc(count, sizeof *b->g);
+    if (!b->t || !b->g)
+        local = gm_fail(&local_err, GCOMP_E_NOMEM, "out of memory creating a bucket");
+    for (size_t i = 0; local == GCOMP_OK && i < count; i++)
+        local = tensor_setup(b, i, &tensors[i], &local_err);
+    if (local == GCOMP_OK) {
+        size_t start = 0, bytes = 0;
+        for (size_t i = 0; i <= count; i++) {
+            bool cut = i == count ||
+                       (i > start &&
+                        (!same_group(&b->t[start], &b->t[i]) ||
+                         (b->opt.bucket_bytes && bytes + 4 * b->t[i].n > b->opt.bucket_bytes)));
+            if (i > start && cut) {
+                gm_group *g = &b->g[b->ng++];
+                g->t0 = start;
+                g->t1 = i;
+                start = i;
+                bytes = 0;
+            }
+            if (i < count) bytes += 4 * b->t[i].n;
+        }
+        for (size_t gi = 0; local == GCOMP_OK && gi < b->ng; gi++) {
+            local = group_setup(b, &b->g[gi]);
+            if (local != GCOMP_OK)
+                gm_fail(&local_err, local, "sub-bucket at tensor '%s': %s", b->t[b->g[gi].t0].name,
+                        local == GCOMP_E_LIMIT ? "an exchange would exceed MPI's 2 GiB counts"
+                                               : gcomp_status_str(local));
+        }
+    }
+
+    /* 3. Every rank must agree. */
+    st = setup_check(b, tensors, count, local, deadline, err);
+    if (st != GCOMP_OK) {
+        if (local != GCOMP_OK && err) *err = local_err;
+        if (comm->failed == GCOMP_OK)
+            gcomp_mpi_bucket_free(b);
+        else
+            comm->nbuckets--; /* the check timed out: b is leaked, MPI may still write it */
+        return st;
+    }
+    *out = b;
+    return GCOMP_OK;
+}
+
+/* ---- the engine ---------------------------------------------------------------------------- */
+
+static void coll_started(gcomp_mpi_bucket *b, gm_group *g) {
+    uint64_t now = gm_now_ns();
+    g->inflight = true;
+    if (b->inflight++ == 0) b->wire_t0 = now;
+    if (!g->wire_first) g->wire_first = now;
+}
+
+static void coll_done(gcomp_mpi_bucket *b, gm_group *g) {
+    uint64_t now = gm_now_ns();
+    g->inflight = false;
+    g->nreq = 0;
+    if (--b->inflight == 0) b->call.wire_ns += now - b->wire_t0;
+    g->wire_last = now;
+}
+
+static gcomp_status fatal(gcomp_mpi_bucket *b, gcomp_error *err, gcomp_status st,
+                          const char *what) {
+    b->dead = true;
+    if (b->comm->failed == GCOMP_OK)
+        gm_comm_fail(b->comm, NULL, st, "%s: %s", what, gcomp_status_str(st));
+    return gm_fail(err, st, "%s", b->comm->failure.message);
+}
+
+static gcomp_status progress(gcomp_mpi_bucket *b, gcomp_error *err) {
+restart:
+    for (size_t gi = 0; gi < b->ng; gi++) {
+        gm_group *g = &b->g[gi];
+        while (g->stage < g->nsteps) {
+            const gm_step *s = &g->steps[g->stage];
+            if (s->member_only && !g->member) {
+                g->stage++;
+                continue;
+            }
+            if (s->coll) {
+                if (g->inflight) {
+                    int flag = 0;
+                    int rc = MPI_Testall(g->nreq, g->req, &flag, MPI_STATUSES_IGNORE);
+                    if (rc != MPI_SUCCESS) {
+                        gm_comm_mpi_fail(b->comm, NULL, rc, s->what);
+                        return fatal(b, err, GCOMP_E_MPI, s->what);
+                    }
+                    if (!flag) break;
+                    coll_done(b, g);
+                    g->stage++;
+                    continue;
+                }
+                if (gi != b->issue_group) break;
+                g->nreq = 0;
+                gcomp_status st = s->fn(b, g);
+                if (st != GCOMP_OK) return fatal(b, err, st, s->what);
+                if (g->stage == g->last_coll) b->issue_group++;
+                if (g->nreq > 0)
+                    coll_started(b, g);
+                else
+                    g->stage++;
+                continue;
+            }
+            bool overlapped = b->inflight > 0;
+            uint64_t t0 = gm_now_ns();
+            gcomp_status st = s->fn(b, g);
+            uint64_t dt = gm_now_ns() - t0;
+            b->call.codec_ns += dt;
+            g->codec_ns += dt;
+            if (overlapped) b->call.overlap_ns += dt;
+            if (st != GCOMP_OK) return fatal(b, err, st, s->what);
+            g->stage++;
+            goto restart; /* test what is in flight before more codec work */
+        }
+    }
+    return GCOMP_OK;
+}
+
+static bool all_done(const gcomp_mpi_bucket *b) {
+    for (size_t gi = 0; gi < b->ng; gi++)
+        if (b->g[gi].stage < b->g[gi].nsteps) return false;
+    return true;
+}
+
+static void add_stats(gcomp_mpi_stats *to, const gcomp_mpi_stats *s) {
+    to->calls += s->calls;
+    to->bytes_sent += s->bytes_sent;
+    to->bytes_received += s->bytes_received;
+    to->node_bytes += s->node_bytes;
+    to->codec_ns += s->codec_ns;
+    to->wire_ns += s->wire_ns;
+    to->elapsed_ns += s->elapsed_ns;
+    to->overlap_ns += s->overlap_ns;
+}
+
+static gcomp_status finish(gcomp_mpi_bucket *b, gcomp_error *err) {
+    b->busy = false;
+    b->call.calls = 1;
+    b->call.elapsed_ns = gm_now_ns() - b->t_start;
+    gcomp_status st = GCOMP_OK;
+    for (size_t gi = 0; gi < b->ng; gi++) {
+        gm_group *g = &b->g[gi];
+        b->call.bytes_sent += g->bytes_sent;
+        b->call.bytes_received += g->bytes_recv;
+        b->call.node_bytes += g->node_bytes;
+        for (size_t i = g->t0; i < g->t1; i++) {
+            gm_tensor *t = &b->t[i];
+            t->call.calls = 1;
+            t->call.wire_ns = g->wire_first ? g->wire_last - g->wire_first : 0;
+            add_stats(&t->stats, &t->call);
+        }
+        if (st == GCOMP_OK && g->st != GCOMP_OK) {
+            st = g->st;
+            gm_fail(err, st, "%s", g->msg);
+        }
+    }
+    add_stats(&b->stats, &b->call);
+    return st;
+}
+
+static gcomp_status usable(gcomp_mpi_bucket *b, gcomp_error *err) {
+    if (!b) return gm_fail(err, GCOMP_E_ARG, "bucket is NULL");
+    gcomp_status st = gm_comm_check(b->comm, err);
+    if (st != GCOMP_OK) return st;
+    if (b->dead || b->epoch != b->comm->epoch)
+        return gm_fail(err, GCOMP_E_FAILED,
+                       "bucket belongs to a communicator that failed or was "
+                       "reset; free it and create it again");
+    return GCOMP_OK;
+}
+
+gcomp_status gcomp_mpi_start(gcomp_mpi_bucket *b, float *const *data, gcomp_mpi_op op,
+                             gcomp_error *err) {
+    gcomp_status st = usable(b, err);
+    if (st != GCOMP_OK) return st;
+    if (b->busy)
+        return gm_fail(err, GCOMP_E_PROTOCOL, "this bucket's allreduce is already in flight");
+    if (!data || (op != GCOMP_MPI_SUM && op != GCOMP_MPI_AVERAGE))
+        return gm_fail(err, GCOMP_E_ARG, "data must not be NULL; op SUM or AVERAGE");
+    for (size_t i = 0; i < b->nt; i++)
+        if (!data[i]) return gm_fail(err, GCOMP_E_ARG, "data[%zu] is NULL", i);
+    b->scale = op == GCOMP_MPI_AVERAGE ? 1.0f / (float)b->comm->size : 1.0f;
+    for (size_t i = 0; i < b->nt; i++) {
+        gm_tensor *t = &b->t[i];
+        t->data = data[i];
+        t->io = t->hier ? (float *)t->work.p : data[i];
+        t->nmsg = 0;
+        memset(&t->call, 0, sizeof t->call);
+    }
+    for (size_t gi = 0; gi < b->ng; gi++) {
+        gm_group *g = &b->g[gi];
+        g->stage = 0;
+        g->inflight = false;
+        g->nreq = 0;
+        g->st = g->local_st = GCOMP_OK;
+        g->msg[0] = g->local_msg[0] = 0;
+        g->wire_first = g->wire_last = g->codec_ns = 0;
+        g->bytes_sent = g->bytes_recv = g->node_bytes = 0;
+    }
+    memset(&b->call, 0, sizeof b->call);
+    b->issue_group = 0;
+    b->inflight = 0;
+    b->t_start = gm_now_ns();
+    b->busy = true;
+    return progress(b, err);
+}
+
+gcomp_status gcomp_mpi_test(gcomp_mpi_bucket *b, int *done, gcomp_error *err) {
+    if (done) *done = 0;
+    gcomp_status st = usable(b, err);
+    if (st != GCOMP_OK) return st;
+    if (!done) return gm_fail(err, GCOMP_E_ARG, "done must not be NULL");
+    if (!b->busy) {
+        *done = 1;
+        return GCOMP_OK;
+    }
+    st = progress(b, err);
+    if (st != GCOMP_OK) return st;
+    if (!all_done(b)) return GCOMP_OK;
+    *done = 1;
+    return finish(b, err);
+}
+
+gcomp_status gcomp_mpi_wait(gcomp_mpi_bucket *b, double timeout_s, gcomp_error *err) {
+    gcomp_status st = usable(b, err);
+    if (st != GCOMP_OK) return st;
+    if (!b->busy) return GCOMP_OK;
+    uint64_t t0 = gm_now_ns(), deadline = gm_deadline(b->comm, timeout_s);
+    unsigned spins = 0;
+    for (;;) {
+        st = progress(b, err);
+        if (st != GCOMP_OK) return st;
+        if (all_done(b)) return finish(b, err);
+        uint64_t now = gm_now_ns();
+        if (now > deadline) {
+            const char *what = "?", *tn = "?";
+            for (size_t gi = 0; gi < b->ng; gi++)
+                if (b->g[gi].stage < b->g[gi].nsteps) {
+                    what = b->g[gi].steps[b->g[gi].stage].what;
+                    tn = b->t[b->g[gi].t0].name;
+                    break;
+                }
+            b->dead = true;
+            return gm_comm_fail(
+                b->comm, err, GCOMP_E_TIMEOUT,
+                "allreduce: %s for the sub-bucket at tensor '%s' not complete after "
+                "%.1f s (a peer is dead, stalled, or did not start this bucket)",
+                what, tn, (double)(now - t0) * 1e-9);
+        }
+        gm_backoff(&spins);
+    }
+}
+
+gcomp_status gcomp_mpi_allreduce(gcomp_mpi_bucket *b, float *const *data, gcomp_mpi_op op,
+                                 double timeout_s, gcomp_error *err) {
+    gcomp_status st = gcomp_mpi_start(b, data, op, err);
+    if (st != GCOMP_OK) return st;
+    return gcomp_mpi_wait(b, timeout_s, err);
+}
+
+/* ---- introspection and statistics ------------------------------------------------------------ */
+
+size_t gcomp_mpi_bucket_count(const gcomp_mpi_bucket *b) {
+    return b ? b->nt : 0;
+}
+
+int gcomp_mpi_bucket_strategy(const gcomp_mpi_bucket *b, size_t i) {
+    if (!b || i >= b->nt) return -1;
+    return b->t[i].strategy | (b->t[i].hier ? GCOMP_MPI_HIERARCHICAL : 0);
+}
+
+size_t gcomp_mpi_message_count(const gcomp_mpi_bucket *b, size_t i) {
+    if (!b || i >= b->nt || b->busy) return 0;
+    return b->t[i].nmsg;
+}
+
+gcomp_status gcomp_mpi_message(const gcomp_mpi_bucket *b, size_t i, size_t j, const void **msg,
+                               size_t *len, size_t *offset, size_t *count) {
+    if (!b || i >= b->nt || b->busy || j >= b->t[i].nmsg || !msg || !len) return GCOMP_E_ARG;
+    const gm_msgref *m = &b->t[i].msgs[j];
+    *msg = m->p;
+    *len = m->len;
+    if (offset) *offset = m->offset;
+    if (count) *count = m->count;
+    return GCOMP_OK;
+}
+
+gcomp_status gcomp_mpi_owner_residual(const gcomp_mpi_bucket *b, size_t i, const float **res,
+                                      size_t *offset, size_t *count) {
+    if (!b || i >= b->nt || !res) return GCOMP_E_ARG;
+    const gm_tensor *t = &b->t[i];
+    *res = NULL;
+    if (offset) *offset = 0;
+    if (count) *count = 0;
+    if (!t->owner || !t->reg) return GCOMP_OK;
+    int me = t->hier ? b->comm->node_index : b->comm->rank;
+    *res = gcomp_compressor_residual(t->owner);
+    if (!*res) return GCOMP_OK;
+    if (offset) *offset = t->reg[me];
+    if (count) *count = t->reg[me + 1] - t->reg[me];
+    return GCOMP_OK;
+}
+
+gcomp_compressor *gcomp_mpi_compressor(const gcomp_mpi_bucket *b, size_t i) {
+    if (!b || i >= b->nt) return NULL;
+    return b->t[i].c;
+}
+
+gcomp_status gcomp_mpi_stats_get(const gcomp_mpi_bucket *b, size_t i, gcomp_mpi_stats *out) {
+    if (!b || !out) return GCOMP_E_ARG;
+    if (i == (size_t)-1) {
+        *out = b->stats;
+        return GCOMP_OK;
+    }
+    if (i >= b->nt) return GCOMP_E_ARG;
+    *out = b->t[i].stats;
+    return GCOMP_OK;
+}
+
+void gcomp_mpi_stats_reset(gcomp_mpi_bucket *b) {
+    if (!b) return;
+    memset(&b->stats, 0, sizeof b->stats);
+    for (size_t i = 0; i < b->nt; i++) memset(&b->t[i].stats, 0, sizeof b->t[i].stats);
+}

@@ -1,0 +1,337 @@
+/*
+ * mpi_comm.c - the communicator object, bounded waits, failure state, strategy names.
+ *
+ * Every wait in the library is gm_wait_all: MPI_Testall in a loop with a deadline and a
+ * short back-off, never MPI_Wait, so a dead or stalled peer turns into GCOMP_E_TIMEOUT
+ * instead of a hang (MPI itself has no timeouts; with shared memory a dead peer produces
+ * no error at all, it just never arrives).  The duplicates carry MPI_ERRORS_RETURN, so
+ * an MPI failure comes back as a code and becomes GCOMP_E_MPI.  Either fails the
+ * communicator: MPI matches collectives by order, and after one was abandoned half-way
+ * the ranks' sequences no longer line up, so nothing further on it can be trusted.
+ *
+ * Node split: MPI_Comm_split_type(MPI_COMM_TYPE_SHARED) (or rank / ranks_per_node for
+ * tests), then the node leaders (node rank 0) in their own communicator.  There is no
+ * non-blocking split in MPI-3, so these two calls are the only unbounded ones.
+ */
+#include "mpi_internal.h"
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+/* ---- strategies ---------------------------------------------------------------------- */
+
+static const char *const base_names[] = {"auto", "allgather", "sparse", "allreduce", "rsag"};
+static const char *const hier_names[] = {"hierarchical", "hierarchical:allgather",
+                                         "hierarchical:sparse", "hierarchical:allreduce",
+                                         "hierarchical:rsag"};
+
+gcomp_status gcomp_mpi_strategy_parse(const char *s, int *out) {
+    if (!s || !out) return GCOMP_E_ARG;
+    int flag = 0;
+    if (!strncmp(s, "hierarchical", 12)) {
+        flag = GCOMP_MPI_HIERARCHICAL;
+        s += 12;
+        if (*s == 0) {
+            *out = flag | GCOMP_MPI_AUTO;
+            return GCOMP_OK;
+        }
+        if (*s != ':') return GCOMP_E_ARG;
+        s++;
+    }
+    for (int i = 0; i < 5; i++)
+        if (!strcmp(s, base_names[i])) {
+            *out = flag | i;
+            return GCOMP_OK;
+        }
+    return GCOMP_E_ARG;
+}
+
+const char *gcomp_mpi_strategy_name(int strategy) {
+    int base = strategy & 0xff, flags = strategy & ~0xff;
+    if (base > GCOMP_MPI_RSAG || (flags & ~GCOMP_MPI_HIERARCHICAL)) return "?";
+    return flags ? hier_names[base] : base_names[base];
+}
+
+/* The value coder named in a canonical spec ("...,values=f16,..."), or "" if none. */
+static void spec_values(const char *canon, char *out, size_t cap) {
+    out[0] = 0;
+    const char *v = strstr(canon, ":values=");
+    if (!v) v = strstr(canon, ",values=");
+    if (!v) return;
+    v += 8;
+    size_t l = strcspn(v, ",");
+    if (l >= cap) l = cap - 1;
+    memcpy(out, v, l);
+    out[l] = 0;
+}
+
+gcomp_status gcomp_mpi_strategy_auto(const char *spec, int nranks, int *out) {
+    (void)nranks;
+    if (!spec || !out) return GCOMP_E_ARG;
+    char canon[512], name[64], values[16];
+    gcomp_status st = gcomp_spec_canonical(spec, canon, sizeof canon, NULL, NULL);
+    if (st != GCOMP_OK) return st;
+    size_t l = strcspn(canon, ":");
+    if (l >= sizeof name) return GCOMP_E_SPEC;
+    memcpy(name, canon, l);
+    name[l] = 0;
+    const gcomp_codec_info *ci = gcomp_codec_find(name);
+    if (!ci) return GCOMP_E_UNKNOWN_CODEC;
+    spec_values(canon, values, sizeof values);
+    bool float_values = !strcmp(values, "f32") || !strcmp(values, "f16") || !strcmp(values, "bf16");
+    if (ci->flags & GCOMP_CODEC_MULTIPHASE)
+        *out = GCOMP_MPI_ALLREDUCE;
+    else if ((ci->flags & GCOMP_CODEC_LINEAR) && float_values)
+        *out = GCOMP_MPI_ALLREDUCE;
+    else if (ci->flags & GCOMP_CODEC_QUANTIZER)
+        *out = GCOMP_MPI_RSAG;
+    else
+        *out = GCOMP_MPI_ALLGATHER;
+    return GCOMP_OK;
+}
+
+/* ---- failure state --------------------------------------------------------------------- */
+
+gcomp_status gm_comm_fail(gcomp_mpi_comm *c, gcomp_error *err, gcomp_status st, const char *fmt,
+                          ...) {
+    char text[256];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(text, sizeof text, fmt, ap);
+    va_end(ap);
+    if (c && c->failed == GCOMP_OK) {
+        c->failed = st;
+        c->failure.status = st;
+        snprintf(c->failure.message, sizeof c->failure.message, "%s", text);
+    }
+    return gm_fail(err, st, "%s", text);
+}
+
+gcomp_status gm_comm_mpi_fail(gcomp_mpi_comm *c, gcomp_error *err, int rc, const char *what) {
+    char text[MPI_MAX_ERROR_STRING];
+    int len = 0;
+    if (MPI_Error_string(rc, text, &len) != MPI_SUCCESS) snprintf(text, sizeof text, "code %d", rc);
+    return gm_comm_fail(c, err, GCOMP_E_MPI, "%s: %s", what, text);
+}
+
+gcomp_status gm_comm_check(const gcomp_mpi_comm *c, gcomp_error *err) {
+    if (!c) return gm_fail(err, GCOMP_E_ARG, "communicator is NULL");
+    if (c->failed != GCOMP_OK)
+        return gm_fail(err, GCOMP_E_FAILED, "communicator failed earlier (%s): %s",
+                       gcomp_status_str(c->failed), c->failure.message);
+    return GCOMP_OK;
+}
+
+gcomp_status gcomp_mpi_comm_status(const gcomp_mpi_comm *c, gcomp_error *err) {
+    return gm_comm_check(c, err);
+}
+
+uint64_t gm_deadline(const gcomp_mpi_comm *c, double timeout_s) {
+    double t = timeout_s > 0 && isfinite(timeout_s) ? timeout_s : c->opt.timeout_s;
+    if (t > 1e7) t = 1e7;
+    return gm_now_ns() + (uint64_t)(t * 1e9);
+}
+
+gcomp_status gm_wait_all(gcomp_mpi_comm *c, MPI_Request *req, int n, uint64_t deadline,
+                         const char *what, gcomp_error *err) {
+    unsigned spins = 0;
+    uint64_t t0 = gm_now_ns();
+    for (;;) {
+        int flag = 0;
+        int rc = MPI_Testall(n, req, &flag, MPI_STATUSES_IGNORE);
+        if (rc != MPI_SUCCESS) return gm_comm_mpi_fail(c, err, rc, what);
+        if (flag) return GCOMP_OK;
+        uint64_t now = gm_now_ns();
+        if (now > deadline)
+            return gm_comm_fail(c, err, GCOMP_E_TIMEOUT,
+                                "%s: not complete after %.1f s (a peer is dead, stalled or has not "
+                                "made the same call)",
+                                what, (double)(now - t0) * 1e-9);
+        gm_backoff(&spins);
+    }
+}
+
+void gm_comm_bury(gcomp_mpi_comm *c, MPI_Request *req, int nreq, void **bufs, size_t nbufs) {
+    gm_grave *g = calloc(1, sizeof *g);
+    if (!g) return; /* leak the buffers: never free what MPI may still write */
+    g->req = req;
+    g->nreq = nreq;
+    g->bufs = bufs;
+    g->nbufs = nbufs;
+    g->next = c->graves;
+    c->graves = g;
+}
+
+/* ---- create / free / reset --------------------------------------------------------------- */
+
+void gcomp_mpi_options_default(gcomp_mpi_options *o) {
+    if (!o) return;
+    memset(o, 0, sizeof *o);
+    o->timeout_s = 300.0;
+    o->ranks_per_node = 0;
+}
+
+static void free_comms(gcomp_mpi_comm *c) {
+    if (c->leaders != MPI_COMM_NULL) MPI_Comm_free(&c->leaders);
+    if (c->node != MPI_COMM_NULL) MPI_Comm_free(&c->node);
+    if (c->comm != MPI_COMM_NULL) MPI_Comm_free(&c->comm);
+    c->leaders = c->node = c->comm = MPI_COMM_NULL;
+}
+
+/* Small results that a pending request may still write after a timeout: on the heap,
+ * and leaked when that happens. */
+typedef struct build_cells {
+    MPI_Comm dup;
+    int info[2]; /* leader rank = node index, number of nodes */
+} build_cells;
+
+static gcomp_status build(gcomp_mpi_comm *c, double timeout_s, gcomp_error *err) {
+    uint64_t deadline = gm_deadline(c, timeout_s);
+    build_cells *cell = calloc(1, sizeof *cell);
+    if (!cell) return gm_fail(err, GCOMP_E_NOMEM, "out of memory creating a communicator");
+    MPI_Request req;
+    int rc = MPI_Comm_idup(c->user, &cell->dup, &req);
+    if (rc != MPI_SUCCESS) {
+        free(cell);
+        return gm_comm_mpi_fail(c, err, rc, "MPI_Comm_idup");
+    }
+    gcomp_status st = gm_wait_all(c, &req, 1, deadline, "duplicating the communicator", err);
+    if (st != GCOMP_OK) return st; /* cell leaked on purpose: MPI may still write it */
+    c->comm = cell->dup;
+    MPI_Comm_set_errhandler(c->comm, MPI_ERRORS_RETURN);
+    MPI_Comm_rank(c->comm, &c->rank);
+    MPI_Comm_size(c->comm, &c->size);
+    if (c->opt.ranks_per_node > 0)
+        rc = MPI_Comm_split(c->comm, c->rank / c->opt.ranks_per_node, c->rank, &c->node);
+    else
+        rc = MPI_Comm_split_type(c->comm, MPI_COMM_TYPE_SHARED, c->rank, MPI_INFO_NULL, &c->node);
+    if (rc != MPI_SUCCESS) {
+        free(cell);
+        return gm_comm_mpi_fail(c, err, rc, "splitting the communicator into nodes");
+    }
+    MPI_Comm_set_errhandler(c->node, MPI_ERRORS_RETURN);
+    MPI_Comm_rank(c->node, &c->node_rank);
+    MPI_Comm_size(c->node, &c->node_size);
+    rc = MPI_Comm_split(c->comm, c->node_rank == 0 ? 0 : MPI_UNDEFINED, c->rank, &c->leaders);
+    if (rc != MPI_SUCCESS) {
+        free(cell);
+        return gm_comm_mpi_fail(c, err, rc, "making the node leaders' communicator");
+    }
+    if (c->leaders != MPI_COMM_NULL) {
+        MPI_Comm_set_errhandler(c->leaders, MPI_ERRORS_RETURN);
+        MPI_Comm_rank(c->leaders, &cell->info[0]);
+        MPI_Comm_size(c->leaders, &cell->info[1]);
+    }
+    rc = MPI_Ibcast(cell->info, 2, MPI_INT, 0, c->node, &req);
+    if (rc != MPI_SUCCESS) {
+        free(cell);
+        return gm_comm_mpi_fail(c, err, rc, "MPI_Ibcast (node layout)");
+    }
+    st = gm_wait_all(c, &req, 1, deadline, "sharing the node layout", err);
+    if (st != GCOMP_OK) return st;
+    c->node_index = cell->info[0];
+    c->nnodes = cell->info[1];
+    free(cell);
+    return GCOMP_OK;
+}
+
+gcomp_status gcomp_mpi_comm_create(gcomp_mpi_comm **out, MPI_Comm comm,
+                                   const gcomp_mpi_options *opt, double timeout_s,
+                                   gcomp_error *err) {
+    if (!out) return gm_fail(err, GCOMP_E_ARG, "out must not be NULL");
+    *out = NULL;
+    int inited = 0, finalized = 0;
+    MPI_Initialized(&inited);
+    MPI_Finalized(&finalized);
+    if (!inited || finalized)
+        return gm_fail(err, GCOMP_E_ARG, "MPI is not initialised (or already finalised)");
+    if (comm == MPI_COMM_NULL) return gm_fail(err, GCOMP_E_ARG, "comm is MPI_COMM_NULL");
+    gcomp_mpi_options o;
+    if (opt)
+        o = *opt;
+    else
+        gcomp_mpi_options_default(&o);
+    if (!(o.timeout_s > 0) || !isfinite(o.timeout_s) || o.ranks_per_node < 0)
+        return gm_fail(err, GCOMP_E_ARG,
+                       "options: timeout_s must be > 0 and finite, ranks_per_node >= 0");
+    gcomp_mpi_comm *c = calloc(1, sizeof *c);
+    if (!c) return gm_fail(err, GCOMP_E_NOMEM, "out of memory creating a communicator");
+    c->user = comm;
+    c->comm = c->node = c->leaders = MPI_COMM_NULL;
+    c->op_f16 = c->op_bf16 = MPI_OP_NULL;
+    c->opt = o;
+    if (MPI_Op_create(gm_op_f16_sum, 1, &c->op_f16) != MPI_SUCCESS ||
+        MPI_Op_create(gm_op_bf16_sum, 1, &c->op_bf16) != MPI_SUCCESS) {
+        if (c->op_f16 != MPI_OP_NULL) MPI_Op_free(&c->op_f16);
+        free(c);
+        return gm_fail(err, GCOMP_E_MPI, "MPI_Op_create failed");
+    }
+    gcomp_status st = build(c, timeout_s, err);
+    if (st != GCOMP_OK) {
+        if (st == GCOMP_E_TIMEOUT) return st; /* c leaked on purpose: a request may still write */
+        free_comms(c);
+        MPI_Op_free(&c->op_f16);
+        MPI_Op_free(&c->op_bf16);
+        free(c);
+        return st;
+    }
+    *out = c;
+    return GCOMP_OK;
+}
+
+gcomp_status gcomp_mpi_comm_free(gcomp_mpi_comm *c) {
+    if (!c) return GCOMP_OK;
+    if (c->nbuckets) return GCOMP_E_ARG;
+    int fin = 0;
+    MPI_Finalized(&fin);
+    while (c->graves) {
+        gm_grave *g = c->graves;
+        c->graves = g->next;
+        int flag = 0;
+        if (!fin && g->nreq) MPI_Testall(g->nreq, g->req, &flag, MPI_STATUSES_IGNORE);
+        if (flag || !g->nreq) {
+            for (size_t i = 0; i < g->nbufs; i++) free(g->bufs[i]);
+            free(g->bufs);
+            free(g->req);
+        } /* else: leaked on purpose, MPI may still write into them */
+        free(g);
+    }
+    if (!fin) {
+        free_comms(c);
+        MPI_Op_free(&c->op_f16);
+        MPI_Op_free(&c->op_bf16);
+    }
+    free(c);
+    return GCOMP_OK;
+}
+
+gcomp_status gcomp_mpi_comm_reset(gcomp_mpi_comm *c, double timeout_s, gcomp_error *err) {
+    if (!c) return gm_fail(err, GCOMP_E_ARG, "communicator is NULL");
+    /* Freeing a communicator with operations pending is allowed: MPI finishes them (or
+     * not) in the background; their buffers are in the graveyard. */
+    free_comms(c);
+    c->epoch++;
+    c->failed = GCOMP_OK;
+    memset(&c->failure, 0, sizeof c->failure);
+    return build(c, timeout_s, err);
+}
+
+int gcomp_mpi_comm_rank(const gcomp_mpi_comm *c) {
+    return c ? c->rank : -1;
+}
+int gcomp_mpi_comm_size(const gcomp_mpi_comm *c) {
+    return c ? c->size : 0;
+}
+int gcomp_mpi_comm_nodes(const gcomp_mpi_comm *c) {
+    return c ? c->nnodes : 0;
+}
+int gcomp_mpi_comm_node(const gcomp_mpi_comm *c) {
+    return c ? c->node_index : -1;
+}
+
+MPI_Op gcomp_mpi_half_sum_op(const gcomp_mpi_comm *c, int bf16) {
+    if (!c) return MPI_OP_NULL;
+    return bf16 ? c->op_bf16 : c->op_f16;
+}

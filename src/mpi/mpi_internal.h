@@ -1,0 +1,286 @@
+/*
+ * mpi_internal.h - what the files of libgradcomp_mpi share (never installed).
+ *
+ * The MPI layer sees libgradcomp through its public header only (the core's internal
+ * symbols are hidden in the shared library), so everything it needs beyond that API is
+ * here: a clock, growable buffers, half casts, the normative wire-format fields it reads
+ * (docs/FORMAT.md), random-k positions, and the slice format of the sparse allreduce.
+ *
+ * Engine (mpi_bucket.c): a bucket is cut into groups (sub-buckets); each group runs a
+ * fixed list of steps, LOCAL (codec work) or COLL (issues non-blocking collectives).
+ * COLL steps are issued in one global order on every rank - group by group, step by
+ * step - because MPI matches collectives on a communicator by issue order.  LOCAL steps
+ * of later groups (compression) run while earlier groups' collectives are in flight.
+ *
+ * Errors inside a call: a rank that cannot produce or accept a message must still take
+ * part in every collective the others will issue, or they hang.  So a local failure is
+ * written into the next size word it sends (a marker: bit 63, the status, the rank), and
+ * a COLL step skips its transfer only when every rank has seen the same markers.  Only
+ * MPI errors and timeouts break that rule; they fail the whole communicator.
+ */
+#ifndef GCOMP_MPI_INTERNAL_H
+#define GCOMP_MPI_INTERNAL_H
+
+#include "gradcomp_mpi.h"
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <string.h>
+
+/* ---- markers in size words ------------------------------------------------------------- */
+
+#define GM_MARK (1ull << 63)
+static inline uint64_t gm_marker(gcomp_status st, int rank) {
+    return GM_MARK | ((uint64_t)st << 32) | (uint32_t)rank;
+}
+static inline gcomp_status gm_marker_status(uint64_t m) {
+    return (gcomp_status)((m >> 32) & 0xffff);
+}
+static inline int gm_marker_rank(uint64_t m) {
+    return (int)(uint32_t)m;
+}
+
+/* ---- utilities (mpi_util.c) -------------------------------------------------------------- */
+
+uint64_t gm_now_ns(void);
+/* One step of a wait loop: yield for the first ~1 ms, then sleep 20..200 us. */
+void gm_backoff(unsigned *spins);
+gcomp_status gm_fail(gcomp_error *err, gcomp_status st, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+uint64_t gm_fnv1a(const void *p, size_t len, uint64_t h);
+static inline uint64_t gm_mix(uint64_t z) {
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+/* A growable buffer; big ones ask for transparent huge pages (a fresh 4 KiB page costs
+ * ~10 us to fault in here).  Never shrinks; reused every call. */
+typedef struct gm_buf {
+    void *p;
+    size_t cap;
+} gm_buf;
+gcomp_status gm_reserve(gm_buf *b, size_t bytes);
+void gm_buf_free(gm_buf *b);
+
+/* Half casts: round to nearest even; f16 saturates at +-65504 (as values_float.c). */
+uint16_t gm_f32_to_f16(float f);
+float gm_f16_to_f32(uint16_t h);
+uint16_t gm_f32_to_bf16(float f);
+float gm_bf16_to_f32(uint16_t h);
+/* out[i] = scale * half(in[i]) for n values; bf16 selects the format. */
+void gm_halves_to_f32(const uint16_t *in, size_t n, int bf16, float scale, float *out);
+void gm_f32_to_halves(const float *in, size_t n, int bf16, uint16_t *out);
+/* MPI_Op callbacks that sum 16-bit floats (the only arithmetic in an MPI_Op here). */
+void gm_op_f16_sum(void *in, void *inout, int *len, MPI_Datatype *dt);
+void gm_op_bf16_sum(void *in, void *inout, int *len, MPI_Datatype *dt);
+
+/* ---- wire format fields the layer reads (docs/FORMAT.md, normative) ------------------- */
+
+#define GM_HDR 40     /* GCOMP_HEADER_SIZE */
+#define GM_SECTION 24 /* sparse section header */
+typedef struct gm_hdr {
+    uint16_t codec_id;
+    uint32_t payload_len;
+    uint64_t n, fingerprint;
+} gm_hdr;
+/* Reads the header fields without checking CRCs (gcomp_decode_add does that before it
+ * writes anything).  GCOMP_E_TRUNCATED / GCOMP_E_BAD_MAGIC on obviously bad input. */
+gcomp_status gm_read_hdr(const void *msg, size_t len, gm_hdr *h);
+/* Decodes a message that must carry fingerprint `fp` and `n` elements and adds `scale`
+ * times it into acc[0..n).  With `c` (same spec and n) its decode workspace is reused. */
+gcomp_status gm_decode_checked(gcomp_compressor *c, const void *msg, size_t len, uint64_t fp,
+                               size_t n, float *acc, float scale);
+
+/* A dense or seeded-sparse message's values, for the linear allreduce: checks the
+ * layout (index coding none or seeded, value coder f32/f16/bf16 = vtype, lengths) and
+ * returns where the values are.  *key receives the seeded key (0 for dense). */
+gcomp_status gm_linear_values(const void *msg, size_t len, size_t n, int vtype,
+                              const uint8_t **vals, size_t *nvals, uint64_t *key);
+/* random-k positions for (key, n, k), ascending (docs/FORMAT.md "Seeded entries");
+ * `bits` is scratch of n bits. */
+gcomp_status gm_seeded_positions(uint64_t key, size_t n, size_t k, uint32_t *idx, gm_buf *bits);
+
+/* ---- sparse-allreduce slices (docs/FORMAT.md, "MPI sparse-allreduce slice") ------------ */
+
+#define GM_SLICE_HDR 8
+/* Largest slice for a region of `len` elements (dense form, which the encoder falls back
+ * to whenever sparse would be larger). */
+static inline size_t gm_slice_bound(size_t len) {
+    return len ? GM_SLICE_HDR + 4 * len : 0;
+}
+/* Encodes the non-zeros of x[0..len) and sets them to zero (x is left all zero).  A slice
+ * with no non-zero is 0 bytes (nothing to send).  dst holds gm_slice_bound(len). */
+size_t gm_slice_encode(float *x, size_t len, uint8_t *dst);
+/* Validates the whole slice, then adds it into acc[0..len).  Hostile input. */
+gcomp_status gm_slice_decode_add(const uint8_t *src, size_t n, size_t len, float *acc);
+
+/* ---- communicator ----------------------------------------------------------------------- */
+
+/* Buffers whose requests never completed: kept until the communicator is freed. */
+typedef struct gm_grave {
+    struct gm_grave *next;
+    MPI_Request *req;
+    int nreq;
+    void **bufs;
+    size_t nbufs;
+} gm_grave;
+
+struct gcomp_mpi_comm {
+    MPI_Comm user;    /* the caller's; not owned */
+    MPI_Comm comm;    /* our duplicate, MPI_ERRORS_RETURN */
+    MPI_Comm node;    /* ranks of this node (dup) */
+    MPI_Comm leaders; /* node leaders; MPI_COMM_NULL on other ranks */
+    int rank, size, node_rank, node_size, nnodes, node_index;
+    gcomp_mpi_options opt;
+    MPI_Op op_f16, op_bf16;
+    unsigned epoch;  /* bumped by reset; buckets of an older epoch are failed */
+    size_t nbuckets; /* live buckets */
+    gcomp_status failed;
+    gcomp_error failure;
+    gm_grave *graves;
+};
+
+/* Marks the communicator failed (first failure wins) and fills err. */
+gcomp_status gm_comm_fail(gcomp_mpi_comm *c, gcomp_error *err, gcomp_status st, const char *fmt,
+                          ...) __attribute__((format(printf, 4, 5)));
+/* GCOMP_E_FAILED with the original failure, or GCOMP_OK. */
+gcomp_status gm_comm_check(const gcomp_mpi_comm *c, gcomp_error *err);
+/* MPI error code -> comm failure with MPI's text. */
+gcomp_status gm_comm_mpi_fail(gcomp_mpi_comm *c, gcomp_error *err, int rc, const char *what);
+/* Waits for n requests until `deadline` (ns, gm_now_ns clock) with MPI_Test loops. */
+gcomp_status gm_wait_all(gcomp_mpi_comm *c, MPI_Request *req, int n, uint64_t deadline,
+                         const char *what, gcomp_error *err);
+uint64_t gm_deadline(const gcomp_mpi_comm *c, double timeout_s);
+void gm_comm_bury(gcomp_mpi_comm *c, MPI_Request *req, int nreq, void **bufs, size_t nbufs);
+
+/* ---- bucket ------------------------------------------------------------------------------ */
+
+typedef struct gm_msgref {
+    const uint8_t *p;
+    size_t len, offset, count;
+} gm_msgref;
+
+typedef struct gm_tensor {
+    char *name;
+    char spec[512]; /* canonical */
+    uint64_t fp;    /* of the canonical spec */
+    size_t n, rows, cols;
+    int strategy; /* resolved, without the HIERARCHICAL flag */
+    bool hier;
+    unsigned flags; /* codec flags */
+    int vtype;      /* allreduce: 0 f32, 1 f16, 2 bf16 */
+    bool seeded;    /* allreduce: random-k, values only */
+
+    gcomp_compressor *c;      /* allgather, sparse, allreduce */
+    gcomp_compressor **chunk; /* rsag: one per region (NULL when empty) */
+    gcomp_compressor *owner;  /* rsag, sparse: this rank's region (NULL when empty) */
+    uint64_t owner_fp;
+    size_t *reg;      /* rsag, sparse: xsize + 1 region boundaries */
+    gm_buf work;      /* hierarchical: n floats */
+    gm_buf own;       /* sparse: this rank's whole message */
+    gm_buf bits, pos; /* allreduce random-k: scratch, positions */
+
+    /* per call */
+    float *data;            /* the caller's */
+    float *io;              /* what the codec reads and the decoder writes: data or work */
+    size_t send_off;        /* allreduce: message slot in the group's send buffer */
+    size_t pack_off, nvals; /* allreduce: values in the pack buffer */
+    uint64_t key;           /* allreduce random-k */
+    size_t nmsg;
+    gm_msgref *msgs;  /* capacity: xsize (rsag) or 1 */
+    size_t gsend_off; /* owner message slot */
+
+    gcomp_mpi_stats stats, call;
+} gm_tensor;
+
+typedef struct gm_group gm_group;
+typedef gcomp_status (*gm_step_fn)(gcomp_mpi_bucket *b, gm_group *g);
+typedef struct gm_step {
+    bool coll;        /* issues collectives (in the global order) */
+    bool member_only; /* only ranks that take part in the exchange (node leaders) run it */
+    gm_step_fn fn;
+    const char *what; /* for timeout messages */
+} gm_step;
+
+#define GM_MAX_STEPS 12
+
+struct gm_group {
+    int strategy;
+    bool hier, single_node;
+    size_t t0, t1, nt; /* tensors [t0, t1) */
+    MPI_Comm xc;       /* exchange communicator (bucket dup, or leaders dup) */
+    int xsize, xrank;
+    bool member; /* takes part in the exchange */
+    gm_step steps[GM_MAX_STEPS];
+    int nsteps, stage, last_coll;
+    bool inflight;
+    MPI_Request *req;
+    int nreq, req_cap;
+
+    gm_buf send, recv, gsend, grecv, pack, words;
+    uint64_t *sz_send, *sz_recv, *gsz_send, *gsz_recv; /* in `words` */
+    int *cnt_s, *dsp_s, *cnt_r, *dsp_r;                /* in `words` */
+    size_t *dest_off;                                  /* rsag/sparse: xsize + 1 send areas */
+    size_t *pos;                                       /* xsize + 1 running read positions */
+    size_t send_len, gsend_len;
+    size_t pack_count; /* allreduce */
+    uint64_t chk[3], chk_out[3], keyhash;
+    uint64_t hstat, hstat_out;
+
+    gcomp_status st; /* an outcome every rank of the exchange agrees on */
+    char msg[256];
+    gcomp_status local_st; /* this rank's own first problem, for a better message */
+    char local_msg[224];
+
+    uint64_t wire_first, wire_last, codec_ns;
+    uint64_t bytes_sent, bytes_recv, node_bytes;
+};
+
+struct gcomp_mpi_bucket {
+    gcomp_mpi_comm *comm;
+    unsigned epoch;
+    MPI_Comm bc, bnode, bleaders;
+    size_t nt, ng;
+    gm_tensor *t;
+    gm_group *g;
+    gcomp_mpi_bucket_options opt;
+
+    bool busy, dead;
+    float scale;
+    size_t issue_group;
+    int inflight; /* groups with collectives in flight */
+    uint64_t t_start, wire_t0;
+    gcomp_mpi_stats stats, call;
+};
+
+static inline void gm_add_step(gm_group *g, bool coll, gm_step_fn fn, const char *what) {
+    g->steps[g->nsteps++] = (gm_step){coll, false, fn, what};
+}
+
+/* Group step builders and steady-state buffer reservations (one file per strategy). */
+void gm_steps_allgather(gm_group *g);
+void gm_steps_allreduce(gm_group *g);
+void gm_steps_owner(gm_group *g); /* rsag and sparse */
+void gm_steps_hier_prefix(gm_group *g);
+void gm_steps_hier_suffix(gm_group *g);
+gcomp_status gm_reserve_allgather(gcomp_mpi_bucket *b, gm_group *g);
+gcomp_status gm_reserve_allreduce(gcomp_mpi_bucket *b, gm_group *g);
+gcomp_status gm_reserve_owner(gcomp_mpi_bucket *b, gm_group *g);
+
+/* Shared step helpers (mpi_bucket.c). */
+gcomp_status gm_issue_fail(gcomp_mpi_bucket *b, int rc, const char *what);
+/* Makes room for k requests in g->req. */
+gcomp_status gm_req_room(gm_group *g, int k);
+/* Records a failure every exchange rank knows about (first one wins). */
+void gm_group_shared_fail(gcomp_mpi_bucket *b, gm_group *g, gcomp_status st, int rank,
+                          size_t tensor);
+void gm_group_local_fail(gcomp_mpi_bucket *b, gm_group *g, gcomp_status st, size_t tensor,
+                         const char *what);
+/* Scans size words (count of them) for markers; records the first as a shared failure;
+ * returns true when one was found. */
+bool gm_scan_markers(gcomp_mpi_bucket *b, gm_group *g, const uint64_t *w, size_t count,
+                     size_t per_rank);
+uint64_t gm_ring_bytes(size_t bytes, int p);
+
+#endif /* GCOMP_MPI_INTERNAL_H */

@@ -1,0 +1,221 @@
+/*
+ * test_mpi_sum.c - every strategy x codec family gives the sum of what the ranks'
+ * decoders produce.
+ *
+ * For each case, a bucket of tensors with awkward sizes (1 element, fewer elements than
+ * ranks, odd sizes, a few thousand) runs two steps (so error-feedback state is non-zero
+ * in the second).  After each allreduce, every rank gathers all ranks' messages
+ * (gcomp_mpi_message), decodes them in float64 in rank order, and compares:
+ *   allgather, allreduce f32     |result - sum| <= 1e-5 * sum|.|  (float summation order)
+ *   allreduce f16 / bf16         within P-1 half roundings of the partial sums
+ *   sparse, rsag                 |result + (owner residual after - before) - sum| tiny:
+ *                                what an owner did not send is exactly in its residual
+ * plus empty selections (a threshold nothing reaches), the average op, hierarchical
+ * (one node, and two fake nodes of two ranks at -np 4), and a non-finite gradient on one
+ * rank, which every rank must report while the communicator stays usable.
+ */
+#include "mpi_check.h"
+
+#include <stdbool.h>
+
+#define STEPS 2
+
+static const size_t sizes[] = {1, 3, 5, 1000, 1001, 4099};
+#define NSIZES (sizeof sizes / sizeof sizes[0])
+
+typedef struct tcase {
+    const char *spec;
+    int strategy;
+    double rel; /* tolerance relative to the sum of |decoded| per element */
+    int expect; /* expected resolved strategy (without the hierarchical flag), or -1 */
+} tcase;
+
+static void run_case(gcomp_mpi_comm *comm, const tcase *tc, gcomp_mpi_op op) {
+    size_t nt = NSIZES;
+    gcomp_mpi_tensor t[NSIZES];
+    char names[NSIZES][64];
+    float *data[NSIZES];
+    for (size_t k = 0; k < nt; k++) {
+        snprintf(names[k], sizeof names[k], "%s/%zu", tc->spec, sizes[k]);
+        t[k] = (gcomp_mpi_tensor){names[k], tc->spec, sizes[k], 0, 0, tc->strategy};
+        data[k] = malloc(sizes[k] * sizeof(float));
+    }
+    gcomp_mpi_bucket_options bo;
+    gcomp_mpi_bucket_options_default(&bo);
+    bo.bucket_bytes = 8192; /* several sub-buckets: exercises the pipeline */
+    gcomp_mpi_bucket *b = NULL;
+    gcomp_error err = {0};
+    gcomp_status st = gcomp_mpi_bucket_create(&b, comm, t, nt, &bo, 60.0, &err);
+    CHECK_MSG(st == GCOMP_OK, "%s [%s]: create: %s", tc->spec,
+              gcomp_mpi_strategy_name(tc->strategy), err.message);
+    if (st != GCOMP_OK) goto out;
+    if (tc->expect >= 0)
+        CHECK_MSG((gcomp_mpi_bucket_strategy(b, 0) & 0xff) == tc->expect, "%s: strategy %s",
+                  tc->spec, gcomp_mpi_strategy_name(gcomp_mpi_bucket_strategy(b, 0)));
+    int P = gcomp_mpi_comm_size(comm);
+    bool single_node = (tc->strategy & GCOMP_MPI_HIERARCHICAL) && gcomp_mpi_comm_nodes(comm) == 1;
+    double scale = op == GCOMP_MPI_AVERAGE ? 1.0 / P : 1.0;
+    for (int step = 0; step < STEPS; step++) {
+        float *before[NSIZES] = {0}, *input[NSIZES] = {0};
+        for (size_t k = 0; k < nt; k++) {
+            test_fill(data[k], sizes[k],
+                      1000003ull * (unsigned)mc_rank + 7919ull * (unsigned)step + k);
+            input[k] = malloc(sizes[k] * sizeof(float));
+            memcpy(input[k], data[k], sizes[k] * sizeof(float));
+            const float *res;
+            size_t off, cnt;
+            gcomp_mpi_owner_residual(b, k, &res, &off, &cnt);
+            if (res) {
+                before[k] = malloc(cnt * sizeof(float));
+                memcpy(before[k], res, cnt * sizeof(float));
+            }
+        }
+        st = gcomp_mpi_allreduce(b, data, op, 60.0, &err);
+        CHECK_MSG(st == GCOMP_OK, "%s: allreduce: %s", tc->spec, err.message);
+        for (size_t k = 0; k < nt && st == GCOMP_OK; k++) {
+            size_t n = sizes[k];
+            double *ref = calloc(n, sizeof(double)), *abs_sum = calloc(n, sizeof(double)),
+                   *delta = calloc(n, sizeof(double)), *dsum = calloc(n, sizeof(double));
+            if (single_node) {
+                /* One node: the leader's dense sum is exact, nothing is compressed. */
+                for (size_t i = 0; i < n; i++) delta[i] = input[k][i];
+                MPI_Allreduce(delta, ref, (int)n, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+                for (size_t i = 0; i < n; i++) delta[i] = fabs(delta[i]);
+                MPI_Allreduce(delta, abs_sum, (int)n, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+                memset(delta, 0, n * sizeof(double));
+                CHECK(gcomp_mpi_message_count(b, k) == 0);
+            } else {
+                long msgs = mc_reference(MPI_COMM_WORLD, b, k, n, ref, abs_sum);
+                CHECK_MSG(msgs > 0, "%s n=%zu: %ld messages", tc->spec, n, msgs);
+            }
+            const float *res;
+            size_t off = 0, cnt = 0;
+            gcomp_mpi_owner_residual(b, k, &res, &off, &cnt);
+            for (size_t j = 0; res && j < cnt; j++) {
+                double b0 = before[k] ? before[k][j] : 0.0;
+                delta[off + j] = (double)res[j] - b0;
+                abs_sum[off + j] += fabs(b0) + fabs((double)res[j]); /* local only: fine */
+            }
+            MPI_Allreduce(delta, dsum, (int)n, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+            double worst = 0;
+            size_t at = 0;
+            for (size_t i = 0; i < n; i++) {
+                double want = ref[i] - dsum[i];
+                double e = fabs((double)data[k][i] / scale - want) - tc->rel * abs_sum[i] - 1e-5;
+                if (e > worst) worst = e, at = i;
+            }
+            CHECK_MSG(worst <= 0, "%s [%s] n=%zu step %d: element %zu: %g vs %g (excess %g)",
+                      tc->spec, gcomp_mpi_strategy_name(gcomp_mpi_bucket_strategy(b, k)), n, step,
+                      at, (double)data[k][at] / scale, ref[at] - dsum[at], worst);
+            free(ref);
+            free(abs_sum);
+            free(delta);
+            free(dsum);
+        }
+        for (size_t k = 0; k < nt; k++) {
+            free(before[k]);
+            free(input[k]);
+        }
+    }
+    gcomp_mpi_stats s;
+    CHECK_OK(gcomp_mpi_stats_get(b, (size_t)-1, &s));
+    CHECK(s.calls == STEPS);
+    CHECK(P == 1 || s.bytes_sent > 0 || (tc->strategy & GCOMP_MPI_HIERARCHICAL));
+out:
+    gcomp_mpi_bucket_free(b);
+    for (size_t k = 0; k < nt; k++) free(data[k]);
+}
+
+/* One rank's gradient holds a NaN: every rank gets GCOMP_E_NONFINITE, and the next call
+ * (all finite) works on the same bucket. */
+static void nonfinite(gcomp_mpi_comm *comm, const char *spec, int strategy) {
+    gcomp_mpi_tensor t = {"nan", spec, 257, 0, 0, strategy};
+    gcomp_mpi_bucket *b = NULL;
+    gcomp_error err;
+    CHECK_OK(gcomp_mpi_bucket_create(&b, comm, &t, 1, NULL, 60.0, &err));
+    if (!b) return;
+    float x[257], *d = x;
+    test_fill(x, 257, 5);
+    if (mc_rank == mc_size - 1) x[100] = NAN;
+    gcomp_status st = gcomp_mpi_allreduce(b, &d, GCOMP_MPI_SUM, 60.0, &err);
+    CHECK_MSG(st == GCOMP_E_NONFINITE, "%s [%s]: NaN on one rank gave %s (%s)", spec,
+              gcomp_mpi_strategy_name(strategy), gcomp_status_str(st), err.message);
+    CHECK(gcomp_mpi_comm_status(comm, NULL) == GCOMP_OK);
+    test_fill(x, 257, 6);
+    st = gcomp_mpi_allreduce(b, &d, GCOMP_MPI_SUM, 60.0, &err);
+    CHECK_MSG(st == GCOMP_OK, "%s: after a NaN step: %s", spec, err.message);
+    gcomp_mpi_bucket_free(b);
+}
+
+int main(int argc, char **argv) {
+    mc_init(&argc, &argv);
+    gcomp_mpi_comm *comm = NULL, *comm2 = NULL;
+    gcomp_error err;
+    CHECK_OK(gcomp_mpi_comm_create(&comm, MPI_COMM_WORLD, NULL, 60.0, &err));
+    gcomp_mpi_options o;
+    gcomp_mpi_options_default(&o);
+    o.ranks_per_node = 2; /* two fake nodes at -np 4 */
+    CHECK_OK(gcomp_mpi_comm_create(&comm2, MPI_COMM_WORLD, &o, 60.0, &err));
+    if (!comm || !comm2) return mc_done("test_mpi_sum");
+    const double f32 = 1e-5, f16 = (mc_size - 1) * 0x1p-11 + 1e-5,
+                 bf16 = (mc_size - 1) * 0x1p-8 + 1e-5;
+    const int H = GCOMP_MPI_HIERARCHICAL;
+    const tcase cases[] = {
+        /* sparse selectors: allgather (auto), sparse allreduce, rsag */
+        {"topk:density=0.05,feedback=ef", GCOMP_MPI_AUTO, f32, GCOMP_MPI_ALLGATHER},
+        {"topk:density=0.05,values=f16,feedback=ef", GCOMP_MPI_SPARSE, f32, -1},
+        {"topk:density=0.3", GCOMP_MPI_SPARSE, f32, -1}, /* slices go dense */
+        {"topk:density=0.05", GCOMP_MPI_RSAG, f32, -1},
+        {"threshold:threshold=1e30", GCOMP_MPI_AUTO, f32, GCOMP_MPI_ALLGATHER}, /* empty */
+        {"threshold:threshold=1e30", GCOMP_MPI_SPARSE, f32, -1},
+        {"threshold:threshold=1e30", GCOMP_MPI_RSAG, f32, -1},
+        {"bernoulli:density=0.1,seed=3", GCOMP_MPI_AUTO, f32, GCOMP_MPI_ALLGATHER},
+        {"dgc:density=0.05", GCOMP_MPI_AUTO, f32, GCOMP_MPI_ALLGATHER},
+        {"block:density=0.2,block=8,values=bf16", GCOMP_MPI_SPARSE, f32, -1},
+        /* linear: allreduce */
+        {"none", GCOMP_MPI_AUTO, f32, GCOMP_MPI_ALLREDUCE},
+        {"none:values=f16,feedback=ef", GCOMP_MPI_AUTO, f16, GCOMP_MPI_ALLREDUCE},
+        {"none:values=bf16", GCOMP_MPI_AUTO, bf16, GCOMP_MPI_ALLREDUCE},
+        {"randomk:density=0.1,seed=7,feedback=ef", GCOMP_MPI_AUTO, f32, GCOMP_MPI_ALLREDUCE},
+        {"randomk:density=0.2,values=f16,seed=9", GCOMP_MPI_AUTO, f16, GCOMP_MPI_ALLREDUCE},
+        {"none:values=f16", GCOMP_MPI_ALLGATHER, f32, -1},
+        {"none:values=f16", GCOMP_MPI_RSAG, f32, -1},
+        /* quantizers: rsag (auto) */
+        {"int8", GCOMP_MPI_AUTO, f32, GCOMP_MPI_RSAG},
+        {"int4:bucket=64", GCOMP_MPI_AUTO, f32, GCOMP_MPI_RSAG},
+        {"sign:feedback=ef", GCOMP_MPI_AUTO, f32, GCOMP_MPI_RSAG},
+        {"twobit:threshold=0.5", GCOMP_MPI_AUTO, f32, GCOMP_MPI_RSAG},
+        {"ternary:seed=4", GCOMP_MPI_AUTO, f32, GCOMP_MPI_RSAG},
+        {"qsgd:levels=16,seed=5", GCOMP_MPI_AUTO, f32, GCOMP_MPI_RSAG},
+        {"sign:feedback=ef", GCOMP_MPI_ALLGATHER, f32, -1},
+        /* hierarchical */
+        {"topk:density=0.05,feedback=ef", H | GCOMP_MPI_ALLGATHER, f32, -1},
+        {"int8", H | GCOMP_MPI_AUTO, f32, GCOMP_MPI_RSAG},
+        {"none:values=f16", H | GCOMP_MPI_AUTO, f16, GCOMP_MPI_ALLREDUCE},
+        {"topk:density=0.05", H | GCOMP_MPI_SPARSE, f32, -1},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char name[32];
+        snprintf(name, sizeof name, "%.*s", (int)strcspn(cases[i].spec, ":"), cases[i].spec);
+        if (!gcomp_codec_find(name)) {
+            if (mc_rank == 0) printf("skip %s: codec not built\n", cases[i].spec);
+            continue;
+        }
+        run_case(comm, &cases[i], GCOMP_MPI_SUM);
+        if (cases[i].strategy & H) run_case(comm2, &cases[i], GCOMP_MPI_SUM);
+    }
+    tcase avg = {"topk:density=0.1,feedback=ef", GCOMP_MPI_SPARSE, f32, -1};
+    run_case(comm, &avg, GCOMP_MPI_AVERAGE);
+    tcase avg2 = {"int8", GCOMP_MPI_HIERARCHICAL, f32, -1};
+    run_case(comm2, &avg2, GCOMP_MPI_AVERAGE);
+
+    nonfinite(comm, "topk:density=0.1", GCOMP_MPI_ALLGATHER);
+    nonfinite(comm, "topk:density=0.1", GCOMP_MPI_SPARSE);
+    nonfinite(comm, "int8", GCOMP_MPI_RSAG);
+    nonfinite(comm, "none:values=f16", GCOMP_MPI_ALLREDUCE);
+    nonfinite(comm2, "topk:density=0.1", GCOMP_MPI_HIERARCHICAL | GCOMP_MPI_ALLGATHER);
+
+    CHECK_OK(gcomp_mpi_comm_free(comm));
+    CHECK_OK(gcomp_mpi_comm_free(comm2));
+    return mc_done("test_mpi_sum");
+}
