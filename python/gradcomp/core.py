@@ -30,6 +30,7 @@ FLAG_NAMES = {
     1 << 5: "needs_shape",
 }
 _PARAM_TYPES = {0: "int", 1: "float", 2: "enum", 3: "bool"}
+HEADER_SIZE = 40  # GCOMP_HEADER_SIZE: the message header in wire format version 1
 
 
 def _s(b):
@@ -304,7 +305,7 @@ def inspect(msg):
         "flags": info.flags,
         "n": info.n,
         "payload_len": info.payload_len,
-        "length": _lib_header_size() + info.payload_len,
+        "length": HEADER_SIZE + info.payload_len,
         "fingerprint": info.fingerprint,
         "payload_crc": info.payload_crc,
         "elements_sent": info.elements_sent,
@@ -313,11 +314,6 @@ def inspect(msg):
     }
 
 
-HEADER_SIZE = 40  # GCOMP_HEADER_SIZE in format version 1
-
-
-def _lib_header_size():
-    return HEADER_SIZE
 
 
 # ---- the compressor -------------------------------------------------------------------

@@ -13,10 +13,13 @@ handled by one of three paths, chosen by the policy:
                longest, and each rank's messages are decode-added by C into the gradient
                views with scale 1/world, rank 0 first, so every replica sums in the same
                order and stays bit-identical;
-  * lowrank  - PowerSGD (Vogels et al., NeurIPS 2019): the C compressor computes
-               P = M Q, the bucket's P factors are summed with one all_reduce, C
-               orthogonalises and computes Q = M^T P, the Qs are summed with a second
-               all_reduce, and C writes the rank-r approximation P Q^T / world.
+  * lowrank  - PowerSGD (Vogels et al., NeurIPS 2019) through the C protocol
+               (gcomp_lowrank_*): C computes P = M Q, the bucket's P factors are summed
+               with one all_reduce (the dense tensors ride along in it), C orthogonalises
+               and computes Q = M^T P, the Qs are summed with a second all_reduce, and C
+               writes the rank-r approximation P Q^T / world into the gradient.  Dense
+               steps (start_iter=, tensors that would not shrink min_compression_rate
+               times) join the fp32 all_reduce.
 Every collective is submitted from the hook's own thread, in the same order on every
 rank; only the last one of each path is asynchronous, and the callbacks that finish the
 work (decoding, the final low-rank product) submit nothing.  Submitting collectives from
@@ -32,6 +35,10 @@ first step a parameter is seen, all ranks all-gather their spec fingerprints and
 a difference raises MismatchError naming the parameter and both specs.  The state
 pickles (every compressor's state_bytes, counters, policy; not the process group) so a
 checkpoint resumes exactly where it stopped.
+
+DGC (feedback=dgc or the dgc codec) keeps the momentum inside the compressor: give those
+parameters an optimizer without momentum, and call state.set_epoch(epoch) every epoch
+for its warm-up (include/gradcomp.h, gcomp_compressor_set_epoch).
 
 Torch is imported here, not in gradcomp/__init__.py, so the core package works without it.
 """
@@ -213,6 +220,9 @@ class GradcompState:
                 key = f"#{ordinal}"
         if key in self._entries:
             raise _err.Error(f"gradcomp.torch: two parameters map to key {key!r}")
+        if grad.dtype != _F32 or grad.device.type != "cpu" or not grad.is_contiguous():
+            raise TypeError(f"gradcomp.torch: parameter {key}: gradients must be contiguous float32 "
+                            f"CPU tensors, got {grad.dtype} on {grad.device}")
         shape = tuple(grad.shape)
         saved = self._saved.pop(key, None)
         spec = self.policy(key, shape)
@@ -595,9 +605,9 @@ def gradcomp_hook(state, bucket):
 def hook(spec_or_policy, process_group=None, model=None, check_specs=True):
     """Returns (hook, state) for `ddp_model.register_comm_hook(state, hook)`.
 
-    spec_or_policy: a spec string (compressed with LayerPolicy's rule: tensors under 1024
-    elements and 1-D tensors go dense), a LayerPolicy, or any picklable callable
-    (key, shape) -> spec or None.  model: the DDP model or its module, to key
+    spec_or_policy: a spec string (LayerPolicy(spec): tensors under 1024 elements and
+    1-D tensors go dense), a C policy string ("spec=...;min_elements=...;glob=spec"), a
+    LayerPolicy, or any picklable callable (key, shape) -> spec or None (dense).  model: the DDP model or its module, to key
     compressors (and error messages) by parameter name.  process_group: None for the
     default group.  Works with the gloo backend on CPU tensors.
     """
