@@ -14,7 +14,7 @@ import sys
 import pytest
 
 import gradcomp
-from conftest import HAVE_TORCH, HERE, has_codec, needs_codec, needs_torch
+from conftest import HAVE_TORCH, HERE, REPO, has_codec, needs_codec, needs_torch
 
 pytestmark = needs_torch
 
@@ -34,7 +34,9 @@ def runs(tmp_path_factory):
             scen += [f"train:{spec}", f"resume:{spec}"]
     scen.append(f"mismatch:{TOPK}")
     out = str(tmp_path_factory.mktemp("ddp") / "r")
-    env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
+    pkg = os.path.join(REPO, "python")
+    env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1",
+               PYTHONPATH=os.pathsep.join(filter(None, [pkg, os.environ.get("PYTHONPATH")])))
     p = subprocess.run([sys.executable, os.path.join(HERE, "ddp_scenarios.py"), "--out", out, *scen],
                        env=env, capture_output=True, text=True, timeout=400)
     assert p.returncode == 0, p.stdout + p.stderr
