@@ -119,6 +119,9 @@ int main(void) {
   F(gcomp_message_info, n); F(gcomp_message_info, payload_len); F(gcomp_message_info, fingerprint);
   F(gcomp_message_info, elements_sent); F(gcomp_message_info, index_coding); F(gcomp_message_info, value_coding);
   S(gcomp_stats); F(gcomp_stats, decode_ns);
+  S(gcomp_tensor_desc); F(gcomp_tensor_desc, n); F(gcomp_tensor_desc, cols);
+  S(gcomp_layer_plan); F(gcomp_layer_plan, rule); F(gcomp_layer_plan, reason); F(gcomp_layer_plan, pattern);
+  F(gcomp_layer_plan, bytes); F(gcomp_layer_plan, dense_bytes);
   return 0;
 }
 """
@@ -133,7 +136,8 @@ int main(void) {
     from gradcomp import _native as nat
 
     types = {"gcomp_param_info": nat.ParamInfo, "gcomp_codec_info": nat.CodecInfo,
-             "gcomp_error": nat.ErrorInfo, "gcomp_message_info": nat.MessageInfo, "gcomp_stats": nat.Stats}
+             "gcomp_error": nat.ErrorInfo, "gcomp_message_info": nat.MessageInfo, "gcomp_stats": nat.Stats,
+             "gcomp_tensor_desc": nat.TensorDesc, "gcomp_layer_plan": nat.LayerPlan}
     checked = 0
     for line in filter(None, lines):
         what, val = line.split()
@@ -143,7 +147,7 @@ int main(void) {
         else:
             assert ctypes.sizeof(types[what]) == int(val), what
         checked += 1
-    assert checked > 20
+    assert checked > 28
 
 
 # ---- specs -----------------------------------------------------------------------------
