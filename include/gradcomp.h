@@ -389,6 +389,100 @@ GCOMP_API gcomp_status gcomp_policy_choose(const gcomp_policy *p, const gcomp_te
 GCOMP_API gcomp_status gcomp_spec_bytes_estimate(const char *spec, size_t n, size_t rows,
                                                  size_t cols, size_t *bytes, gcomp_error *err);
 
+/* ------------------------------------------------------------------------------------- */
+/* Low-rank (PowerSGD) multi-phase protocol: the transport runs the reductions             */
+
+/**
+ * PowerSGD (`powersgd:rank=r`, Vogels et al. 2019) needs two reductions per step, so a
+ * transport (the MPI layer, the PyTorch hook, your own) drives it through this small state
+ * machine instead of gcomp_encode.  The tensor is the row-major rows x cols matrix given at
+ * create; P is rows x r and Q is stored transposed, r x cols (both row-major float32).  One
+ * step, on every rank, with the same spec, shape, seed and step count:
+ *
+ *     float *p, *q;  size_t np, nq;  unsigned rounds;
+ *     gcomp_lowrank_begin(c, grad, &p, &np, &rounds);
+ *     if (rounds == 0) {                         // dense step
+ *         allreduce_sum(grad -> out); scale out; // the transport's own dense path
+ *         gcomp_lowrank_finish(c, NULL, 0.0f);   // commits the step
+ *     } else {
+ *         for (unsigned k = 0; k < rounds; k++) {
+ *             if (k > 0) gcomp_lowrank_after_q(c, &p, &np);
+ *             allreduce_sum_in_place(p, np);     // reduction 1
+ *             gcomp_lowrank_after_p(c, &q, &nq);
+ *             allreduce_sum_in_place(q, nq);     // reduction 2
+ *         }
+ *         gcomp_lowrank_finish(c, out, 1.0f / world);  // out = P^ Q^T / world
+ *     }
+ *
+ * What each call computes (E is this rank's residual, kept by the compressor):
+ *   begin     M = grad + E; P = M * normalise(Q_warm) (Q_warm: the last step's summed Q,
+ *             or a random Q drawn from seed= when there is none or warm_start=0).
+ *   after_p   P (now summed) -> P^ with orthonormal columns (modified Gram-Schmidt; a
+ *             numerically dependent column is replaced by a shared pseudo-random one, so
+ *             P^ is always finite); Q_local = M^T * P^ into the Q buffer.
+ *   after_q   (only when rounds > 1, between rounds) P = M * normalise(Q summed).
+ *   finish    out = scale * P^ * Q^T (Q summed); E = M - P^ * Q_local^T; Q becomes the
+ *             next warm start; the step counter advances.
+ * The sum of the residuals over ranks is sum(M) - P^ Q^T whatever `scale` is, and a single
+ * rank holding the summed gradient computes the same P^, Q and out (up to float rounding):
+ * that is what makes allreduce of P and Q exact.
+ *
+ * Dense steps (rounds == 0): before `start_iter=` steps, when (rows + cols) * r *
+ * min_compression_rate >= rows * cols, and always for a tensor created without a shape
+ * (1-D).  The compressor does not read `grad` then: the transport reduces the gradient
+ * itself, then calls finish with out = NULL.  E is not touched by a dense step (it is zero
+ * unless compressed steps came before; if not, it joins the next compressed step).
+ *
+ * Buffers: *p and *q point into the compressor (never free them); the caller sums them in
+ * place, all ranks must end with identical sums, and they are valid until the next call on
+ * `c`.  The protocol buffers are always float32 and the transport chooses its wire type;
+ * with `values=f16` each rank's P and Q are already rounded to f16 (saturating at +-65504)
+ * when handed out, so sending them as f16 loses nothing more per rank, and the rounding of
+ * Q_local is inside E (error feedback keeps it).  The summation precision is the
+ * transport's.  `grad` is read during begin only; `out` may be the same buffer as `grad`.
+ *
+ * Errors: calls out of order give GCOMP_E_PROTOCOL and change nothing (the step in
+ * flight, if any, continues).  GCOMP_E_ARG (NULL pointers, non-finite scale, out == NULL
+ * on a compressed step) also changes nothing.  GCOMP_E_NONFINITE (NaN/Inf in grad, in a
+ * summed buffer, or an overflowing product) abandons the step: the state is exactly as it
+ * was before begin, and the next call must be begin.  gcomp_lowrank_abort abandons a step
+ * the same way (e.g. when a reduction failed or timed out), as do gcomp_state_load and
+ * gcomp_state_reset.  gcomp_encode during a step gives GCOMP_E_PROTOCOL.
+ * Every rank must take the same path: a rank whose step failed must make the others
+ * abort too (the MPI layer does).  A compressor of another codec gives GCOMP_E_UNSUPPORTED.
+ *
+ * Statistics: a finished step counts as one message: bytes_out is what one rank sent
+ * (rounds * (np + nq) values at 4 or 2 bytes; 4 * n for a dense step) and encode_ns the time
+ * spent inside these calls.  gcomp_encode on the same compressor runs the whole step
+ * locally (one rank: no reductions) and writes a message whose decode adds P^ Q^T.
+ */
+GCOMP_API gcomp_status gcomp_lowrank_begin(gcomp_compressor *c, const float *grad, float **p,
+                                           size_t *p_len, unsigned *rounds);
+
+/** After the P reduction: returns the Q buffer (r * cols floats) to sum.  See above. */
+GCOMP_API gcomp_status gcomp_lowrank_after_p(gcomp_compressor *c, float **q, size_t *q_len);
+
+/** After a Q reduction that is not the last one (rounds > 1): returns the next P to sum. */
+GCOMP_API gcomp_status gcomp_lowrank_after_q(gcomp_compressor *c, float **p, size_t *p_len);
+
+/**
+ * After the last Q reduction: writes out[i] = scale * (P^ Q^T)[i] for all n elements
+ * (overwrites, does not add), updates E and commits the step.  On a dense step, commits
+ * the step only; `out` is not touched and may be NULL.
+ */
+GCOMP_API gcomp_status gcomp_lowrank_finish(gcomp_compressor *c, float *out, float scale);
+
+/** Abandons the step in flight, if any; the state stays as it was before begin. */
+GCOMP_API void gcomp_lowrank_abort(gcomp_compressor *c);
+
+/**
+ * Copies this rank's residual E (n floats, row-major) into `out`; zeros for a tensor that is
+ * always sent dense.  (gcomp_compressor_residual returns NULL for powersgd: its residual is
+ * kept in factored form, E = W - P^ Q_local^T, and is formed here on demand.)
+ * Returns GCOMP_OK, GCOMP_E_ARG or GCOMP_E_UNSUPPORTED (another codec).
+ */
+GCOMP_API gcomp_status gcomp_lowrank_residual(const gcomp_compressor *c, float *out);
+
 #ifdef __cplusplus
 }
 #endif

@@ -24,6 +24,7 @@ extern const gcomp__codec gcomp__codec_sign;
 extern const gcomp__codec gcomp__codec_twobit;
 extern const gcomp__codec gcomp__codec_ternary;
 extern const gcomp__codec gcomp__codec_qsgd;
+extern const gcomp__codec gcomp__codec_powersgd;
 
 static const gcomp__codec *const codecs[] = {
     &gcomp__codec_none,      &gcomp__codec_topk,      &gcomp__codec_threshold,
@@ -33,6 +34,7 @@ static const gcomp__codec *const codecs[] = {
     &gcomp__codec_dgc,
     &gcomp__codec_int8,      &gcomp__codec_int4,      &gcomp__codec_sign,
     &gcomp__codec_twobit,    &gcomp__codec_ternary,   &gcomp__codec_qsgd,
+    &gcomp__codec_powersgd,
 };
 #define NCODECS (sizeof codecs / sizeof codecs[0])
 
