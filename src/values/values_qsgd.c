@@ -92,7 +92,6 @@ typedef struct qsgd_v {
     __m512 f, ks, unit;
     __m512i s;
     __m128i sh, sh32; /* S and 32 - S as shift counts */
-    bool pre;         /* f != 1 (with f == 1 the product is exact: skip it) */
 } qsgd_v;
 
 static inline qsgd_v qsgd_vconst(const qsgd_b *b) {
@@ -103,14 +102,16 @@ static inline qsgd_v qsgd_vconst(const qsgd_b *b) {
     c.s = _mm512_set1_epi32((int)b->s);
     c.sh = _mm_cvtsi32_si128((int)b->S);
     c.sh32 = _mm_cvtsi32_si128((int)(32 - b->S));
-    c.pre = b->f != 1.0f;
     return c;
 }
 
-/* 16 values with their 16 random words: fields as dwords; writes the residual. */
-static inline __m512i qsgd16(const qsgd_v *c, __m512 x, __m512i rnd, float *r) {
+/* 16 values with their 16 random words: fields as dwords; writes the residual.  `pre`
+ * (f != 1) and `r` are constants where it is inlined, so each variant has no branches;
+ * with f == 1 the product |x| * f is exact and skipping it changes no bit. */
+static inline __attribute__((always_inline)) __m512i qsgd16(const qsgd_v *c, __m512 x, __m512i rnd,
+                                                            float *r, bool pre) {
     __m512 ax = _mm512_abs_ps(x);
-    if (c->pre) ax = _mm512_mul_ps(ax, c->f);
+    if (pre) ax = _mm512_mul_ps(ax, c->f);
     __m512i P = _mm512_cvttps_epi32(_mm512_mul_ps(ax, c->ks));
     __m512i lv = _mm512_srl_epi32(_mm512_add_epi32(P, _mm512_srl_epi32(rnd, c->sh32)), c->sh);
     lv = _mm512_min_epu32(lv, c->s);
@@ -178,22 +179,70 @@ static inline __m512i pack64_run(const pack64 *k, __m512i f0, __m512i f1, __m512
  * first).  x <= 2^32 (a closing gap can be one past a bucket of 2^32 - 1 values). */
 static inline void gamma_put(gcomp__bitw *w, uint64_t x) {
     unsigned N = 63u - (unsigned)__builtin_clzll(x);
-    if (N) gcomp__bitw_put(w, 0, N);
+    if (2 * N + 1 <= 56) { /* one write: the one at bit N, the low bits above it */
+        gcomp__bitw_put(w, ((x & ((1ull << N) - 1)) << (N + 1)) | (1ull << N), 2 * N + 1);
+        return;
+    }
+    gcomp__bitw_put(w, 0, N);
     gcomp__bitw_put(w, 1, 1);
-    if (N) gcomp__bitw_put(w, x & ((1ull << N) - 1), N);
+    gcomp__bitw_put(w, x & ((1ull << N) - 1), N);
 }
 static inline bool gamma_get(gcomp__bitr *r, uint64_t *x) {
     if (r->pos >= r->nbits) return false;
-    uint64_t v = gcomp__bitr_peek(r);
+    uint64_t v = gcomp__bitr_peek(r);            /* 57 bits */
     if ((v & 0x1ffffffffull) == 0) return false; /* N > 32: nothing we write */
     unsigned N = (unsigned)__builtin_ctzll(v);
+    if (2 * N + 1 <= 57) {
+        if (2 * N + 1 > r->nbits - r->pos) return false;
+        *x = ((v >> (N + 1)) & ((1ull << N) - 1)) | (1ull << N);
+        r->pos += 2 * N + 1;
+        return true;
+    }
     uint32_t low = 0;
     r->pos += N + 1;
     if (r->pos > r->nbits) return false;
-    if (N && !gcomp__bitr_get(r, N, &low)) return false;
+    if (!gcomp__bitr_get(r, N, &low)) return false;
     *x = (1ull << N) | low;
     return true;
 }
+
+#if QSGD_PACK64
+/* Groups of 64 values of one bucket, [i, e), packed straight into the fixed stream; the
+ * next buckets' values are prefetched meanwhile (one line per 16 values, two buckets
+ * ahead), so that memory streams while this pass computes.  Returns the new i. */
+static inline __attribute__((always_inline)) size_t
+fast64(const qsgd_v *cv, const pack64 *pk, const float *v, float *res, bool pre, size_t i, size_t e,
+       size_t ahead, size_t nv, __m512i *ctrp, uint8_t *stream, size_t fixed, unsigned w) {
+    __m512i ctr = *ctrp;
+    const __m512i step = gcomp__q_ctr_step();
+    uint8_t *end = stream + fixed;
+    for (; i + 64 <= e; i += 64) {
+        if (i + ahead + 64 <= nv)
+            for (int g = 0; g < 4; g++)
+                _mm_prefetch((const char *)(v + i + ahead + 16 * g), _MM_HINT_T0);
+        __m512i f0 =
+            qsgd16(cv, _mm512_loadu_ps(v + i), gcomp__q_r32x16(ctr), res ? res + i : NULL, pre);
+        ctr = _mm512_add_epi64(ctr, step);
+        __m512i f1 = qsgd16(cv, _mm512_loadu_ps(v + i + 16), gcomp__q_r32x16(ctr),
+                            res ? res + i + 16 : NULL, pre);
+        ctr = _mm512_add_epi64(ctr, step);
+        __m512i f2 = qsgd16(cv, _mm512_loadu_ps(v + i + 32), gcomp__q_r32x16(ctr),
+                            res ? res + i + 32 : NULL, pre);
+        ctr = _mm512_add_epi64(ctr, step);
+        __m512i f3 = qsgd16(cv, _mm512_loadu_ps(v + i + 48), gcomp__q_r32x16(ctr),
+                            res ? res + i + 48 : NULL, pre);
+        ctr = _mm512_add_epi64(ctr, step);
+        __m512i x = pack64_run(pk, f0, f1, f2, f3);
+        uint8_t *o = stream + i / 8 * w;
+        if (o + 64 <= end)
+            _mm512_storeu_si512((void *)o, x);
+        else
+            _mm512_mask_storeu_epi8((void *)o, pk->keep, x);
+    }
+    *ctrp = ctr;
+    return i;
+}
+#endif
 
 /* Appends one field to the stream of its coding. */
 typedef struct emitter {
@@ -207,9 +256,20 @@ static inline void emit(emitter *em, uint32_t fd, size_t k) {
     if (!em->elias) {
         gcomp__bitw_put(&em->bw, fd, em->w);
     } else if (fd >> 1) {
-        gamma_put(&em->bw, k - em->prev);
-        gcomp__bitw_put(&em->bw, fd & 1u, 1);
-        gamma_put(&em->bw, fd >> 1);
+        uint64_t gap = k - em->prev, lv = fd >> 1;
+        unsigned ng = 63u - (unsigned)__builtin_clzll(gap),
+                 nl = 31u - (unsigned)__builtin_clz((uint32_t)lv);
+        unsigned wg = 2 * ng + 1, wl = 2 * nl + 1;
+        if (wg + 1 + wl <= 56) { /* the usual case: gap, sign and level in one write */
+            uint64_t cg = ((gap & ((1ull << ng) - 1)) << (ng + 1)) | (1ull << ng);
+            uint64_t cl = ((lv & ((1ull << nl) - 1)) << (nl + 1)) | (1ull << nl);
+            gcomp__bitw_put(&em->bw, cg | ((uint64_t)(fd & 1u) << wg) | (cl << (wg + 1)),
+                            wg + 1 + wl);
+        } else {
+            gamma_put(&em->bw, gap);
+            gcomp__bitw_put(&em->bw, fd & 1u, 1);
+            gamma_put(&em->bw, lv);
+        }
         em->prev = k;
     }
 }
@@ -259,32 +319,39 @@ static gcomp_status qsgd_encode(const gcomp__vparams *p, const float *v, size_t 
             qsgd_v cv = qsgd_vconst(&q);
             __m512i ctr = gcomp__q_ctr(q.bkey, 0);
             const __m512i step = gcomp__q_ctr_step();
+            (void)step;
 #if QSGD_PACK64
             if (fast) {
-                uint8_t *end = stream + fixed;
-                for (; i + 64 <= e; i += 64) {
-                    __m512i f[4];
-                    for (int g = 0; g < 4; g++) {
-                        f[g] = qsgd16(&cv, _mm512_loadu_ps(v + i + 16 * g), gcomp__q_r32x16(ctr),
-                                      res ? res + i + 16 * g : NULL);
-                        ctr = _mm512_add_epi64(ctr, step);
-                    }
-                    __m512i x = pack64_run(&pk, f[0], f[1], f[2], f[3]);
-                    uint8_t *o = stream + i / 8 * w;
-                    if (o + 64 <= end)
-                        _mm512_storeu_si512((void *)o, x);
-                    else
-                        _mm512_mask_storeu_epi8((void *)o, pk.keep, x);
-                }
+                bool pre = q.f != 1.0f;
+                size_t ahead = B <= 4096 ? 2 * B : 0;
+                /* Four variants without branches inside: residual or not, prescale or not. */
+                if (res && pre)
+                    i = fast64(&cv, &pk, v, res, true, i, e, ahead, nv, &ctr, stream, fixed, w);
+                else if (res)
+                    i = fast64(&cv, &pk, v, res, false, i, e, ahead, nv, &ctr, stream, fixed, w);
+                else if (pre)
+                    i = fast64(&cv, &pk, v, NULL, true, i, e, ahead, nv, &ctr, stream, fixed, w);
+                else
+                    i = fast64(&cv, &pk, v, NULL, false, i, e, ahead, nv, &ctr, stream, fixed, w);
                 if (i < e) gcomp__bitw_init(&em.bw, stream + i / 8 * w, fixed - i / 8 * w);
             }
 #endif
             for (; i + 16 <= e; i += 16) {
                 uint32_t fs[16];
-                _mm512_storeu_si512((void *)fs, qsgd16(&cv, _mm512_loadu_ps(v + i),
-                                                       gcomp__q_r32x16(ctr), res ? res + i : NULL));
+                __m512i f = qsgd16(&cv, _mm512_loadu_ps(v + i), gcomp__q_r32x16(ctr),
+                                   res ? res + i : NULL, q.f != 1.0f);
                 ctr = _mm512_add_epi64(ctr, step);
-                for (size_t j = 0; j < 16; j++) emit(&em, fs[j], i - st + j);
+                _mm512_storeu_si512((void *)fs, f);
+                if (!elias) {
+                    for (size_t j = 0; j < 16; j++) gcomp__bitw_put(&em.bw, fs[j], w);
+                    continue;
+                }
+                /* Elias sends only the non-zero levels: visit the set bits. */
+                for (unsigned nz = _mm512_cmpgt_epu32_mask(f, _mm512_set1_epi32(1)); nz;
+                     nz &= nz - 1) {
+                    unsigned j = (unsigned)__builtin_ctz(nz);
+                    emit(&em, fs[j], i - st + j);
+                }
             }
         }
 #endif
@@ -310,6 +377,36 @@ static inline uint32_t field_at(const uint8_t *stream, size_t bytes, size_t j, u
     return (v >> (bit & 7)) & ((1u << w) - 1);
 }
 
+#if QSGD_PACK64
+/* The inverse of pack64: 8w bytes at p (only `keep` of them read) -> 64 fields as bytes.
+ * Each qword gets its w bytes back, then vpmultishiftqb pulls field j from bit j*w. */
+typedef struct unpack64 {
+    __m512i spread, shifts, mask;
+    __mmask64 keep;
+} unpack64;
+
+static unpack64 unpack64_init(unsigned w) {
+    unpack64 k;
+    uint8_t sp[64], sh[64];
+    for (unsigned l = 0; l < 8; l++)
+        for (unsigned j = 0; j < 8; j++) {
+            sp[8 * l + j] = (uint8_t)(j < w ? l * w + j : 0);
+            sh[8 * l + j] = (uint8_t)(j * w);
+        }
+    k.spread = _mm512_loadu_si512((const void *)sp);
+    k.shifts = _mm512_loadu_si512((const void *)sh);
+    k.mask = _mm512_set1_epi8((char)((1u << w) - 1));
+    k.keep = w == 8 ? ~(__mmask64)0 : (((__mmask64)1 << (8 * w)) - 1);
+    return k;
+}
+
+static inline __m512i unpack64_run(const unpack64 *k, const uint8_t *p) {
+    __m512i x = _mm512_maskz_loadu_epi8(k->keep, (const void *)p);
+    x = _mm512_permutexvar_epi8(k->spread, x);
+    return _mm512_and_si512(_mm512_multishift_epi64_epi8(k->shifts, x), k->mask);
+}
+#endif
+
 static gcomp_status qsgd_decode(const uint8_t *src, size_t len, size_t nv, float *acc,
                                 float scale) {
     if (len < HDR) return GCOMP_E_CORRUPT;
@@ -330,7 +427,24 @@ static gcomp_status qsgd_decode(const uint8_t *src, size_t len, size_t nv, float
     if (coding == 0) {
         if (bytes != fixed_bytes(nv, s)) return GCOMP_E_CORRUPT;
         uint32_t bad = 0;
-        for (size_t j = 0; j < nv; j++) {
+        size_t j = 0;
+#if QSGD_PACK64
+        bool fast = gcomp__quant_simd() && w <= 8;
+        unpack64 uk = unpack64_init(w <= 8 ? w : 8);
+        if (fast) {
+            /* Valid fields: at most 2s+1, and not 1 (a negative zero). */
+            const __m512i top =
+                              _mm512_set1_epi8((char)(uint8_t)(2 * s + 1 < 255 ? 2 * s + 1 : 255)),
+                          one = _mm512_set1_epi8(1);
+            __mmask64 badm = 0;
+            for (; j + 64 <= nv; j += 64) {
+                __m512i f = unpack64_run(&uk, stream + j / 8 * w);
+                badm |= _mm512_cmpgt_epu8_mask(f, top) | _mm512_cmpeq_epi8_mask(f, one);
+            }
+            bad = badm != 0;
+        }
+#endif
+        for (; j < nv; j++) {
             uint32_t f = field_at(stream, bytes, j, w);
             bad |= (f >> 1) > s || f == 1u; /* level beyond s, or a negative zero */
         }
@@ -338,9 +452,32 @@ static gcomp_status qsgd_decode(const uint8_t *src, size_t len, size_t nv, float
         if (bad || (used & 7 && stream[used >> 3] >> (used & 7))) return GCOMP_E_CORRUPT;
         if (!acc) return GCOMP_OK;
         for (size_t b = 0; b < nb; b++) {
-            size_t st = b * B, e = st + B < nv ? st + B : nv;
+            size_t st = b * B, e = st + B < nv ? st + B : nv, i = st;
             float unit = gcomp__getf(norms + 4 * b) / sl;
-            for (size_t i = st; i < e; i++) {
+#if QSGD_PACK64
+            if (fast && st % 64 == 0) {
+                const __m512 vu = _mm512_set1_ps(unit), vs = _mm512_set1_ps(scale);
+                const __m512i one = _mm512_set1_epi32(1);
+                for (; i + 64 <= e; i += 64) {
+                    __m512i f8 = unpack64_run(&uk, stream + i / 8 * w);
+                    __m512i fs[4] = {_mm512_cvtepu8_epi32(_mm512_extracti32x4_epi32(f8, 0)),
+                                     _mm512_cvtepu8_epi32(_mm512_extracti32x4_epi32(f8, 1)),
+                                     _mm512_cvtepu8_epi32(_mm512_extracti32x4_epi32(f8, 2)),
+                                     _mm512_cvtepu8_epi32(_mm512_extracti32x4_epi32(f8, 3))};
+                    for (int g = 0; g < 4; g++) {
+                        /* level * unit, negated where the sign bit is set (0 - d == -d) */
+                        __m512 d =
+                            _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_srli_epi32(fs[g], 1)), vu);
+                        d = _mm512_mask_sub_ps(d, _mm512_test_epi32_mask(fs[g], one),
+                                               _mm512_setzero_ps(), d);
+                        float *a = acc + i + 16 * g;
+                        _mm512_storeu_ps(a,
+                                         _mm512_add_ps(_mm512_loadu_ps(a), _mm512_mul_ps(vs, d)));
+                    }
+                }
+            }
+#endif
+            for (; i < e; i++) {
                 uint32_t f = field_at(stream, bytes, i, w);
                 float d = (float)(f >> 1) * unit;
                 acc[i] += scale * ((f & 1u) ? -d : d);

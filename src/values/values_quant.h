@@ -6,7 +6,7 @@
  * Every coder has a portable C kernel and, under __AVX512F__, a SIMD kernel.  The two
  * must produce the same bytes for the same input and seed (a message must not depend on
  * the build), so:
- *   - sums (scales, norms) are taken in 16 double lanes (lane l sums elements l, l+16, ...)
+ *   - sums (scales, norms) are taken in 64 double lanes (lane l sums elements l, l+64, ...)
  *     and reduced in one fixed tree by the same scalar code in both paths;
  *   - per-element arithmetic is written as the same sequence of IEEE operations in both
  *     (no contraction: the build is ISO C, -ffp-contract=off; fused steps use fmaf()
@@ -102,7 +102,7 @@ static inline float gcomp__q_prescale(float den) {
     return den < 0x1p-32f ? 0x1p64f : 1.0f;
 }
 
-/* Sums over v[0..n) in 16 double lanes with a fixed reduction: the same bits on every path.
+/* Sums over v[0..n) in 64 double lanes with a fixed reduction: the same bits on every path.
  * Non-finite input makes the result non-finite. */
 double gcomp__q_sum_abs(const float *v, size_t n);
 double gcomp__q_sum_sq(const float *v, size_t n);
@@ -121,7 +121,7 @@ static inline bool gcomp__q_finite_bits(uint32_t u) {
 typedef struct gcomp__bitw {
     uint8_t *p, *end;
     uint64_t acc;
-    unsigned n; /* bits pending in acc, < 32 between calls */
+    unsigned n; /* bits pending in acc, < 8 between calls */
     bool full;  /* ran out of room: the encode fails with GCOMP_E_DST_SIZE */
 } gcomp__bitw;
 
@@ -132,33 +132,37 @@ static inline void gcomp__bitw_init(gcomp__bitw *w, uint8_t *p, size_t cap) {
     w->n = 0;
     w->full = false;
 }
-/* Appends the low `nbits` (<= 32) bits of v (v has no bits above them). */
+/* Appends the low `nbits` (<= 56) bits of v (v has no bits above them).  Whole bytes go
+ * out at once with one 8-byte store while there is room for it (the bytes past the
+ * complete ones are rewritten by the next store, so it may touch up to 8 bytes past the
+ * stream but never past `end`). */
 static inline void gcomp__bitw_put(gcomp__bitw *w, uint64_t v, unsigned nbits) {
     w->acc |= v << w->n;
     w->n += nbits;
-    if (w->n >= 32) {
-        if (w->end - w->p < 4) {
-            w->full = true;
-            w->n -= 32;
-            w->acc >>= 32;
-            return;
-        }
-        gcomp__put32(w->p, (uint32_t)w->acc);
-        w->p += 4;
-        w->acc >>= 32;
-        w->n -= 32;
+    if (w->n < 8) return;
+    unsigned bytes = w->n >> 3; /* <= 7 */
+    size_t room = (size_t)(w->end - w->p);
+    if (room >= 8) {
+        gcomp__put64(w->p, w->acc);
+    } else if (room >= bytes) {
+        for (unsigned i = 0; i < bytes; i++) w->p[i] = (uint8_t)(w->acc >> (8 * i));
+    } else {
+        w->full = true;
+        bytes = (unsigned)room;
     }
+    w->p += bytes;
+    w->acc >>= 8 * (w->n >> 3);
+    w->n &= 7;
 }
 /* Pads with zero bits to a byte; returns the end of the stream. */
 static inline uint8_t *gcomp__bitw_flush(gcomp__bitw *w) {
-    while (w->n > 0) {
-        if (w->p == w->end) {
+    if (w->n > 0) {
+        if (w->p == w->end)
             w->full = true;
-            break;
-        }
-        *w->p++ = (uint8_t)w->acc;
-        w->acc >>= 8;
-        w->n = w->n > 8 ? w->n - 8 : 0;
+        else
+            *w->p++ = (uint8_t)w->acc;
+        w->acc = 0;
+        w->n = 0;
     }
     return w->p;
 }
