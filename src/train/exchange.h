@@ -1,0 +1,44 @@
+/*
+ * exchange.h - the trainer's per-layer gradient exchange: one compressor per tensor
+ * (chosen by the layer policy), started tensor by tensor as the backward pass makes each
+ * gradient final, finished once per step.  After finish, every tensor's g holds the mean
+ * over ranks of the decoded messages.  Built on libgradcomp_mpi.
+ */
+#ifndef GTRAIN_EXCHANGE_H
+#define GTRAIN_EXCHANGE_H
+
+#include <mpi.h>
+#include <stddef.h>
+
+#include "model.h"
+
+typedef struct gtrain_exchange gtrain_exchange;
+
+typedef struct gtrain_exchange_stats {
+    double bytes_sent; /* by this rank on the wire (per the algorithm), all steps */
+    double msg_bytes;  /* bytes of the compressed tensors this rank produced, all steps:
+                          its messages, or for allreduced tensors the reduced buffer */
+    double codec_s;    /* compress + decompress */
+    double comm_s;     /* waiting on the network (not hidden behind compute) */
+} gtrain_exchange_stats;
+
+/* method: "dense", "dense-f16", a spec, or "policy:<policy string>". */
+int gtrain_exchange_create(gtrain_exchange **out, const char *method, gtrain_tensor *t, size_t nt,
+                           size_t min_elements, double timeout_s, MPI_Comm comm, char *err,
+                           size_t errlen);
+void gtrain_exchange_free(gtrain_exchange *ex);
+/* One line naming the spec of each group of tensors. */
+void gtrain_exchange_describe(const gtrain_exchange *ex, char *out, size_t cap);
+/* 1 when tensor i's compressor keeps its momentum (DGC): the optimizer must skip it. */
+int gtrain_exchange_owns_momentum(const gtrain_exchange *ex, size_t i);
+void gtrain_exchange_set_epoch(gtrain_exchange *ex, double epoch);
+int gtrain_exchange_begin_step(gtrain_exchange *ex);
+/* Starts exchanging tensor i (its g is final).  Non-blocking. */
+int gtrain_exchange_start(gtrain_exchange *ex, size_t i);
+/* Waits for every tensor of this step; g then holds the averaged gradient. */
+int gtrain_exchange_finish(gtrain_exchange *ex);
+const char *gtrain_exchange_error(const gtrain_exchange *ex);
+double gtrain_exchange_bytes_sent(const gtrain_exchange *ex);
+void gtrain_exchange_get_stats(const gtrain_exchange *ex, gtrain_exchange_stats *out);
+
+#endif

@@ -1,0 +1,296 @@
+/*
+ * trainer.c - the data-parallel training loop behind `gradcomp train`.
+ *
+ * One step on every rank:
+ *   forward, then backward from the last layer to the first; as each tensor's gradient
+ *   becomes final the model calls back and the exchange of that tensor starts at once
+ *   (exchange.c), so the wire time of the late layers hides behind the backward pass of
+ *   the early ones (the overlap of PyTorch DDP's buckets, at layer granularity);
+ *   wait for every exchange: each g now holds the average over ranks of what the
+ *   compressors sent;
+ *   SGD with momentum and weight decay (skipping momentum where DGC owns it).
+ * Evaluation runs a few times per epoch on a shard of the test set per rank; its time is
+ * excluded from the training clock, so "time to accuracy" is training time.
+ *
+ * The weights must stay bit-identical on every rank: every rank applies the same averaged
+ * update.  Each evaluation compares a hash of the weights across ranks.
+ */
+#define _POSIX_C_SOURCE 200809L
+#include "trainer.h"
+
+#include "exchange.h"
+#include "model.h"
+
+#include <math.h>
+#include <stdbool.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static int fail(char *err, size_t errlen, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err, errlen, fmt, ap);
+    va_end(ap);
+    return 1;
+}
+
+static uint64_t hash_weights(gtrain_model *m) {
+    size_t nt;
+    gtrain_tensor *t = gtrain_model_tensors(m, &nt);
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (size_t i = 0; i < nt; i++) {
+        for (size_t j = 0; j < t[i].n; j++) {
+            uint32_t u;
+            memcpy(&u, &t[i].w[j], 4);
+            h = (h ^ u) * 0x100000001b3ull;
+        }
+    }
+    return h;
+}
+
+/* 1 when every rank holds bit-identical weights (collective). */
+static int same_weights(gtrain_model *m, MPI_Comm comm) {
+    uint64_t h[2] = {hash_weights(m), 0};
+    h[1] = ~h[0];
+    MPI_Allreduce(MPI_IN_PLACE, h, 2, MPI_UINT64_T, MPI_MAX, comm);
+    return h[0] == ~h[1];
+}
+
+/* Test accuracy and loss, the test set split across ranks. */
+static int evaluate(gtrain_model *m, const gtrain_data *test, int rank, int P, MPI_Comm comm,
+                    double *acc, double *loss) {
+    size_t per = (test->n + (size_t)P - 1) / (size_t)P;
+    size_t lo = (size_t)rank * per, hi = lo + per < test->n ? lo + per : test->n;
+    double sums[3] = {0, 0, 0};
+    if (hi > lo) {
+        double l, a;
+        if (gtrain_model_evaluate(m, test->x + lo * test->dim, test->y + lo, hi - lo, &l, &a))
+            return 1;
+        sums[0] = a * (double)(hi - lo);
+        sums[1] = l * (double)(hi - lo);
+        sums[2] = (double)(hi - lo);
+    }
+    MPI_Allreduce(MPI_IN_PLACE, sums, 3, MPI_DOUBLE, MPI_SUM, comm);
+    *acc = sums[0] / sums[2];
+    *loss = sums[1] / sums[2];
+    return 0;
+}
+
+typedef struct ready_ctx {
+    gtrain_exchange *ex;
+    int failed;
+} ready_ctx;
+
+static void on_ready(void *ctx, size_t i) {
+    ready_ctx *r = ctx;
+    if (!r->failed && gtrain_exchange_start(r->ex, i) != 0) r->failed = 1;
+}
+
+static void progress_line(const gtrain_config *cfg, const char *method, const gtrain_point *p,
+                          double bytes_per_step, double step_ms, int final) {
+    if (cfg->progress == 2) {
+        int width = 24, done = (int)(p->epoch / cfg->epochs * width + 0.5);
+        char bar[32];
+        for (int i = 0; i < width; i++) bar[i] = i < done ? '#' : '.';
+        bar[width] = 0;
+        fprintf(
+            stderr,
+            "\r  %-28.28s [%s] epoch %5.2f  loss %.4f  acc %6.2f%%  %9.0f B/step  %6.2f ms/step%s",
+            method, bar, p->epoch, p->train_loss, 100 * p->test_acc, bytes_per_step, step_ms,
+            final ? "\n" : "");
+    } else if (cfg->progress == 1) {
+        fprintf(stderr,
+                "  %-28.28s epoch %5.2f  loss %.4f  acc %6.2f%%  %9.0f B/step  %6.2f ms/step\n",
+                method, p->epoch, p->train_loss, 100 * p->test_acc, bytes_per_step, step_ms);
+    }
+    fflush(stderr);
+}
+
+int gtrain_run(const gtrain_config *cfg, const char *method, const gtrain_data *train,
+               const gtrain_data *test, MPI_Comm comm, gtrain_result *out, char *err,
+               size_t errlen) {
+    int rank, P;
+    MPI_Comm_rank(comm, &rank);
+    MPI_Comm_size(comm, &P);
+    memset(out, 0, sizeof *out);
+    snprintf(out->method, sizeof out->method, "%s", method);
+
+    gtrain_model *m = NULL;
+    int st = gtrain_model_create(cfg->model, cfg->hidden, cfg->seed, cfg->batch, &m);
+    if (st) return fail(err, errlen, "model %s: %s", cfg->model, gtrain_strerror(st));
+    size_t nt;
+    gtrain_tensor *t = gtrain_model_tensors(m, &nt);
+    out->params = gtrain_model_num_params(m);
+    out->dense_bytes_per_step = 4.0 * (double)out->params;
+
+    gtrain_exchange *ex = NULL;
+    if (gtrain_exchange_create(&ex, method, t, nt, cfg->min_elements, cfg->timeout_s, comm, err,
+                               errlen)) {
+        gtrain_model_free(m);
+        return 1;
+    }
+    gtrain_exchange_describe(ex, out->detail, sizeof out->detail);
+    unsigned char *skip = calloc(nt, 1);
+    for (size_t i = 0; i < nt; i++) skip[i] = (unsigned char)gtrain_exchange_owns_momentum(ex, i);
+
+    size_t shard_cap = train->n / (size_t)P + 1;
+    uint32_t *perm = malloc(train->n * sizeof(uint32_t)),
+             *mine = malloc(shard_cap * sizeof(uint32_t));
+    float *xb = malloc(cfg->batch * train->dim * sizeof(float));
+    uint8_t *yb = malloc(cfg->batch);
+    size_t steps_per_epoch = (train->n / (size_t)P) / cfg->batch;
+    if (cfg->max_steps_per_epoch > 0 && steps_per_epoch > (size_t)cfg->max_steps_per_epoch)
+        steps_per_epoch = (size_t)cfg->max_steps_per_epoch;
+    size_t eval_every =
+        steps_per_epoch / (size_t)(cfg->evals_per_epoch > 0 ? cfg->evals_per_epoch : 1);
+    if (eval_every == 0) eval_every = 1;
+    size_t cap_points = (size_t)cfg->epochs * (steps_per_epoch / eval_every + 2) + 2;
+    out->points = calloc(cap_points, sizeof(gtrain_point));
+    int rc = 0;
+    if (!skip || !perm || !mine || !xb || !yb || !out->points || steps_per_epoch == 0) {
+        rc = fail(err, errlen,
+                  steps_per_epoch ? "out of memory"
+                                  : "batch %zu too large for %zu samples on %d ranks",
+                  cfg->batch, train->n, P);
+        goto done;
+    }
+    ready_ctx rctx = {ex, 0};
+    gtrain_model_set_grad_ready(m, on_ready, &rctx);
+
+    /* Starting point. */
+    gtrain_point p0 = {0};
+    if (evaluate(m, test, rank, P, comm, &p0.test_acc, &p0.test_loss)) {
+        rc = fail(err, errlen, "evaluation failed");
+        goto done;
+    }
+    p0.train_loss = NAN;
+    out->points[out->npoints++] = p0;
+
+    double wall = 0, loss_sum = 0, compute_s = 0, wait_s = 0, sgd_s = 0;
+    size_t loss_n = 0, step = 0;
+    for (int epoch = 0; epoch < cfg->epochs && !rc; epoch++) {
+        gtrain_shuffle(perm, train->n, cfg->seed, (uint64_t)epoch);
+        size_t got = gtrain_shard(perm, train->n, (unsigned)rank, (unsigned)P, mine);
+        (void)got;
+        for (size_t s = 0; s < steps_per_epoch; s++, step++) {
+            double t0 = now_s();
+            gtrain_exchange_set_epoch(ex, epoch + (double)s / (double)steps_per_epoch);
+            gtrain_data_gather(train, mine + s * cfg->batch, cfg->batch, xb, yb);
+            float loss;
+            if (gtrain_exchange_begin_step(ex) != 0) {
+                rc = fail(err, errlen, "%s", gtrain_exchange_error(ex));
+                break;
+            }
+            st = gtrain_model_forward_backward(m, xb, yb, cfg->batch, &loss);
+            double t1 = now_s();
+            if (st || rctx.failed) {
+                rc = fail(err, errlen, "step %zu: %s", step,
+                          st ? gtrain_strerror(st) : gtrain_exchange_error(ex));
+                break;
+            }
+            if (gtrain_exchange_finish(ex) != 0) {
+                rc = fail(err, errlen, "step %zu: %s", step, gtrain_exchange_error(ex));
+                break;
+            }
+            double t2 = now_s();
+            gtrain_sgd_step(m, cfg->lr, cfg->momentum, cfg->weight_decay, cfg->nesterov, skip);
+            double t3 = now_s();
+            compute_s += t1 - t0;
+            wait_s += t2 - t1;
+            sgd_s += t3 - t2;
+            wall += t3 - t0;
+            loss_sum += loss;
+            loss_n++;
+            if (!isfinite(loss)) {
+                rc = fail(err, errlen, "step %zu: loss is %f: training diverged", step, loss);
+                break;
+            }
+            bool last = s + 1 == steps_per_epoch;
+            if ((s + 1) % eval_every == 0 || last) {
+                gtrain_point p = {0};
+                p.epoch = epoch + (double)(s + 1) / (double)steps_per_epoch;
+                p.wall_s = wall;
+                p.bytes = gtrain_exchange_bytes_sent(ex);
+                double ls[2] = {loss_sum, (double)loss_n};
+                MPI_Allreduce(MPI_IN_PLACE, ls, 2, MPI_DOUBLE, MPI_SUM, comm);
+                p.train_loss = ls[0] / ls[1];
+                loss_sum = 0;
+                loss_n = 0;
+                if (evaluate(m, test, rank, P, comm, &p.test_acc, &p.test_loss)) {
+                    rc = fail(err, errlen, "evaluation failed");
+                    break;
+                }
+                if (!same_weights(m, comm)) {
+                    rc = fail(err, errlen, "the ranks' weights differ after step %zu", step);
+                    break;
+                }
+                if (out->npoints < cap_points) out->points[out->npoints++] = p;
+                if (rank == 0)
+                    progress_line(cfg, method, &p, p.bytes / (double)(step + 1),
+                                  1e3 * wall / (double)(step + 1),
+                                  last && epoch + 1 == cfg->epochs);
+            }
+        }
+    }
+    if (rc) goto done;
+
+    out->weights_identical = same_weights(m, comm);
+
+    gtrain_exchange_stats xs;
+    gtrain_exchange_get_stats(ex, &xs);
+    double v[7] = {1e3 * wall / (double)step,      1e3 * xs.codec_s / (double)step,
+                   1e3 * xs.comm_s / (double)step, 1e3 * compute_s / (double)step,
+                   xs.bytes_sent / (double)step,   wall,
+                   xs.msg_bytes / (double)step};
+    MPI_Allreduce(MPI_IN_PLACE, v, 7, MPI_DOUBLE, MPI_SUM, comm);
+    out->step_ms = v[0] / P;
+    out->codec_ms = v[1] / P;
+    out->comm_ms = v[2] / P;
+    out->compute_ms = v[3] / P;
+    out->bytes_per_step = v[4] / P;
+    out->wall_s = v[5] / P;
+    out->steps = step;
+    out->ratio = out->dense_bytes_per_step / (v[6] / P);
+    out->traffic_ratio =
+        P > 1 ? 2.0 * (P - 1) / P * out->dense_bytes_per_step / out->bytes_per_step : 1.0;
+    const gtrain_point *last = &out->points[out->npoints - 1];
+    out->final_acc = last->test_acc;
+    out->final_loss = last->test_loss;
+    for (size_t i = 0; i < out->npoints; i++)
+        out->best_acc =
+            out->points[i].test_acc > out->best_acc ? out->points[i].test_acc : out->best_acc;
+    (void)wait_s;
+    (void)sgd_s;
+done:
+    gtrain_model_set_grad_ready(m, NULL, NULL);
+    gtrain_exchange_free(ex);
+    gtrain_model_free(m);
+    free(skip);
+    free(perm);
+    free(mine);
+    free(xb);
+    free(yb);
+    return rc;
+}
+
+void gtrain_result_free(gtrain_result *r) {
+    free(r->points);
+    r->points = NULL;
+    r->npoints = 0;
+}
+
+double gtrain_time_to(const gtrain_result *r, double target) {
+    for (size_t i = 0; i < r->npoints; i++)
+        if (r->points[i].test_acc >= target - 1e-12) return r->points[i].wall_s;
+    return -1;
+}

@@ -1,0 +1,80 @@
+/*
+ * trainer.h - gradcomp's reference data-parallel trainer: one method (a spec or a layer
+ * policy) trained on every rank of an MPI communicator, gradients exchanged per layer
+ * through libgradcomp_mpi while the backward pass of the earlier layers still runs.
+ *
+ * Every rank calls gtrain_run with the same configuration; each trains on its shard of
+ * the data (strided, reshuffled per epoch from the seed), all start from the same weights
+ * (same seed), and after every step the weights are bit-identical on every rank (checked
+ * by a hash at each evaluation; a difference is an error, not a footnote).
+ *
+ * Methods: "dense" (f32 allreduce), "dense-f16", any spec (applied to the tensors the
+ * layer policy compresses; small and 1-D tensors go dense), or a full policy string
+ * "policy:spec=...;min_elements=...".  A spec with DGC (codec dgc, or feedback=dgc)
+ * owns the momentum of the tensors it compresses: the optimizer skips its own momentum
+ * there (Lin et al. 2018).  PowerSGD runs its two reductions per step.
+ */
+#ifndef GTRAIN_TRAINER_H
+#define GTRAIN_TRAINER_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <mpi.h>
+
+#include "data.h"
+
+typedef struct gtrain_config {
+    const char *model;  /* mlp, mlp-large, cnn */
+    const char *hidden; /* NULL: the model's default */
+    int epochs;
+    size_t batch; /* per rank */
+    float lr, momentum, weight_decay;
+    int nesterov;
+    uint64_t seed;
+    int evals_per_epoch;        /* test-set evaluations per epoch (>= 1) */
+    size_t min_elements;        /* policy: tensors smaller than this go dense */
+    double timeout_s;           /* per collective */
+    int progress;               /* 0 quiet, 1 lines, 2 a live bar (rank 0 only) */
+    double max_steps_per_epoch; /* 0: all; else cap (smoke runs) */
+} gtrain_config;
+
+typedef struct gtrain_point {
+    double epoch;      /* fractional */
+    double wall_s;     /* training time so far, evaluations excluded */
+    double bytes;      /* bytes sent by this rank so far */
+    double train_loss; /* mean over ranks of the recent steps */
+    double test_acc;   /* fraction */
+    double test_loss;
+} gtrain_point;
+
+typedef struct gtrain_result {
+    char method[256];
+    char detail[512]; /* the specs actually used, e.g. "fc1.weight,fc2.weight: dgc:...; rest: none"
+                       */
+    double final_acc, final_loss, best_acc;
+    double bytes_per_step;       /* mean bytes sent per step per rank, all tensors */
+    double dense_bytes_per_step; /* 4 * parameters */
+    double ratio;                /* compression: 4 * parameters * steps / compressed bytes produced,
+                                    over the whole run, warm-up included */
+    double traffic_ratio;        /* dense f32 ring allreduce bytes / bytes this method sent */
+    double step_ms, codec_ms, comm_ms, compute_ms; /* per step, means over ranks */
+    double wall_s;
+    size_t steps;
+    size_t params;
+    int weights_identical; /* 1 when every rank ended with the same weights */
+    gtrain_point *points;
+    size_t npoints;
+} gtrain_result;
+
+/* Trains one method.  Collective over `comm`.  `test` may be evaluated in shards.
+ * Returns 0, or non-zero with a message in err (the same on every rank where possible). */
+int gtrain_run(const gtrain_config *cfg, const char *method, const gtrain_data *train,
+               const gtrain_data *test, MPI_Comm comm, gtrain_result *out, char *err,
+               size_t errlen);
+void gtrain_result_free(gtrain_result *r);
+
+/* The first wall time at which test accuracy reached `target` (fraction); -1 if never. */
+double gtrain_time_to(const gtrain_result *r, double target);
+
+#endif

@@ -1,0 +1,56 @@
+#!/bin/sh
+# test_train_mpi.sh GRADCOMP WORKDIR - `gradcomp train` end to end on 2 MPI ranks with the
+# synthetic dataset: dense and compressed methods reduce the loss, the ranks' weights stay
+# bit-identical (the trainer checks a hash at every evaluation and fails otherwise), and
+# results.json has every field for every method, metrics.csv and both PNGs exist.
+set -u
+G=$1
+W=$2
+rm -rf "$W" && mkdir -p "$W" && cd "$W" || exit 1
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
+export OPENBLAS_NUM_THREADS=1
+timeout 600 mpirun -np 2 "$G" train --data synthetic --model mlp --hidden 256,128 --epochs 1 \
+    --batch 32 --evals 2 --max-steps 120 --quiet --min-elements 1000 \
+    --compare "dense,topk:density=0.01,feedback=ef,dgc:density=0.01,powersgd:rank=2,sign:feedback=ef,twobit:threshold=0.05" \
+    --out res > train.log 2>&1
+rc=$?
+cat train.log
+[ $rc -eq 0 ] || { echo "FAIL: gradcomp train exited $rc"; exit 1; }
+PY=/usr/bin/python3; [ -x "$PY" ] || PY=python3
+"$PY" - <<'PYEOF' || exit 1
+import json, csv, os, sys
+r = json.load(open("res/results.json"))
+fields = ["method", "test_accuracy", "delta_vs_dense_pp", "bytes_per_step", "effective_ratio",
+          "step_ms", "codec_ms", "comm_ms", "time_to_target_s", "weights_identical", "steps"]
+bad = 0
+methods = r["methods"]
+if len(methods) != 6:
+    print("FAIL: expected 6 methods, got", len(methods)); bad += 1
+for m in methods:
+    for f in fields:
+        if f not in m:
+            print("FAIL: %s lacks %s" % (m.get("method"), f)); bad += 1
+    if not m["weights_identical"]:
+        print("FAIL: %s: ranks diverged" % m["method"]); bad += 1
+rows = list(csv.DictReader(open("res/metrics.csv")))
+for m in methods:
+    pts = [x for x in rows if x["method"] == m["method"]]
+    start, end = pts[0], pts[-1]
+    # loss goes down: the last training loss below the initial test loss (ln 10 = 2.30)
+    if not float(end["train_loss"]) < float(start["test_loss"]) * 0.8:
+        print("FAIL: %s: loss %s -> %s did not go down" % (m["method"], start["test_loss"], end["train_loss"])); bad += 1
+    if not m["test_accuracy"] > 0.5:
+        print("FAIL: %s: accuracy %.3f" % (m["method"], m["test_accuracy"])); bad += 1
+dense = [m for m in methods if m["method"] == "dense"][0]
+if abs(dense["effective_ratio"] - 1.0) > 0.2:
+    print("FAIL: dense ratio %.2f" % dense["effective_ratio"]); bad += 1
+for m in methods:
+    if m["method"] != "dense" and not m["effective_ratio"] > 2:
+        print("FAIL: %s ratio %.2f" % (m["method"], m["effective_ratio"])); bad += 1
+for png in ("accuracy_vs_bytes.png", "accuracy_vs_time.png"):
+    p = os.path.join("res", png)
+    if not (os.path.exists(p) and os.path.getsize(p) > 1000 and open(p, "rb").read(4) == b"\x89PNG"):
+        print("FAIL: %s missing or empty" % png); bad += 1
+print("train_mpi: %d passed, %d failed" % (1 if not bad else 0, bad))
+sys.exit(1 if bad else 0)
+PYEOF

@@ -1,0 +1,488 @@
+/*
+ * cmd_train.c - `gradcomp train`: data-parallel training on Fashion-MNIST, one run per
+ * method from the same initial weights and seed, and a table of what each method cost
+ * and gained (accuracy, bytes per step, effective ratio, step / codec / comm time, time to
+ * the target accuracy), with results.json, metrics.csv and PNG plots.
+ *
+ * Launching: `--np P` re-executes this program under `mpirun -np P` (as torchrun does);
+ * with `--link RATE` the ranks run on P bandwidth-shaped hosts (scripts/netsim, root).
+ * Started by mpirun directly, it simply runs.
+ */
+#define _GNU_SOURCE
+#include "../cli.h"
+
+#include "data.h"
+#include "model.h"
+#include "trainer.h"
+
+#include <errno.h>
+#include <limits.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#ifndef GCOMP_SOURCE_DIR
+#define GCOMP_SOURCE_DIR "."
+#endif
+
+#define MAX_METHODS 16
+
+typedef struct opts {
+    gtrain_config cfg;
+    int np;
+    const char *link, *out, *data;
+    double target;
+    char *methods[MAX_METHODS];
+    int nmethods;
+} opts;
+
+static const char *usage_text =
+    "usage: gradcomp train [--np P] [--link RATE] [--model mlp|mlp-large|cnn] [--hidden H]\n"
+    "                      [--epochs E] [--batch B] [--lr LR] [--momentum M] [--wd WD]\n"
+    "                      [--compare M1,M2,...] [--target-acc A] [--out DIR]\n"
+    "                      [--data DIR|synthetic] [--seed S] [--evals N] [--min-elements N]\n"
+    "                      [--max-steps N] [--timeout SEC] [--quiet]\n"
+    "methods: dense, dense-f16, any spec (e.g. dgc:density=0.001, powersgd:rank=4,\n"
+    "         twobit:threshold=0.5, sign:feedback=ef), or policy:<policy string>;\n"
+    "         --compare splits on commas, and a piece without ':' but with '=' continues\n"
+    "         the previous spec (dgc:density=0.001,momentum=0.9 stays one method).\n";
+
+/* Splits a --compare list into methods (see usage_text). */
+static int split_methods(opts *o, const char *list) {
+    char *copy = strdup(list), *save = NULL;
+    for (char *p = strtok_r(copy, ",", &save); p; p = strtok_r(NULL, ",", &save)) {
+        while (*p == ' ') p++;
+        if (!*p) continue;
+        if (strchr(p, '=') && !strchr(p, ':') && o->nmethods > 0) {
+            char *prev = o->methods[o->nmethods - 1];
+            size_t l = strlen(prev) + strlen(p) + 2;
+            char *joined = malloc(l);
+            snprintf(joined, l, "%s,%s", prev, p);
+            free(prev);
+            o->methods[o->nmethods - 1] = joined;
+        } else {
+            if (o->nmethods == MAX_METHODS) {
+                free(copy);
+                return cli_fail("train", 2, "at most %d methods", MAX_METHODS);
+            }
+            o->methods[o->nmethods++] = strdup(p);
+        }
+    }
+    free(copy);
+    return 0;
+}
+
+static int parse(int argc, char **argv, opts *o) {
+    memset(o, 0, sizeof *o);
+    gtrain_config *c = &o->cfg;
+    c->model = "mlp";
+    c->epochs = 2;
+    c->batch = 32;
+    c->lr = 0.05f;
+    c->momentum = 0.9f;
+    c->weight_decay = 1e-4f;
+    c->seed = 1;
+    c->evals_per_epoch = 4;
+    c->min_elements = 16384;
+    c->timeout_s = 120;
+    c->progress = isatty(2) ? 2 : 1;
+    o->out = "out";
+    o->target = -1;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        size_t cnt;
+        if (!strcmp(a, "--quiet")) {
+            c->progress = 0;
+            continue;
+        }
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            fputs(usage_text, stdout);
+            exit(0);
+        }
+        if (!v) return cli_fail("train", 2, "option %s needs a value\n%s", a, usage_text);
+        i++;
+        if (!strcmp(a, "--np")) {
+            if (cli_parse_count(v, &cnt) || cnt < 1 || cnt > 256)
+                return cli_fail("train", 2, "--np %s: 1..256", v);
+            o->np = (int)cnt;
+        } else if (!strcmp(a, "--link"))
+            o->link = v;
+        else if (!strcmp(a, "--model"))
+            c->model = v;
+        else if (!strcmp(a, "--hidden"))
+            c->hidden = v;
+        else if (!strcmp(a, "--epochs")) {
+            if (cli_parse_count(v, &cnt) || cnt < 1 || cnt > 1000)
+                return cli_fail("train", 2, "--epochs %s: 1..1000", v);
+            c->epochs = (int)cnt;
+        } else if (!strcmp(a, "--batch")) {
+            if (cli_parse_count(v, &c->batch) || c->batch < 1 || c->batch > 65536)
+                return cli_fail("train", 2, "--batch %s: 1..65536", v);
+        } else if (!strcmp(a, "--lr"))
+            c->lr = strtof(v, NULL);
+        else if (!strcmp(a, "--momentum"))
+            c->momentum = strtof(v, NULL);
+        else if (!strcmp(a, "--wd"))
+            c->weight_decay = strtof(v, NULL);
+        else if (!strcmp(a, "--compare") || !strcmp(a, "--method")) {
+            if (split_methods(o, v)) return 2;
+        } else if (!strcmp(a, "--target-acc")) {
+            o->target = strtod(v, NULL);
+            if (o->target > 1) o->target /= 100; /* 85 means 85 % */
+        } else if (!strcmp(a, "--out"))
+            o->out = v;
+        else if (!strcmp(a, "--data"))
+            o->data = v;
+        else if (!strcmp(a, "--seed")) {
+            size_t s;
+            if (cli_parse_count(v, &s)) return cli_fail("train", 2, "--seed %s: an integer", v);
+            c->seed = s;
+        } else if (!strcmp(a, "--evals")) {
+            if (cli_parse_count(v, &cnt) || cnt < 1 || cnt > 1000)
+                return cli_fail("train", 2, "--evals %s: 1..1000", v);
+            c->evals_per_epoch = (int)cnt;
+        } else if (!strcmp(a, "--min-elements")) {
+            if (cli_parse_count(v, &c->min_elements))
+                return cli_fail("train", 2, "--min-elements %s", v);
+        } else if (!strcmp(a, "--max-steps")) {
+            if (cli_parse_count(v, &cnt)) return cli_fail("train", 2, "--max-steps %s", v);
+            c->max_steps_per_epoch = (double)cnt;
+        } else if (!strcmp(a, "--timeout"))
+            c->timeout_s = strtod(v, NULL);
+        else
+            return cli_fail("train", 2, "unknown option '%s'\n%s", a, usage_text);
+    }
+    if (!(c->lr > 0) || !(c->momentum >= 0 && c->momentum < 1) || !(c->weight_decay >= 0))
+        return cli_fail("train", 2, "--lr must be > 0, --momentum in [0, 1), --wd >= 0");
+    if (o->nmethods == 0) split_methods(o, "dense");
+    return 0;
+}
+
+static int under_mpi(void) {
+    return getenv("OMPI_COMM_WORLD_SIZE") || getenv("PMI_SIZE") || getenv("PMIX_RANK");
+}
+
+/* Re-executes this program under mpirun (or netsim for --link) without --np/--link. */
+static int relaunch(int argc, char **argv, const opts *o) {
+    char self[PATH_MAX];
+    ssize_t l = readlink("/proc/self/exe", self, sizeof self - 1);
+    if (l <= 0) return cli_fail("train", 1, "cannot find my own executable: %s", strerror(errno));
+    self[l] = 0;
+    char **av = calloc((size_t)argc + 40, sizeof *av);
+    int n = 0;
+    char np[16], cores[16];
+    snprintf(np, sizeof np, "%d", o->np);
+    long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+    snprintf(cores, sizeof cores, "%ld", ncpu);
+    if (o->link) {
+        if (geteuid() != 0)
+            return cli_fail(
+                "train", 1,
+                "--link %s shapes network namespaces and needs root (run as root, or drop --link)",
+                o->link);
+        av[n++] = "sh";
+        av[n++] = GCOMP_SOURCE_DIR "/scripts/netsim";
+        av[n++] = "job";
+        av[n++] = np;
+        av[n++] = (char *)o->link;
+        av[n++] = np;
+        av[n++] = "-x";
+        av[n++] = "OPENBLAS_NUM_THREADS=1";
+        av[n++] = "--";
+    } else {
+        av[n++] = "mpirun";
+        if (geteuid() == 0) av[n++] = "--allow-run-as-root";
+        if (o->np > ncpu) av[n++] = "--oversubscribe";
+        av[n++] = "-np";
+        av[n++] = np;
+        av[n++] = "-x";
+        av[n++] = "OPENBLAS_NUM_THREADS=1";
+    }
+    av[n++] = self;
+    av[n++] = "train";
+    static char outabs[PATH_MAX + 8], dataabs[PATH_MAX + 8];
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--np") || !strcmp(argv[i], "--link")) {
+            i++;
+            continue;
+        }
+        av[n++] = argv[i];
+        /* Ranks may start elsewhere (netsim): make paths absolute. */
+        if ((!strcmp(argv[i], "--out") || !strcmp(argv[i], "--data")) && i + 1 < argc &&
+            argv[i + 1][0] != '/' && strcmp(argv[i + 1], "synthetic")) {
+            char *dst = !strcmp(argv[i], "--out") ? outabs : dataabs;
+            char cwd[PATH_MAX];
+            if (!getcwd(cwd, sizeof cwd))
+                return cli_fail("train", 1, "getcwd: %s", strerror(errno));
+            snprintf(dst, PATH_MAX + 8, "%s/%s", cwd, argv[i + 1]);
+            av[n++] = dst;
+            i++;
+        }
+    }
+    bool has_out = false;
+    for (int i = 1; i < argc; i++) has_out |= !strcmp(argv[i], "--out");
+    if (!has_out) {
+        char cwd[PATH_MAX];
+        if (!getcwd(cwd, sizeof cwd)) return cli_fail("train", 1, "getcwd: %s", strerror(errno));
+        snprintf(outabs, sizeof outabs, "%s/%s", cwd, o->out);
+        av[n++] = "--out";
+        av[n++] = outabs;
+    }
+    av[n] = NULL;
+    fflush(NULL);
+    execvp(av[0], av);
+    return cli_fail("train", 1, "cannot run %s: %s (apt-get install openmpi-bin)", av[0],
+                    strerror(errno));
+}
+
+static void json_string(FILE *f, const char *s) {
+    fputc('"', f);
+    for (; *s; s++) {
+        if (*s == '"' || *s == '\\')
+            fprintf(f, "\\%c", *s);
+        else if ((unsigned char)*s < 0x20)
+            fprintf(f, "\\u%04x", *s);
+        else
+            fputc(*s, f);
+    }
+    fputc('"', f);
+}
+
+static void json_num(FILE *f, double v) {
+    if (isfinite(v))
+        fprintf(f, "%.6g", v);
+    else
+        fputs("null", f);
+}
+
+static int write_outputs(const opts *o, gtrain_result *r, int nr, double target, int P) {
+    mkdir(o->out, 0755);
+    char path[PATH_MAX];
+    snprintf(path, sizeof path, "%s/results.json", o->out);
+    FILE *f = fopen(path, "w");
+    if (!f) return cli_fail("train", 1, "cannot write %s: %s", path, strerror(errno));
+    double dense_acc = NAN;
+    for (int i = 0; i < nr; i++)
+        if (!strcmp(r[i].method, "dense")) dense_acc = r[i].final_acc;
+    fprintf(f, "{\"model\":");
+    json_string(f, o->cfg.model);
+    fprintf(f,
+            ",\"ranks\":%d,\"epochs\":%d,\"batch_per_rank\":%zu,\"lr\":%g,\"momentum\":%g,"
+            "\"seed\":%llu,\"link\":",
+            P, o->cfg.epochs, o->cfg.batch, o->cfg.lr, o->cfg.momentum,
+            (unsigned long long)o->cfg.seed);
+    if (o->link)
+        json_string(f, o->link);
+    else
+        fputs("null", f);
+    fprintf(f, ",\"target_accuracy\":");
+    json_num(f, target);
+    fprintf(f, ",\"methods\":[");
+    for (int i = 0; i < nr; i++) {
+        gtrain_result *x = &r[i];
+        fprintf(f, "%s\n {\"method\":", i ? "," : "");
+        json_string(f, x->method);
+        fprintf(f, ",\"specs\":");
+        json_string(f, x->detail);
+        fprintf(f, ",\"test_accuracy\":");
+        json_num(f, x->final_acc);
+        fprintf(f, ",\"best_accuracy\":");
+        json_num(f, x->best_acc);
+        fprintf(f, ",\"delta_vs_dense_pp\":");
+        json_num(f, 100 * (x->final_acc - dense_acc));
+        fprintf(f, ",\"bytes_per_step\":");
+        json_num(f, x->bytes_per_step);
+        fprintf(f, ",\"dense_bytes_per_step\":");
+        json_num(f, x->dense_bytes_per_step);
+        fprintf(f, ",\"effective_ratio\":");
+        json_num(f, x->ratio);
+        fprintf(f, ",\"traffic_ratio\":");
+        json_num(f, x->traffic_ratio);
+        fprintf(f, ",\"step_ms\":");
+        json_num(f, x->step_ms);
+        fprintf(f, ",\"compute_ms\":");
+        json_num(f, x->compute_ms);
+        fprintf(f, ",\"codec_ms\":");
+        json_num(f, x->codec_ms);
+        fprintf(f, ",\"comm_ms\":");
+        json_num(f, x->comm_ms);
+        fprintf(f, ",\"train_seconds\":");
+        json_num(f, x->wall_s);
+        double tt = gtrain_time_to(x, target);
+        fprintf(f, ",\"time_to_target_s\":");
+        if (tt >= 0)
+            json_num(f, tt);
+        else
+            fputs("null", f);
+        fprintf(f, ",\"steps\":%zu,\"parameters\":%zu,\"weights_identical\":%s}", x->steps,
+                x->params, x->weights_identical ? "true" : "false");
+    }
+    fprintf(f, "\n]}\n");
+    fclose(f);
+
+    snprintf(path, sizeof path, "%s/metrics.csv", o->out);
+    f = fopen(path, "w");
+    if (!f) return cli_fail("train", 1, "cannot write %s: %s", path, strerror(errno));
+    fprintf(f, "method,epoch,train_seconds,bytes_sent,train_loss,test_loss,test_accuracy\n");
+    for (int i = 0; i < nr; i++)
+        for (size_t j = 0; j < r[i].npoints; j++) {
+            gtrain_point *p = &r[i].points[j];
+            fprintf(f, "\"%s\",%.4f,%.4f,%.0f,%.6g,%.6g,%.6f\n", r[i].method, p->epoch, p->wall_s,
+                    p->bytes, p->train_loss, p->test_loss, p->test_acc);
+        }
+    fclose(f);
+
+    /* Plots through gnuplot (Debian's gnuplot-nox), one data file per method. */
+    snprintf(path, sizeof path, "%s/plot.gp", o->out);
+    f = fopen(path, "w");
+    if (!f) return cli_fail("train", 1, "cannot write %s", path);
+    for (int i = 0; i < nr; i++) {
+        char dp[PATH_MAX];
+        snprintf(dp, sizeof dp, "%s/curve-%d.dat", o->out, i);
+        FILE *d = fopen(dp, "w");
+        if (!d) continue;
+        /* The starting point (0 bytes, 0 s) has no place on a log axis: NaN hides it there. */
+        for (size_t j = 0; j < r[i].npoints; j++) {
+            const gtrain_point *p = &r[i].points[j];
+            if (p->bytes > 0)
+                fprintf(d, "%.6g", p->bytes);
+            else
+                fputs("NaN", d);
+            fprintf(d, " %.6g %.6g\n", p->wall_s, 100 * p->test_acc);
+        }
+        fclose(d);
+    }
+    fprintf(f, "set terminal pngcairo size 900,560 font 'sans,10'\nset grid\nset key bottom right\n"
+               "set ylabel 'test accuracy (%%)'\n");
+    const char *plots[2][3] = {{"accuracy_vs_bytes.png", "bytes sent per rank (log scale)", "1"},
+                               {"accuracy_vs_time.png", "training time (s)", "2"}};
+    for (int k = 0; k < 2; k++) {
+        fprintf(f,
+                "set output '%s/%s'\nset xlabel '%s'\n%s\nset title 'gradcomp train: %s, %d "
+                "ranks%s%s'\nplot ",
+                o->out, plots[k][0], plots[k][1], k == 0 ? "set logscale x" : "unset logscale x",
+                o->cfg.model, P, o->link ? ", link " : "", o->link ? o->link : "");
+        for (int i = 0; i < nr; i++)
+            fprintf(f, "%s'%s/curve-%d.dat' using %s:3 with linespoints title '%s'", i ? ", " : "",
+                    o->out, i, plots[k][2], r[i].method);
+        fprintf(f, "\n");
+    }
+    fclose(f);
+    char cmd[PATH_MAX + 64];
+    snprintf(cmd, sizeof cmd, "gnuplot '%s/plot.gp' 2>&1", o->out);
+    int rc = system(cmd);
+    if (rc != 0)
+        fprintf(stderr,
+                "gradcomp train: gnuplot failed (apt-get install gnuplot-nox); results.json "
+                "and metrics.csv are written\n");
+    return 0;
+}
+
+static void print_table(gtrain_result *r, int nr, double target) {
+    double dense_acc = NAN;
+    for (int i = 0; i < nr; i++)
+        if (!strcmp(r[i].method, "dense")) dense_acc = r[i].final_acc;
+    printf("\n%-34s %8s %7s %12s %9s %8s %8s %8s %8s %10s\n", "method", "test acc", "Δ dense",
+           "bytes/step", "ratio", "traffic", "step ms", "codec ms", "comm ms", "t→target");
+    for (int i = 0; i < nr; i++) {
+        double tt = gtrain_time_to(&r[i], target);
+        char tts[32], delta[16];
+        if (tt >= 0)
+            snprintf(tts, sizeof tts, "%.1f s", tt);
+        else
+            snprintf(tts, sizeof tts, "never");
+        if (isfinite(dense_acc))
+            snprintf(delta, sizeof delta, "%+.2f", 100 * (r[i].final_acc - dense_acc));
+        else
+            snprintf(delta, sizeof delta, "-");
+        printf("%-34.34s %7.2f%% %7s %12.0f %8.1fx %7.1fx %8.2f %8.2f %8.2f %10s%s\n", r[i].method,
+               100 * r[i].final_acc, delta, r[i].bytes_per_step, r[i].ratio, r[i].traffic_ratio,
+               r[i].step_ms, r[i].codec_ms, r[i].comm_ms, tts,
+               r[i].weights_identical ? "" : "  RANKS DIVERGED");
+    }
+    printf("target accuracy %.2f%%%s\nbytes/step: sent per rank per step, all tensors (as the "
+           "algorithm counts it); ratio: gradient bytes / compressed bytes over the whole run; "
+           "traffic: dense f32 ring allreduce bytes / bytes sent\n",
+           100 * target, " (the dense run's final accuracy unless --target-acc)");
+}
+
+int cmd_train(int argc, char **argv) {
+    opts o;
+    int rc = parse(argc, argv, &o);
+    if (rc) return rc;
+    if (o.np > 0 && !under_mpi()) return relaunch(argc, argv, &o);
+
+    int provided;
+    MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided);
+    int rank, P;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &P);
+    if (rank != 0) o.cfg.progress = 0;
+
+    gtrain_data train = {0}, test = {0};
+    char err[512] = "";
+    int bad = 0;
+    if (o.data && !strcmp(o.data, "synthetic")) {
+        bad = gtrain_data_synthetic(12000, o.cfg.seed, &train) ||
+              gtrain_data_synthetic(2000, o.cfg.seed + 1000, &test);
+        if (bad) snprintf(err, sizeof err, "cannot make the synthetic dataset");
+    } else {
+        bad = gtrain_data_load(o.data, "train", &train, err, sizeof err) ||
+              gtrain_data_load(o.data, "t10k", &test, err, sizeof err);
+    }
+    MPI_Allreduce(MPI_IN_PLACE, &bad, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+    if (bad) {
+        if (rank == 0)
+            cli_fail("train", 1, "%s", err[0] ? err : "data could not be loaded on some rank");
+        gtrain_data_free(&train);
+        gtrain_data_free(&test);
+        MPI_Finalize();
+        return 1;
+    }
+    if (rank == 0 && o.cfg.progress)
+        fprintf(
+            stderr,
+            "gradcomp train: %s, %d rank%s, %d epoch%s, batch %zu per rank, %zu training samples\n",
+            o.cfg.model, P, P > 1 ? "s" : "", o.cfg.epochs, o.cfg.epochs > 1 ? "s" : "",
+            o.cfg.batch, train.n);
+
+    gtrain_result res[MAX_METHODS];
+    int nr = 0;
+    for (int i = 0; i < o.nmethods; i++) {
+        if (gtrain_run(&o.cfg, o.methods[i], &train, &test, MPI_COMM_WORLD, &res[nr], err,
+                       sizeof err)) {
+            if (rank == 0) cli_fail("train", 1, "%s: %s", o.methods[i], err);
+            rc = 1;
+            continue;
+        }
+        if (rank == 0 && !res[nr].weights_identical)
+            cli_fail("train", 1, "%s: the ranks' weights differ after training", o.methods[i]);
+        if (!res[nr].weights_identical) rc = 1;
+        nr++;
+    }
+    if (rank == 0 && nr > 0) {
+        double target = o.target;
+        if (target < 0) {
+            target = res[0].final_acc;
+            for (int i = 0; i < nr; i++)
+                if (!strcmp(res[i].method, "dense")) target = res[i].final_acc;
+        }
+        print_table(res, nr, target);
+        if (write_outputs(&o, res, nr, target, P) == 0)
+            printf("wrote %s/results.json, %s/metrics.csv, %s/accuracy_vs_bytes.png, "
+                   "%s/accuracy_vs_time.png\n",
+                   o.out, o.out, o.out, o.out);
+        else
+            rc = 1;
+    }
+    for (int i = 0; i < nr; i++) gtrain_result_free(&res[i]);
+    for (int i = 0; i < o.nmethods; i++) free(o.methods[i]);
+    gtrain_data_free(&train);
+    gtrain_data_free(&test);
+    MPI_Allreduce(MPI_IN_PLACE, &rc, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+    MPI_Finalize();
+    return rc;
+}
