@@ -48,7 +48,8 @@ typedef struct dgc_state {
     bool nesterov, masking, scheduled;
     double clip;
     double target, start; /* density= and the warm-up's first density */
-    unsigned warmup;      /* epochs */
+    double warmup;        /* epochs (may be fractional) */
+    unsigned stages;      /* steps of the schedule */
 } dgc_state;
 
 static bool spec_has(const gcomp__spec *s, const char *name) {
@@ -57,12 +58,14 @@ static bool spec_has(const gcomp__spec *s, const char *name) {
     return false;
 }
 
-/* The warm-up schedule: density of the step at `epoch`. */
+/* The warm-up schedule: density of the step at `epoch`.  The warm-up of W epochs is cut
+ * into K equal stages (K = warmup_stages, or one per epoch: ceil(W)); stage j has density
+ * s * (density/s)^(j/K).  With W = K = 4 that is the paper's per-epoch schedule; a short
+ * run can keep the paper's proportions (4 of ~100 epochs) with e.g. warmup=0.125. */
 static double schedule(const dgc_state *s, double epoch) {
-    if (!s->scheduled) return s->target;
-    double e = floor(epoch);
-    if (e >= (double)s->warmup) return s->target;
-    double d = s->start * pow(s->target / s->start, e / (double)s->warmup);
+    if (!s->scheduled || epoch >= s->warmup) return s->target;
+    double j = floor(epoch / s->warmup * (double)s->stages);
+    double d = s->start * pow(s->target / s->start, j / (double)s->stages);
     return d < s->target ? s->target : d > 1.0 ? 1.0 : d;
 }
 
@@ -95,13 +98,15 @@ static gcomp_status dgc_init(gcomp_compressor *c) {
     s->nesterov = gcomp__spec_num(sp, "nesterov", 0) != 0;
     s->masking = gcomp__spec_num(sp, "masking", 1) != 0;
     s->clip = gcomp__spec_num(sp, "clip", 0);
-    s->warmup = (unsigned)gcomp__spec_num(sp, "warmup", 0);
+    s->warmup = gcomp__spec_num(sp, "warmup", 0);
+    s->stages = (unsigned)gcomp__spec_num(sp, "warmup_stages", 0);
+    if (s->stages == 0) s->stages = s->warmup > 1 ? (unsigned)ceil(s->warmup) : 1;
     /* The schedule acts on selectors whose count comes from density=; others (threshold,
      * dense) have nothing to ramp. */
     if (s->warmup > 0 && spec_has(sp, "density")) {
         s->target = gcomp__spec_num(sp, "density", 1.0);
         double st = gcomp__spec_num(sp, "warmup_start", 0);
-        s->start = st > 0 ? st : pow(s->target, 1.0 / (double)(s->warmup + 1));
+        s->start = st > 0 ? st : pow(s->target, 1.0 / (double)(s->stages + 1));
         s->scheduled = s->start > s->target;
     }
     /* The codec's init runs next and sizes its bound from the largest density used. */
@@ -232,10 +237,13 @@ static const gcomp_param_info dgc_params[] = {
      "uses the global threshold times N^-1/2 for N ranks)"},
     {"masking", GCOMP_PARAM_BOOL, 0, 1, 0, "1", NULL,
      "momentum factor masking: zero the momentum of the coordinates just sent"},
-    {"warmup", GCOMP_PARAM_INT, 0, 1000, 0, "0", NULL,
-     "warm-up epochs: density ramps down exponentially to density= (gcomp_compressor_set_epoch)"},
+    {"warmup", GCOMP_PARAM_FLOAT, 0, 1000, 0, "0", NULL,
+     "warm-up epochs (fractional allowed): density ramps down exponentially to density= "
+     "(gcomp_compressor_set_epoch)"},
+    {"warmup_stages", GCOMP_PARAM_INT, 0, 1000, 0, "0", NULL,
+     "steps of the warm-up schedule; 0: one per warm-up epoch (at least 1)"},
     {"warmup_start", GCOMP_PARAM_FLOAT, 0, 1, 0, "0", NULL,
-     "density of warm-up epoch 0 (1: dense); 0: density^(1/(warmup+1)), DGC's schedule"},
+     "density of the first warm-up stage (1: dense); 0: density^(1/(stages+1)), DGC's schedule"},
 };
 
 const gcomp__feedback gcomp__feedback_dgc = {

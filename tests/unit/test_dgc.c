@@ -489,7 +489,7 @@ static void test_specs(void) {
     CHECK_OK(gcomp_spec_canonical("dgc:density=0.001,momentum=0.9,warmup=4", canon, sizeof canon,
                                   NULL, NULL));
     CHECK(!strcmp(canon, "dgc:density=0.001,values=f32,feedback=dgc,seed=0,momentum=0.9,"
-                         "nesterov=0,clip=0,masking=1,warmup=4,warmup_start=0"));
+                         "nesterov=0,clip=0,masking=1,warmup=4,warmup_stages=0,warmup_start=0"));
     CHECK_OK(gcomp_spec_canonical("dgc:feedback=dgc", canon, sizeof canon, NULL, NULL));
     CHECK(gcomp_codec_find("dgc") && gcomp_codec_find("dgc")->id == 11);
     const char *bad[] = {"dgc:feedback=ef", "dgc:momentum=1.5",           "dgc:warmup=-1",
