@@ -70,7 +70,8 @@ static int efail(char *err, size_t errlen, const char *fmt, ...) {
 }
 
 /* The policy string a method stands for. */
-static void method_policy(const char *method, size_t min_elements, char *out, size_t cap) {
+static void method_policy(const char *method, size_t min_elements, const char *dense_spec,
+                          char *out, size_t cap) {
     if (!strcmp(method, "dense"))
         snprintf(out, cap, "spec=none;dense=none");
     else if (!strcmp(method, "dense-f16"))
@@ -78,12 +79,12 @@ static void method_policy(const char *method, size_t min_elements, char *out, si
     else if (!strncmp(method, "policy:", 7))
         snprintf(out, cap, "%s", method + 7);
     else
-        snprintf(out, cap, "spec=%s;min_elements=%zu;dense=none", method, min_elements);
+        snprintf(out, cap, "spec=%s;min_elements=%zu;dense=%s", method, min_elements, dense_spec);
 }
 
 int gtrain_exchange_create(gtrain_exchange **out, const char *method, gtrain_tensor *t, size_t nt,
-                           size_t min_elements, double timeout_s, MPI_Comm comm, char *err,
-                           size_t errlen) {
+                           size_t min_elements, const char *dense_spec, double timeout_s,
+                           MPI_Comm comm, char *err, size_t errlen) {
     *out = NULL;
     gtrain_exchange *ex = calloc(1, sizeof *ex);
     if (!ex) return efail(err, errlen, "out of memory");
@@ -98,7 +99,7 @@ int gtrain_exchange_create(gtrain_exchange **out, const char *method, gtrain_ten
     MPI_Comm_size(comm, &ex->nranks);
     gcomp_error e = {0};
     char pol[1200];
-    method_policy(method, min_elements, pol, sizeof pol);
+    method_policy(method, min_elements, dense_spec ? dense_spec : "none", pol, sizeof pol);
     gcomp_policy *policy = NULL;
     int rc = 0;
     if (!ex->b || !ex->spec || !ex->owns_momentum || !ex->started || !ex->sent_before) {

@@ -24,8 +24,8 @@ typedef struct gtrain_exchange_stats {
 
 /* method: "dense", "dense-f16", a spec, or "policy:<policy string>". */
 int gtrain_exchange_create(gtrain_exchange **out, const char *method, gtrain_tensor *t, size_t nt,
-                           size_t min_elements, double timeout_s, MPI_Comm comm, char *err,
-                           size_t errlen);
+                           size_t min_elements, const char *dense_spec, double timeout_s,
+                           MPI_Comm comm, char *err, size_t errlen);
 void gtrain_exchange_free(gtrain_exchange *ex);
 /* One line naming the spec of each group of tensors. */
 void gtrain_exchange_describe(const gtrain_exchange *ex, char *out, size_t cap);

@@ -134,8 +134,8 @@ int gtrain_run(const gtrain_config *cfg, const char *method, const gtrain_data *
     out->dense_bytes_per_step = 4.0 * (double)out->params;
 
     gtrain_exchange *ex = NULL;
-    if (gtrain_exchange_create(&ex, method, t, nt, cfg->min_elements, cfg->timeout_s, comm, err,
-                               errlen)) {
+    if (gtrain_exchange_create(&ex, method, t, nt, cfg->min_elements, cfg->dense_spec,
+                               cfg->timeout_s, comm, err, errlen)) {
         gtrain_model_free(m);
         return 1;
     }

@@ -44,11 +44,13 @@ static const char *usage_text =
     "                      [--epochs E] [--batch B] [--lr LR] [--momentum M] [--wd WD]\n"
     "                      [--compare M1,M2,...] [--target-acc A] [--out DIR]\n"
     "                      [--data DIR|synthetic] [--seed S] [--evals N] [--min-elements N]\n"
-    "                      [--max-steps N] [--timeout SEC] [--quiet]\n"
+    "                      [--dense-spec SPEC] [--max-steps N] [--timeout SEC] [--quiet]\n"
     "methods: dense, dense-f16, any spec (e.g. dgc:density=0.001, powersgd:rank=4,\n"
     "         twobit:threshold=0.5, sign:feedback=ef), or policy:<policy string>;\n"
     "         --compare splits on commas, and a piece without ':' but with '=' continues\n"
-    "         the previous spec (dgc:density=0.001,momentum=0.9 stays one method).\n";
+    "         the previous spec (dgc:density=0.001,momentum=0.9 stays one method).\n"
+    "policy:  tensors under --min-elements (default 8192) and 1-D tensors use --dense-spec\n"
+    "         (default none:values=f16) in every method but dense and dense-f16.\n";
 
 /* Splits a --compare list into methods (see usage_text). */
 static int split_methods(opts *o, const char *list) {
@@ -86,7 +88,8 @@ static int parse(int argc, char **argv, opts *o) {
     c->weight_decay = 1e-4f;
     c->seed = 1;
     c->evals_per_epoch = 4;
-    c->min_elements = 16384;
+    c->min_elements = 8192;
+    c->dense_spec = "none:values=f16";
     c->timeout_s = 120;
     c->progress = isatty(2) ? 2 : 1;
     o->out = "out";
@@ -147,6 +150,8 @@ static int parse(int argc, char **argv, opts *o) {
         } else if (!strcmp(a, "--min-elements")) {
             if (cli_parse_count(v, &c->min_elements))
                 return cli_fail("train", 2, "--min-elements %s", v);
+        } else if (!strcmp(a, "--dense-spec")) {
+            c->dense_spec = v;
         } else if (!strcmp(a, "--max-steps")) {
             if (cli_parse_count(v, &cnt)) return cli_fail("train", 2, "--max-steps %s", v);
             c->max_steps_per_epoch = (double)cnt;
