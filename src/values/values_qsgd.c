@@ -293,7 +293,9 @@ static gcomp_status qsgd_encode(const gcomp__vparams *p, const float *v, size_t 
     em.w = w;
     em.elias = elias;
     gcomp__bitw_init(&em.bw, stream, elias ? cap - HDR - 4 * nb : fixed);
+#if GCOMP__Q_AVX512
     bool simd = gcomp__quant_simd();
+#endif
 #if QSGD_PACK64
     /* Whole groups of 64 land on byte boundaries (64w bits) when buckets are too. */
     bool fast = simd && !elias && w <= 8 && B % 64 == 0;
@@ -319,7 +321,6 @@ static gcomp_status qsgd_encode(const gcomp__vparams *p, const float *v, size_t 
             qsgd_v cv = qsgd_vconst(&q);
             __m512i ctr = gcomp__q_ctr(q.bkey, 0);
             const __m512i step = gcomp__q_ctr_step();
-            (void)step;
 #if QSGD_PACK64
             if (fast) {
                 bool pre = q.f != 1.0f;
@@ -336,22 +337,41 @@ static gcomp_status qsgd_encode(const gcomp__vparams *p, const float *v, size_t 
                 if (i < e) gcomp__bitw_init(&em.bw, stream + i / 8 * w, fixed - i / 8 * w);
             }
 #endif
-            for (; i + 16 <= e; i += 16) {
-                uint32_t fs[16];
-                __m512i f = qsgd16(&cv, _mm512_loadu_ps(v + i), gcomp__q_r32x16(ctr),
-                                   res ? res + i : NULL, q.f != 1.0f);
-                ctr = _mm512_add_epi64(ctr, step);
-                _mm512_storeu_si512((void *)fs, f);
+            /* Other codings: fields of up to 256 values into a buffer first, then the bit
+             * writer.  Reading each field right behind its vector store would stall on
+             * store forwarding (a 64-byte store does not forward to 4-byte loads). */
+            const __m512i iota =
+                _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+            while (i + 16 <= e) {
+                uint32_t fs[256 + 16], at[256 + 16];
+                size_t m = (e - i) / 16 < 16 ? (e - i) / 16 : 16, cnt = 0;
+                for (size_t g = 0; g < m; g++) {
+                    __m512i f = qsgd16(&cv, _mm512_loadu_ps(v + i + 16 * g), gcomp__q_r32x16(ctr),
+                                       res ? res + i + 16 * g : NULL, q.f != 1.0f);
+                    ctr = _mm512_add_epi64(ctr, step);
+                    if (!elias) {
+                        _mm512_storeu_si512((void *)(fs + 16 * g), f);
+                        continue;
+                    }
+                    /* Only non-zero levels travel: keep them, and where they were, packed. */
+                    __mmask16 nz = _mm512_cmpgt_epu32_mask(f, _mm512_set1_epi32(1));
+                    __m512i pos = _mm512_add_epi32(iota, _mm512_set1_epi32((int)(i - st + 16 * g)));
+                    _mm512_storeu_si512((void *)(fs + cnt), _mm512_maskz_compress_epi32(nz, f));
+                    _mm512_storeu_si512((void *)(at + cnt), _mm512_maskz_compress_epi32(nz, pos));
+                    cnt += (size_t)__builtin_popcount(nz);
+                }
                 if (!elias) {
-                    for (size_t j = 0; j < 16; j++) gcomp__bitw_put(&em.bw, fs[j], w);
-                    continue;
-                }
-                /* Elias sends only the non-zero levels: visit the set bits. */
-                for (unsigned nz = _mm512_cmpgt_epu32_mask(f, _mm512_set1_epi32(1)); nz;
-                     nz &= nz - 1) {
-                    unsigned j = (unsigned)__builtin_ctz(nz);
-                    emit(&em, fs[j], i - st + j);
-                }
+                    /* As many fields per write as fit 56 bits (3 even at w = 17). */
+                    size_t per = 56 / w, j = 0;
+                    for (; j + per <= 16 * m; j += per) {
+                        uint64_t word = 0;
+                        for (size_t t = 0; t < per; t++) word |= (uint64_t)fs[j + t] << (t * w);
+                        gcomp__bitw_put(&em.bw, word, (unsigned)(per * w));
+                    }
+                    for (; j < 16 * m; j++) gcomp__bitw_put(&em.bw, fs[j], w);
+                } else
+                    for (size_t j = 0; j < cnt; j++) emit(&em, fs[j], at[j]);
+                i += 16 * m;
             }
         }
 #endif
@@ -498,8 +518,16 @@ static gcomp_status qsgd_decode(const uint8_t *src, size_t len, size_t nv, float
                 if (!gamma_get(&r, &gap) || gap > n - pos) return GCOMP_E_CORRUPT;
                 pos += gap;
                 if (pos == n) break;
-                if (!gcomp__bitr_get(&r, 1, &neg) || !gamma_get(&r, &lv) || lv > s)
-                    return GCOMP_E_CORRUPT;
+                /* Sign and level from one look: 1 + at most 31 bits (level < 2^16). */
+                if (r.pos >= r.nbits) return GCOMP_E_CORRUPT;
+                uint64_t bits = gcomp__bitr_peek(&r);
+                neg = (uint32_t)(bits & 1u);
+                bits >>= 1;
+                if ((bits & 0xffffu) == 0) return GCOMP_E_CORRUPT;
+                unsigned N = (unsigned)__builtin_ctzll(bits);
+                lv = ((bits >> (N + 1)) & ((1ull << N) - 1)) | (1ull << N);
+                if (2 * N + 2 > r.nbits - r.pos || lv > s) return GCOMP_E_CORRUPT;
+                r.pos += 2 * N + 2;
                 if (pass == 1) {
                     float d = (float)lv * unit;
                     acc[st + pos] += scale * (neg ? -d : d);

@@ -132,14 +132,14 @@ static inline void gcomp__bitw_init(gcomp__bitw *w, uint8_t *p, size_t cap) {
     w->n = 0;
     w->full = false;
 }
-/* Appends the low `nbits` (<= 56) bits of v (v has no bits above them).  Whole bytes go
- * out at once with one 8-byte store while there is room for it (the bytes past the
- * complete ones are rewritten by the next store, so it may touch up to 8 bytes past the
- * stream but never past `end`). */
+/* Appends the low `nbits` (<= 56) bits of v (v has no bits above them).  While there is
+ * room for 8 bytes, every call stores the whole accumulator and advances by its complete
+ * bytes: no data-dependent branch (whether a byte completed is a coin flip that a branch
+ * predictor loses), and the bytes past the complete ones are rewritten by the next store,
+ * so it may touch up to 8 bytes past the stream but never past `end`. */
 static inline void gcomp__bitw_put(gcomp__bitw *w, uint64_t v, unsigned nbits) {
     w->acc |= v << w->n;
     w->n += nbits;
-    if (w->n < 8) return;
     unsigned bytes = w->n >> 3; /* <= 7 */
     size_t room = (size_t)(w->end - w->p);
     if (room >= 8) {

@@ -114,7 +114,8 @@ static gcomp_status ternary_encode(const gcomp__vparams *p, const float *v, size
 #endif
                 gcomp__put32(words + i / 4, w);
                 if (res) {
-                    __m512 d = _mm512_mask_blend_ps(N, _mm512_mask_blend_ps(P, zero, vs), vns);
+                    __m512 d = _mm512_mask_blend_ps(
+                        (__mmask16)N, _mm512_mask_blend_ps((__mmask16)P, zero, vs), vns);
                     _mm512_mask_storeu_ps(res + i, in, _mm512_sub_ps(x, d));
                 }
             }
