@@ -734,7 +734,46 @@ static void test_alloc_failures(void) {
         }
 }
 
+/* ---- golden bytes: the same on every build and path --------------------------------------- */
+
+/* FNV-1a of the value section for a fixed input and key.  Recorded from the AVX-512 build
+ * and checked equal on a -DGCOMP_NATIVE=OFF build (SSE2, software fmaf): a change here is
+ * a change of the wire bytes, which needs a reason (and docs/FORMAT.md) to go with it. */
+static void test_golden(void) {
+    static const struct {
+        const char *spec;
+        size_t len;
+        uint64_t hash;
+    } gold[] = {
+        {"topk:values=int8,rounding=stochastic,bucket=100", 1084, 0x168dcbe611d2092cull},
+        {"topk:values=int4", 520, 0xbfc997a6b1283defull},
+        {"topk:values=sign,scale=l2", 140, 0x89eb2efaacfb2d38ull},
+        {"topk:values=twobit,threshold=0.7", 256, 0x3509ebee5abbac42ull},
+        {"topk:values=ternary,clip=2.5", 264, 0xd43701ba9a6d2395ull},
+        {"topk:values=qsgd", 770, 0x22e6465cf363e470ull},
+        {"topk:values=qsgd,coding=elias,levels=3", 103, 0x0757a0b79983e4fcull},
+        {"topk:values=qsgd,levels=1000,bucket=0", 1391, 0x86c42e8082023fc2ull},
+    };
+    float x[1000];
+    test_fill(x, 1000, 5);
+    for (size_t g = 0; g < sizeof gold / sizeof gold[0]; g++)
+        for (int portable = 0; portable < 2; portable++) {
+            coder c;
+            CHECK(coder_open(&c, gold[g].spec) == 0);
+            uint8_t m[8192];
+            gcomp_status st;
+            gcomp__test_quant_portable(portable);
+            size_t len = enc(&c, x, 1000, NULL, 77, m, sizeof m, &st);
+            gcomp__test_quant_portable(false);
+            CHECK_MSG(st == GCOMP_OK && len == gold[g].len &&
+                          gcomp__fnv1a64(m, len) == gold[g].hash,
+                      "%s (portable %d): %zu bytes, hash 0x%016llx", gold[g].spec, portable, len,
+                      (unsigned long long)gcomp__fnv1a64(m, len));
+        }
+}
+
 int main(void) {
+    test_golden();
     test_registry();
     test_round_trip();
     test_in_place();
