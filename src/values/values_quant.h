@@ -6,16 +6,17 @@
  * Every coder has a portable C kernel and, under __AVX512F__, a SIMD kernel.  The two
  * must produce the same bytes for the same input and seed (a message must not depend on
  * the build), so:
- *   - sums (scales, norms) are taken in 64 double lanes (lane l sums elements l, l+64, ...)
- *     and reduced in one fixed tree by the same scalar code in both paths;
+ *   - sums (scales, norms) are taken in 64 float lanes (lane l sums elements l, l+64, ...)
+ *     and reduced in one fixed tree that both paths follow (values_quant.c);
  *   - per-element arithmetic is written as the same sequence of IEEE operations in both
  *     (no contraction: the build is ISO C, -ffp-contract=off; fused steps use fmaf()
  *     and _mm512_fmadd_ps explicitly);
  *   - random numbers are counter-based: element k of bucket b draws half of
  *     gcomp__rand64(gcomp__rand64(key, b), k / 2), so any group of elements computes its
- *     own draws.  Two 24-bit uniforms come from one 64-bit draw (bits 8..31 for even k,
- *     40..63 for odd k), which halves the 64-bit multiplies; 24 bits is all a float
- *     comparison against a probability in [0, 1) can use.
+ *     own draws.  One 64-bit draw serves two elements (its low 32 bits for even k, its
+ *     high 32 bits for odd k), which halves the 64-bit multiplies; the coders use the
+ *     top 24 of those bits (int8, ternary: compared with a probability in float) or top
+ *     S <= 24 (qsgd: added to a fixed-point level).
  * tests/unit/test_values_quant.c runs both paths (gcomp__test_quant_portable) and
  * compares the messages byte for byte.
  */
@@ -102,7 +103,8 @@ static inline float gcomp__q_prescale(float den) {
     return den < 0x1p-32f ? 0x1p64f : 1.0f;
 }
 
-/* Sums over v[0..n) in 64 double lanes with a fixed reduction: the same bits on every path.
+/* Sums over v[0..n) in 64 float lanes with a fixed reduction (in double, sequentially, when
+ * float would overflow or lose squares to underflow): the same bits on every path.
  * Non-finite input makes the result non-finite. */
 double gcomp__q_sum_abs(const float *v, size_t n);
 double gcomp__q_sum_sq(const float *v, size_t n);
