@@ -104,6 +104,12 @@ gcomp_status gm_seeded_positions(uint64_t key, size_t n, size_t k, uint32_t *idx
 /* ---- sparse-allreduce slices (docs/FORMAT.md, "MPI sparse-allreduce slice") ------------ */
 
 #define GM_SLICE_HDR 8
+enum {
+    GM_SLICE_SPARSE_F32 = 0,
+    GM_SLICE_DENSE_F32 = 1,
+    GM_SLICE_SPARSE_F16 = 2,
+    GM_SLICE_SPARSE_BF16 = 3
+};
 /* Largest slice for a region of `len` elements (dense form, which the encoder falls back
  * to whenever sparse would be larger). */
 static inline size_t gm_slice_bound(size_t len) {

@@ -21,6 +21,9 @@
  *   with the tensor's codec (its k is per tensor, a slice has whatever the selection
  *   left in that region, and a lossy value coder would change the numbers again).
  */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE /* clock_gettime, nanosleep, madvise when built outside CMake */
+#endif
 #include "mpi_internal.h"
 
 #include <math.h>
@@ -345,6 +348,7 @@ size_t gm_slice_encode(float *x, size_t len, uint8_t *dst) {
     if (len == 0) return 0;
     const size_t dense = GM_SLICE_HDR + 4 * len;
     size_t p = GM_SLICE_HDR, m = 0, i = 0, prev = (size_t)-1;
+    bool f16ok = true, bf16ok = true; /* every value exact in that format */
     while (i < len) {
         /* Skip runs of zeros 16 at a time: a selection leaves almost everything zero. */
         if (i + 16 <= len) {
@@ -363,13 +367,35 @@ size_t gm_slice_encode(float *x, size_t len, uint8_t *dst) {
             p += put_varint(dst + p, gap);
             memcpy(dst + p, &x[i], 4);
             p += 4;
+            f16ok = f16ok && gm_f16_to_f32(gm_f32_to_f16(x[i])) == x[i];
+            bf16ok = bf16ok && (fbits(x[i]) & 0xffffu) == 0;
             x[i] = 0.0f;
             prev = i;
             m++;
         }
     }
     if (m == 0) return 0;
-    dst[0] = 0;
+    dst[0] = GM_SLICE_SPARSE_F32;
+    if (f16ok || bf16ok) {
+        /* The values came from a half value coder: send them as halves, exactly.  The
+         * stream only shrinks as it is rewritten, so in place from the front is safe. */
+        size_t q = GM_SLICE_HDR, w = GM_SLICE_HDR;
+        while (q < p) {
+            uint32_t gap = 0;
+            size_t used = get_varint(dst + q, p - q, &gap);
+            memmove(dst + w, dst + q, used);
+            q += used;
+            w += used;
+            float v;
+            memcpy(&v, dst + q, 4);
+            q += 4;
+            uint16_t h = f16ok ? gm_f32_to_f16(v) : (uint16_t)(fbits(v) >> 16);
+            memcpy(dst + w, &h, 2);
+            w += 2;
+        }
+        p = w;
+        dst[0] = f16ok ? GM_SLICE_SPARSE_F16 : GM_SLICE_SPARSE_BF16;
+    }
     dst[1] = dst[2] = dst[3] = 0;
     memcpy(dst + 4, &(uint32_t){(uint32_t)m}, 4);
     return p;
@@ -384,7 +410,7 @@ go_dense : {
         memcpy(&x[pos], dst + q, 4);
         q += 4;
     }
-    dst[0] = 1;
+    dst[0] = GM_SLICE_DENSE_F32;
     dst[1] = dst[2] = dst[3] = 0;
     memcpy(dst + 4, &(uint32_t){(uint32_t)len}, 4);
     memcpy(dst + GM_SLICE_HDR, x, 4 * len);
@@ -397,7 +423,8 @@ gcomp_status gm_slice_decode_add(const uint8_t *src, size_t n, size_t len, float
     if (n == 0) return GCOMP_OK; /* nothing from this rank in this region */
     if (n < GM_SLICE_HDR || src[1] || src[2] || src[3]) return GCOMP_E_CORRUPT;
     uint32_t m = rd32(src + 4);
-    if (src[0] == 1) {
+    uint8_t kind = src[0];
+    if (kind == GM_SLICE_DENSE_F32) {
         if (m != len || n != GM_SLICE_HDR + 4 * (size_t)len) return GCOMP_E_CORRUPT;
         for (size_t i = 0; i < len; i++)
             if ((rd32(src + GM_SLICE_HDR + 4 * i) & 0x7f800000u) == 0x7f800000u)
@@ -409,19 +436,25 @@ gcomp_status gm_slice_decode_add(const uint8_t *src, size_t n, size_t len, float
         }
         return GCOMP_OK;
     }
-    if (src[0] != 0 || m == 0 || m > len) return GCOMP_E_CORRUPT;
+    if (kind != GM_SLICE_SPARSE_F32 && kind != GM_SLICE_SPARSE_F16 && kind != GM_SLICE_SPARSE_BF16)
+        return GCOMP_E_CORRUPT;
+    if (m == 0 || m > len) return GCOMP_E_CORRUPT;
+    size_t width = kind == GM_SLICE_SPARSE_F32 ? 4 : 2;
     /* Validate everything before the first write. */
     size_t q = GM_SLICE_HDR;
     uint64_t pos = (uint64_t)-1;
     for (uint32_t e = 0; e < m; e++) {
-        uint32_t gap;
+        uint32_t gap = 0;
         size_t used = get_varint(src + q, n - q, &gap);
         if (!used) return GCOMP_E_CORRUPT;
         q += used;
         pos = pos + 1 + gap;
-        if (pos >= len || n - q < 4) return GCOMP_E_CORRUPT;
-        if ((rd32(src + q) & 0x7f800000u) == 0x7f800000u) return GCOMP_E_CORRUPT;
-        q += 4;
+        if (pos >= len || n - q < width) return GCOMP_E_CORRUPT;
+        bool bad = kind == GM_SLICE_SPARSE_F32   ? (rd32(src + q) & 0x7f800000u) == 0x7f800000u
+                   : kind == GM_SLICE_SPARSE_F16 ? (rd16(src + q) & 0x7c00u) == 0x7c00u
+                                                 : (rd16(src + q) & 0x7f80u) == 0x7f80u;
+        if (bad) return GCOMP_E_CORRUPT;
+        q += width;
     }
     if (q != n) return GCOMP_E_CORRUPT;
     q = GM_SLICE_HDR;
@@ -431,9 +464,14 @@ gcomp_status gm_slice_decode_add(const uint8_t *src, size_t n, size_t len, float
         q += get_varint(src + q, n - q, &gap);
         pos = pos + 1 + gap;
         float v;
-        memcpy(&v, src + q, 4);
+        if (kind == GM_SLICE_SPARSE_F32)
+            memcpy(&v, src + q, 4);
+        else if (kind == GM_SLICE_SPARSE_F16)
+            v = gm_f16_to_f32(rd16(src + q));
+        else
+            v = gm_bf16_to_f32(rd16(src + q));
         acc[pos] += v;
-        q += 4;
+        q += width;
     }
     return GCOMP_OK;
 }

@@ -13,7 +13,7 @@
 
 static int mc_rank, mc_size;
 
-static void mc_init(int *argc, char ***argv) {
+static inline void mc_init(int *argc, char ***argv) {
     int provided;
     MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided);
     MPI_Comm_rank(MPI_COMM_WORLD, &mc_rank);
@@ -21,7 +21,7 @@ static void mc_init(int *argc, char ***argv) {
 }
 
 /* Ends the test: every rank's failures count; prints one summary line on rank 0. */
-static int mc_done(const char *name) {
+static inline int mc_done(const char *name) {
     int mine = check_failures_, all = 0, checks = check_count_, total = 0;
     MPI_Allreduce(&mine, &all, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
     MPI_Allreduce(&checks, &total, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
@@ -36,8 +36,8 @@ static int mc_done(const char *name) {
  * sum of their absolute values (for rounding bounds).  Returns the number of messages in
  * all, or -1 if one did not decode.
  */
-static long mc_reference(MPI_Comm comm, const gcomp_mpi_bucket *b, size_t i, size_t n, double *ref,
-                         double *abs_sum) {
+static inline long mc_reference(MPI_Comm comm, const gcomp_mpi_bucket *b, size_t i, size_t n,
+                                double *ref, double *abs_sum) {
     int P;
     MPI_Comm_size(comm, &P);
     size_t nm = gcomp_mpi_message_count(b, i), bytes = 0;

@@ -1,0 +1,161 @@
+/*
+ * test_mpi_pipeline.c - bucketing, pipelining and non-blocking use.
+ *
+ * A bucket of 40 tensors of three strategies with a small bucket_bytes runs as many
+ * sub-buckets; it is started, "computed over" while gcomp_mpi_test is polled, and waited
+ * for; a second bucket is started while the first is in flight and the two are waited for
+ * in the opposite order (what a trainer does layer by layer).  Every tensor must equal the
+ * float64 sum of all ranks' decoded messages, and the statistics must be consistent:
+ * overlap <= codec time, bytes counted, per-tensor bytes adding up to the bucket's.
+ */
+#include "mpi_check.h"
+
+#define NT 40
+
+static const char *spec_of(size_t i) {
+    switch (i % 4) {
+    case 0:
+        return "topk:density=0.02,feedback=ef";
+    case 1:
+        return "none:values=f16";
+    case 2:
+        return "int8:bucket=128";
+    default:
+        return "topk:density=0.05,values=bf16";
+    }
+}
+
+static void make(gcomp_mpi_comm *comm, gcomp_mpi_bucket **b, float **data, size_t *n,
+                 char (*names)[32], unsigned salt) {
+    gcomp_mpi_tensor t[NT];
+    for (size_t i = 0; i < NT; i++) {
+        n[i] = 500 + 997 * (i % 7) + i;
+        snprintf(names[i], 32, "layer%zu.%u", i, salt);
+        int strategy = (i % 4 == 3) ? GCOMP_MPI_SPARSE : GCOMP_MPI_AUTO;
+        t[i] = (gcomp_mpi_tensor){names[i], spec_of(i), n[i], 0, 0, strategy};
+        data[i] = malloc(n[i] * sizeof(float));
+    }
+    gcomp_mpi_bucket_options o;
+    gcomp_mpi_bucket_options_default(&o);
+    o.bucket_bytes = 16384;
+    gcomp_error err;
+    CHECK_OK(gcomp_mpi_bucket_create(b, comm, t, NT, &o, 60.0, &err));
+}
+
+static void fill(float **data, const size_t *n, unsigned salt) {
+    for (size_t i = 0; i < NT; i++)
+        test_fill(data[i], n[i], 7777u * (unsigned)mc_rank + 31u * i + salt);
+}
+
+/* The owners' residuals of every tensor, assembled on every rank (zeros where none). */
+static void owner_residuals(gcomp_mpi_bucket *b, const size_t *n, double **out) {
+    for (size_t i = 0; i < NT; i++) {
+        double *mine = calloc(n[i], sizeof(double));
+        if (!out[i]) out[i] = calloc(n[i], sizeof(double));
+        const float *res;
+        size_t off, cnt;
+        gcomp_mpi_owner_residual(b, i, &res, &off, &cnt);
+        for (size_t j = 0; res && j < cnt; j++) mine[off + j] = res[j];
+        MPI_Allreduce(mine, out[i], (int)n[i], MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+        free(mine);
+    }
+}
+
+/* Checks every tensor against the decoded sum plus what the owners kept since `before`. */
+static void verify(gcomp_mpi_bucket *b, float **data, const size_t *n, double **before,
+                   const char *label) {
+    double worst = 0;
+    size_t wi = 0;
+    double *after[NT] = {0};
+    owner_residuals(b, n, after);
+    for (size_t i = 0; i < NT; i++) {
+        double *ref = calloc(n[i], sizeof(double)), *abs_sum = calloc(n[i], sizeof(double)),
+               *dsum = calloc(n[i], sizeof(double));
+        CHECK(mc_reference(MPI_COMM_WORLD, b, i, n[i], ref, abs_sum) > 0);
+        for (size_t j = 0; j < n[i]; j++) dsum[j] = after[i][j] - before[i][j];
+        free(after[i]);
+        double rel = i % 4 == 1 ? (mc_size - 1) * 0x1p-11 + 1e-5 : 1e-5;
+        for (size_t j = 0; j < n[i]; j++) {
+            double e =
+                fabs(data[i][j] + dsum[j] - ref[j]) - rel * (abs_sum[j] + fabs(dsum[j])) - 1e-5;
+            if (e > worst) worst = e, wi = i;
+        }
+        free(ref);
+        free(abs_sum);
+        free(dsum);
+    }
+    CHECK_MSG(worst <= 0, "%s: tensor %zu off by %g", label, wi, worst);
+}
+
+int main(int argc, char **argv) {
+    mc_init(&argc, &argv);
+    gcomp_mpi_comm *comm;
+    gcomp_error err;
+    CHECK_OK(gcomp_mpi_comm_create(&comm, MPI_COMM_WORLD, NULL, 60.0, &err));
+    gcomp_mpi_bucket *a = NULL, *b = NULL;
+    float *da[NT], *db[NT];
+    size_t na[NT], nb[NT];
+    char names_a[NT][32], names_b[NT][32];
+    make(comm, &a, da, na, names_a, 1);
+    make(comm, &b, db, nb, names_b, 2);
+    if (!a || !b) return mc_done("test_mpi_pipeline");
+
+    double *ra[NT] = {0}, *rb[NT] = {0};
+    /* 1. start, compute while polling, wait */
+    fill(da, na, 1);
+    owner_residuals(a, na, ra);
+    CHECK_OK(gcomp_mpi_start(a, da, GCOMP_MPI_SUM, &err));
+    volatile double sink = 0;
+    int done = 0, polls = 0;
+    for (int round = 0; round < 200 && !done; round++) {
+        for (int k = 0; k < 20000; k++) sink += k * 1e-9; /* the caller's own work */
+        CHECK_OK(gcomp_mpi_test(a, &done, &err));
+        polls++;
+    }
+    CHECK_OK(gcomp_mpi_wait(a, 60.0, &err));
+    verify(a, da, na, ra, "start/test/wait");
+    gcomp_mpi_stats s, ts, sum = {0};
+    CHECK_OK(gcomp_mpi_stats_get(a, (size_t)-1, &s));
+    CHECK(s.calls == 1);
+    CHECK(s.overlap_ns <= s.codec_ns);
+    CHECK(s.codec_ns > 0 && s.wire_ns > 0 && s.elapsed_ns > 0);
+    CHECK(mc_size == 1 || s.bytes_sent > 0);
+    for (size_t i = 0; i < NT; i++) {
+        CHECK_OK(gcomp_mpi_stats_get(a, i, &ts));
+        sum.bytes_sent += ts.bytes_sent;
+        sum.codec_ns += ts.codec_ns;
+        CHECK(ts.calls == 1 && ts.wire_ns > 0);
+    }
+    /* per tensor: its own bytes; the bucket adds nothing else except owner size words */
+    CHECK_MSG(sum.bytes_sent <= s.bytes_sent && sum.bytes_sent * 1.05 + 4096 >= s.bytes_sent,
+              "per-tensor bytes %llu vs bucket %llu", (unsigned long long)sum.bytes_sent,
+              (unsigned long long)s.bytes_sent);
+    CHECK(sum.codec_ns <= s.codec_ns);
+
+    /* 2. two buckets in flight, waited for in the opposite order */
+    fill(da, na, 2);
+    fill(db, nb, 3);
+    owner_residuals(a, na, ra);
+    owner_residuals(b, nb, rb);
+    CHECK_OK(gcomp_mpi_start(a, da, GCOMP_MPI_SUM, &err));
+    CHECK_OK(gcomp_mpi_start(b, db, GCOMP_MPI_SUM, &err));
+    CHECK_OK(gcomp_mpi_wait(b, 60.0, &err));
+    CHECK_OK(gcomp_mpi_wait(a, 60.0, &err));
+    verify(a, da, na, ra, "two in flight (a)");
+    verify(b, db, nb, rb, "two in flight (b)");
+    gcomp_mpi_stats_reset(a);
+    CHECK_OK(gcomp_mpi_stats_get(a, (size_t)-1, &s));
+    CHECK(s.calls == 0 && s.bytes_sent == 0);
+
+    gcomp_mpi_bucket_free(a);
+    gcomp_mpi_bucket_free(b);
+    for (size_t i = 0; i < NT; i++) {
+        free(da[i]);
+        free(db[i]);
+        free(ra[i]);
+        free(rb[i]);
+    }
+    CHECK_OK(gcomp_mpi_comm_free(comm));
+    (void)polls;
+    return mc_done("test_mpi_pipeline");
+}
