@@ -83,8 +83,8 @@ static void method_policy(const char *method, size_t min_elements, const char *d
 }
 
 int gtrain_exchange_create(gtrain_exchange **out, const char *method, gtrain_tensor *t, size_t nt,
-                           size_t min_elements, const char *dense_spec, double timeout_s,
-                           MPI_Comm comm, char *err, size_t errlen) {
+                           size_t min_elements, const char *dense_spec, int strategy,
+                           double timeout_s, MPI_Comm comm, char *err, size_t errlen) {
     *out = NULL;
     gtrain_exchange *ex = calloc(1, sizeof *ex);
     if (!ex) return efail(err, errlen, "out of memory");
@@ -98,14 +98,24 @@ int gtrain_exchange_create(gtrain_exchange **out, const char *method, gtrain_ten
     ex->sent_before = calloc(nt, sizeof(double));
     MPI_Comm_size(comm, &ex->nranks);
     gcomp_error e = {0};
-    char pol[1200];
-    method_policy(method, min_elements, dense_spec ? dense_spec : "none", pol, sizeof pol);
     gcomp_policy *policy = NULL;
     int rc = 0;
+    char pol[1200], mbuf[1024];
     if (!ex->b || !ex->spec || !ex->owns_momentum || !ex->started || !ex->sent_before) {
         rc = efail(err, errlen, "out of memory");
         goto out;
     }
+    /* "SPEC@STRATEGY" picks the strategy of this method's compressed tensors. */
+    snprintf(mbuf, sizeof mbuf, "%s", method);
+    char *at = strrchr(mbuf, '@');
+    if (at) {
+        *at = 0;
+        if (gcomp_mpi_strategy_parse(at + 1, &strategy) != GCOMP_OK) {
+            rc = efail(err, errlen, "method '%s': unknown strategy '%s'", method, at + 1);
+            goto out;
+        }
+    }
+    method_policy(mbuf, min_elements, dense_spec ? dense_spec : "none", pol, sizeof pol);
     if (gcomp_policy_create(&policy, pol, &e) != GCOMP_OK) {
         rc = efail(err, errlen, "method '%s': %s", method, e.message);
         goto out;
@@ -131,7 +141,10 @@ int gtrain_exchange_create(gtrain_exchange **out, const char *method, gtrain_ten
             goto out;
         }
         ex->owns_momentum[i] = strstr(canon, "feedback=dgc") != NULL;
-        gcomp_mpi_tensor mt = {t[i].name, plan.spec, t[i].n, rows, cols, GCOMP_MPI_AUTO};
+        bool dense = plan.rule == GCOMP_RULE_1D || plan.rule == GCOMP_RULE_SMALL ||
+                     !strncmp(canon, "none:", 5);
+        gcomp_mpi_tensor mt = {t[i].name, plan.spec, t[i].n,
+                               rows,      cols,      dense ? GCOMP_MPI_AUTO : strategy};
         if (gcomp_mpi_bucket_create(&ex->b[i], ex->comm, &mt, 1, NULL, timeout_s, &e) != GCOMP_OK) {
             rc = efail(err, errlen, "%s: %s", t[i].name, e.message);
             goto out;

@@ -22,10 +22,11 @@ typedef struct gtrain_exchange_stats {
     double comm_s;     /* waiting on the network (not hidden behind compute) */
 } gtrain_exchange_stats;
 
-/* method: "dense", "dense-f16", a spec, or "policy:<policy string>". */
+/* method: "dense", "dense-f16", a spec, or "policy:<policy string>".  strategy: a
+ * gcomp_mpi strategy for the tensors the policy compresses (0: each codec's default). */
 int gtrain_exchange_create(gtrain_exchange **out, const char *method, gtrain_tensor *t, size_t nt,
-                           size_t min_elements, const char *dense_spec, double timeout_s,
-                           MPI_Comm comm, char *err, size_t errlen);
+                           size_t min_elements, const char *dense_spec, int strategy,
+                           double timeout_s, MPI_Comm comm, char *err, size_t errlen);
 void gtrain_exchange_free(gtrain_exchange *ex);
 /* One line naming the spec of each group of tensors. */
 void gtrain_exchange_describe(const gtrain_exchange *ex, char *out, size_t cap);

@@ -135,7 +135,7 @@ int gtrain_run(const gtrain_config *cfg, const char *method, const gtrain_data *
 
     gtrain_exchange *ex = NULL;
     if (gtrain_exchange_create(&ex, method, t, nt, cfg->min_elements, cfg->dense_spec,
-                               cfg->timeout_s, comm, err, errlen)) {
+                               cfg->strategy, cfg->timeout_s, comm, err, errlen)) {
         gtrain_model_free(m);
         return 1;
     }

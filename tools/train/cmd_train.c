@@ -13,6 +13,7 @@
 
 #include "data.h"
 #include "model.h"
+#include "gradcomp_mpi.h"
 #include "trainer.h"
 
 #include <errno.h>
@@ -44,11 +45,13 @@ static const char *usage_text =
     "                      [--epochs E] [--batch B] [--lr LR] [--momentum M] [--wd WD]\n"
     "                      [--compare M1,M2,...] [--target-acc A] [--out DIR]\n"
     "                      [--data DIR|synthetic] [--seed S] [--evals N] [--min-elements N]\n"
-    "                      [--dense-spec SPEC] [--max-steps N] [--timeout SEC] [--quiet]\n"
+    "                      [--dense-spec SPEC] [--strategy S] [--max-steps N] [--timeout SEC]\n"
+    "                      [--quiet]\n"
     "methods: dense, dense-f16, any spec (e.g. dgc:density=0.001, powersgd:rank=4,\n"
     "         twobit:threshold=0.5, sign:feedback=ef), or policy:<policy string>;\n"
     "         --compare splits on commas, and a piece without ':' but with '=' continues\n"
-    "         the previous spec (dgc:density=0.001,momentum=0.9 stays one method).\n"
+    "         the previous spec (dgc:density=0.001,momentum=0.9 stays one method);\n"
+    "         METHOD@STRATEGY picks the MPI strategy for one method (sign@allgather).\n"
     "policy:  tensors under --min-elements (default 8192) and 1-D tensors use --dense-spec\n"
     "         (default none:values=f16) in every method but dense and dense-f16.\n";
 
@@ -150,6 +153,12 @@ static int parse(int argc, char **argv, opts *o) {
         } else if (!strcmp(a, "--min-elements")) {
             if (cli_parse_count(v, &c->min_elements))
                 return cli_fail("train", 2, "--min-elements %s", v);
+        } else if (!strcmp(a, "--strategy")) {
+            if (gcomp_mpi_strategy_parse(v, &c->strategy) != GCOMP_OK)
+                return cli_fail("train", 2,
+                                "--strategy %s: auto, allgather, sparse, allreduce, rsag, "
+                                "hierarchical[:NAME]",
+                                v);
         } else if (!strcmp(a, "--dense-spec")) {
             c->dense_spec = v;
         } else if (!strcmp(a, "--max-steps")) {
@@ -256,7 +265,9 @@ static void json_string(FILE *f, const char *s) {
     fputc('"', f);
 }
 
-static void json_num(FILE *f, double v) {
+/* ,"name":value, null for NaN or Inf (a target never reached, a missing baseline). */
+static void json_num(FILE *f, const char *name, double v) {
+    fprintf(f, ",\"%s\":", name);
     if (isfinite(v))
         fprintf(f, "%.6g", v);
     else
@@ -283,8 +294,7 @@ static int write_outputs(const opts *o, gtrain_result *r, int nr, double target,
         json_string(f, o->link);
     else
         fputs("null", f);
-    fprintf(f, ",\"target_accuracy\":");
-    json_num(f, target);
+    json_num(f, "target_accuracy", target);
     fprintf(f, ",\"methods\":[");
     for (int i = 0; i < nr; i++) {
         gtrain_result *x = &r[i];
@@ -292,36 +302,20 @@ static int write_outputs(const opts *o, gtrain_result *r, int nr, double target,
         json_string(f, x->method);
         fprintf(f, ",\"specs\":");
         json_string(f, x->detail);
-        fprintf(f, ",\"test_accuracy\":");
-        json_num(f, x->final_acc);
-        fprintf(f, ",\"best_accuracy\":");
-        json_num(f, x->best_acc);
-        fprintf(f, ",\"delta_vs_dense_pp\":");
-        json_num(f, 100 * (x->final_acc - dense_acc));
-        fprintf(f, ",\"bytes_per_step\":");
-        json_num(f, x->bytes_per_step);
-        fprintf(f, ",\"dense_bytes_per_step\":");
-        json_num(f, x->dense_bytes_per_step);
-        fprintf(f, ",\"effective_ratio\":");
-        json_num(f, x->ratio);
-        fprintf(f, ",\"traffic_ratio\":");
-        json_num(f, x->traffic_ratio);
-        fprintf(f, ",\"step_ms\":");
-        json_num(f, x->step_ms);
-        fprintf(f, ",\"compute_ms\":");
-        json_num(f, x->compute_ms);
-        fprintf(f, ",\"codec_ms\":");
-        json_num(f, x->codec_ms);
-        fprintf(f, ",\"comm_ms\":");
-        json_num(f, x->comm_ms);
-        fprintf(f, ",\"train_seconds\":");
-        json_num(f, x->wall_s);
+        json_num(f, "test_accuracy", x->final_acc);
+        json_num(f, "best_accuracy", x->best_acc);
+        json_num(f, "delta_vs_dense_pp", 100 * (x->final_acc - dense_acc));
+        json_num(f, "bytes_per_step", x->bytes_per_step);
+        json_num(f, "dense_bytes_per_step", x->dense_bytes_per_step);
+        json_num(f, "effective_ratio", x->ratio);
+        json_num(f, "traffic_ratio", x->traffic_ratio);
+        json_num(f, "step_ms", x->step_ms);
+        json_num(f, "compute_ms", x->compute_ms);
+        json_num(f, "codec_ms", x->codec_ms);
+        json_num(f, "comm_ms", x->comm_ms);
+        json_num(f, "train_seconds", x->wall_s);
         double tt = gtrain_time_to(x, target);
-        fprintf(f, ",\"time_to_target_s\":");
-        if (tt >= 0)
-            json_num(f, tt);
-        else
-            fputs("null", f);
+        json_num(f, "time_to_target_s", tt >= 0 ? tt : NAN);
         fprintf(f, ",\"steps\":%zu,\"parameters\":%zu,\"weights_identical\":%s}", x->steps,
                 x->params, x->weights_identical ? "true" : "false");
     }
