@@ -107,8 +107,9 @@ static inline float quant1(const bucket_q *b, float x, size_t k) {
 
 /* Values [s, e) of the vector, bucket b: codes and residual. */
 static void quant_range(unsigned bits, const bucket_q *b, const float *v, float *res,
-                        uint8_t *codes, size_t s, size_t e) {
+                        uint8_t *codes, size_t s, size_t e, size_t ahead, size_t nv) {
     size_t i = s;
+    (void)ahead, (void)nv; /* the SIMD loop's prefetch */
 #if GCOMP__Q_AVX512
     if (gcomp__quant_simd() && (bits == 8 || (s & 1) == 0)) {
         const __m512 vmn = _mm512_set1_ps(b->mn), vsc = _mm512_set1_ps(b->sc),
@@ -116,6 +117,7 @@ static void quant_range(unsigned bits, const bucket_q *b, const float *v, float 
                      vqmax = _mm512_set1_ps(b->qmax), zero = _mm512_setzero_ps(),
                      one = _mm512_set1_ps(1.0f), two24 = _mm512_set1_ps(16777216.0f);
         for (; i + 16 <= e; i += 16) {
+            gcomp__q_prefetch(v, i, ahead, nv);
             __m512 x = _mm512_loadu_ps(v + i);
             __m512 t = _mm512_mul_ps(_mm512_mul_ps(_mm512_sub_ps(x, vmn), vf), vinv);
             t = _mm512_min_ps(_mm512_max_ps(t, zero), vqmax);
@@ -184,7 +186,7 @@ static gcomp_status int_encode(unsigned bits, const gcomp__vparams *p, const flo
         q.bkey = gcomp__q_bkey(key, b);
         gcomp__putf(hdr + 8 * b, q.mn);
         gcomp__putf(hdr + 8 * b + 4, q.sc);
-        quant_range(bits, &q, v, res, codes, s, e);
+        quant_range(bits, &q, v, res, codes, s, e, gcomp__q_ahead(B), nv);
     }
     *len = need;
     return GCOMP_OK;

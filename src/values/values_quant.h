@@ -96,6 +96,21 @@ static inline __m512 gcomp__q_u24x16(uint64_t bkey, size_t k0) {
 }
 #endif
 
+/* A bucket's second pass computes from L1 while nothing asks memory for the next values,
+ * so the stream would stall between buckets.  The SIMD loops prefetch one line per 16
+ * values, `ahead` values on: two buckets ahead for buckets up to 4096 values (larger ones
+ * stream through the hardware prefetcher in their first pass). */
+static inline size_t gcomp__q_ahead(size_t B) {
+    return B <= 4096 ? 2 * B : 0;
+}
+static inline void gcomp__q_prefetch(const float *v, size_t i, size_t ahead, size_t nv) {
+#if GCOMP__Q_AVX512
+    if (ahead && i + ahead < nv) _mm_prefetch((const char *)(v + i + ahead), _MM_HINT_T0);
+#else
+    (void)v, (void)i, (void)ahead, (void)nv;
+#endif
+}
+
 /* A prescale for p = |x| / den computed as (|x| * f) * (1 / (den * f)): for den below
  * 2^-32, 1/den could overflow or lose the subnormal's precision; 2^64 brings it back.
  * Both factors are powers of two, so the scaling itself is exact. */

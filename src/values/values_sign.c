@@ -66,6 +66,7 @@ static gcomp_status sign_encode(const gcomp__vparams *p, const float *v, size_t 
             const __m512 pos = _mm512_set1_ps(sc), neg = _mm512_set1_ps(-sc),
                          zero = _mm512_setzero_ps();
             for (; i < e; i += 16) {
+                gcomp__q_prefetch(v, i, gcomp__q_ahead(B), nv);
                 __mmask16 in = e - i >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (e - i)) - 1);
                 __m512 x = _mm512_maskz_loadu_ps(in, v + i);
                 __mmask16 m = _mm512_mask_cmp_ps_mask(in, x, zero, _CMP_LT_OQ);

@@ -96,6 +96,7 @@ static gcomp_status ternary_encode(const gcomp__vparams *p, const float *v, size
                          two24 = _mm512_set1_ps(16777216.0f), zero = _mm512_setzero_ps(),
                          vs = _mm512_set1_ps(tb.s), vns = _mm512_set1_ps(-tb.s);
             for (; i < e; i += 16) {
+                gcomp__q_prefetch(v, i, gcomp__q_ahead(B), nv);
                 __mmask16 in = e - i >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (e - i)) - 1);
                 __m512 x = _mm512_maskz_loadu_ps(in, v + i);
                 __m512 xc = _mm512_max_ps(_mm512_min_ps(x, vlim), vnlim);
