@@ -39,8 +39,9 @@
  *               `none` in f32, f16 or bf16 (f16/bf16 are summed as halves by a
  *               user-defined MPI_Op that only casts and adds), `randomk` with the same
  *               seed on every rank (values only; the positions are re-derived from the
- *               seed), and PowerSGD's P and Q factors (when the codec is built in).
- *               Default for linear codecs.
+ *               seed), and PowerSGD's P and Q factors through the multi-phase protocol
+ *               of gradcomp.h (gcomp_lowrank_*; one PowerSGD tensor per sub-bucket,
+ *               iters <= 8).  Default for linear and multi-phase codecs.
  *   rsag        reduce-scatter + allgather with re-compression at the owner and error
  *               feedback on both sides (DeepSpeed's 1-bit compressed allreduce): each
  *               rank compresses chunk j of its gradient with its own chunk compressor
@@ -189,10 +190,11 @@ GCOMP_API gcomp_status gcomp_mpi_comm_create(gcomp_mpi_comm **out, MPI_Comm comm
                                              gcomp_error *err);
 
 /**
- * Frees the communicator and its MPI duplicates (local; buckets must be freed first, or
- * GCOMP_E_ARG is returned and nothing is freed... except that NULL is a no-op).
- * Buffers of requests that never completed are freed only if those requests have
- * completed by now; otherwise they are leaked on purpose (MPI may still write them).
+ * Frees the communicator and its MPI duplicates (local).  Its buckets must be freed
+ * first: otherwise GCOMP_E_ARG and nothing is freed.  NULL is a no-op (GCOMP_OK).
+ * Buffers and communicators of operations abandoned after a failure are freed only if
+ * those operations have completed by now; otherwise they are leaked on purpose (MPI may
+ * still write into them).  Returns GCOMP_OK or GCOMP_E_ARG.
  */
 GCOMP_API gcomp_status gcomp_mpi_comm_free(gcomp_mpi_comm *c);
 
@@ -208,7 +210,9 @@ GCOMP_API gcomp_status gcomp_mpi_comm_status(const gcomp_mpi_comm *c, gcomp_erro
  * it.  Buckets created before the reset stay failed: free and create them again.
  * Helps only when every peer is alive and all ranks saw the failure (a stall that ended,
  * a timeout set too short); after a peer died it fails again with GCOMP_E_TIMEOUT or
- * GCOMP_E_MPI.  Returns GCOMP_OK, GCOMP_E_ARG, GCOMP_E_NOMEM, GCOMP_E_MPI,
+ * GCOMP_E_MPI.  The old duplicates are kept (not freed) until gcomp_mpi_comm_free: a
+ * late message of an abandoned collective must not reach a new communicator that
+ * reuses a freed one's context id.  Returns GCOMP_OK, GCOMP_E_ARG, GCOMP_E_NOMEM, GCOMP_E_MPI,
  * GCOMP_E_TIMEOUT.
  */
 GCOMP_API gcomp_status gcomp_mpi_comm_reset(gcomp_mpi_comm *c, double timeout_s, gcomp_error *err);
@@ -354,8 +358,9 @@ GCOMP_API gcomp_status gcomp_mpi_owner_residual(const gcomp_mpi_bucket *b, size_
 /**
  * The compressor holding tensor i's worker-side state for the strategies with one
  * compressor per tensor (allgather, sparse, allreduce; for hierarchical, on leaders),
- * e.g. to read its residual or statistics; NULL otherwise (rsag has one per chunk).
- * Owned by the bucket.
+ * e.g. to read its residual or statistics (PowerSGD: gcomp_lowrank_residual); NULL
+ * otherwise (rsag has one per chunk).  Owned by the bucket; do not call its encode or
+ * protocol functions yourself.
  */
 GCOMP_API gcomp_compressor *gcomp_mpi_compressor(const gcomp_mpi_bucket *b, size_t i);
 

@@ -157,11 +157,22 @@ static gcomp_status tensor_setup(gcomp_mpi_bucket *b, size_t i, const gcomp_mpi_
     t->flags = ci ? ci->flags : 0;
     const char *v = strstr(t->spec, "values=");
     if (v) snprintf(values, sizeof values, "%.*s", (int)strcspn(v + 7, ","), v + 7);
-    if (t->flags & GCOMP_CODEC_MULTIPHASE)
-        return gm_fail(err, GCOMP_E_UNSUPPORTED,
-                       "tensor '%s': multi-phase codec '%s' is not wired into the MPI layer yet",
-                       t->name, name);
-    if (t->strategy == GCOMP_MPI_ALLREDUCE) {
+    if (t->flags & GCOMP_CODEC_MULTIPHASE) {
+        if (t->strategy != GCOMP_MPI_ALLREDUCE)
+            return gm_fail(err, GCOMP_E_UNSUPPORTED,
+                           "tensor '%s': multi-phase codec '%s' runs only with the allreduce "
+                           "strategy (its factors sum linearly; its messages are not exchanged)",
+                           t->name, name);
+        const char *it = strstr(t->spec, "iters=");
+        long iters = it ? strtol(it + 6, NULL, 10) : 1;
+        if (iters < 1 || iters > 8)
+            return gm_fail(err, GCOMP_E_UNSUPPORTED,
+                           "tensor '%s': iters=%ld; the MPI layer runs 1 to 8 power iterations",
+                           t->name, iters);
+        t->lowrank = true;
+        t->phases = 2 * (int)iters;
+        t->vtype = !strcmp(values, "f16") ? 1 : !strcmp(values, "bf16") ? 2 : 0;
+    } else if (t->strategy == GCOMP_MPI_ALLREDUCE) {
         t->vtype = !strcmp(values, "f32")    ? 0
                    : !strcmp(values, "f16")  ? 1
                    : !strcmp(values, "bf16") ? 2
@@ -223,7 +234,7 @@ static gcomp_status tensor_setup(gcomp_mpi_bucket *b, size_t i, const gcomp_mpi_
     if (t->strategy == GCOMP_MPI_SPARSE &&
         gm_reserve(&t->own, gcomp_encode_bound(t->c)) != GCOMP_OK)
         return gm_fail(err, GCOMP_E_NOMEM, "tensor '%s': out of memory", t->name);
-    if (t->strategy == GCOMP_MPI_ALLREDUCE) {
+    if (t->strategy == GCOMP_MPI_ALLREDUCE && !t->lowrank) {
         /* How many values travel is fixed by the spec and n; learn it from one encode of
          * zeros so the packed layout is identical on every rank before any call. */
         t->nvals = t->n;
@@ -255,7 +266,7 @@ static gcomp_status tensor_setup(gcomp_mpi_bucket *b, size_t i, const gcomp_mpi_
 
 /* ---- groups ------------------------------------------------------------------------------- */
 
-static void add_steps(gm_group *g) {
+static void add_steps(gcomp_mpi_bucket *b, gm_group *g) {
     g->nsteps = 0;
     bool inner = !(g->hier && g->single_node);
     if (g->hier) gm_steps_hier_prefix(g);
@@ -266,7 +277,10 @@ static void add_steps(gm_group *g) {
             gm_steps_allgather(g);
             break;
         case GCOMP_MPI_ALLREDUCE:
-            gm_steps_allreduce(g);
+            if (b->t[g->t0].lowrank)
+                gm_steps_lowrank(g, b->t[g->t0].phases);
+            else
+                gm_steps_allreduce(g);
             break;
         default:
             gm_steps_owner(g);
@@ -293,7 +307,7 @@ static gcomp_status group_setup(gcomp_mpi_bucket *b, gm_group *g) {
     g->xsize = g->hier ? c->nnodes : c->size;
     g->xrank = g->hier ? c->node_index : c->rank;
     g->member = !g->hier || c->node_rank == 0;
-    add_steps(g);
+    add_steps(b, g);
     if (gm_req_room(g, (int)g->nt + 4) != GCOMP_OK) return GCOMP_E_NOMEM;
     size_t P = (size_t)g->xsize, nt = g->nt;
     size_t words = 8 * (3 * P * nt + nt + 2 * (P + 1)) + 4 * 4 * P + 64;
@@ -316,7 +330,7 @@ static gcomp_status group_setup(gcomp_mpi_bucket *b, gm_group *g) {
     case GCOMP_MPI_ALLGATHER:
         return gm_reserve_allgather(b, g);
     case GCOMP_MPI_ALLREDUCE:
-        return gm_reserve_allreduce(b, g);
+        return b->t[g->t0].lowrank ? gm_reserve_lowrank(b, g) : gm_reserve_allreduce(b, g);
     default:
         return gm_reserve_owner(b, g);
     }
@@ -324,6 +338,7 @@ static gcomp_status group_setup(gcomp_mpi_bucket *b, gm_group *g) {
 
 static bool same_group(const gm_tensor *a, const gm_tensor *t) {
     if (a->strategy != t->strategy || a->hier != t->hier) return false;
+    if (a->lowrank || t->lowrank) return false; /* one PowerSGD tensor per sub-bucket */
     if (a->strategy == GCOMP_MPI_ALLREDUCE && a->vtype != t->vtype) return false;
     return true;
 }
@@ -453,21 +468,35 @@ static void bucket_destroy(gcomp_mpi_bucket *b) {
     gcomp_mpi_comm *c = b->comm;
     int fin = 0;
     MPI_Finalized(&fin);
-    /* Requests still in flight (after a failure): their buffers go to the graveyard. */
-    for (size_t gi = 0; gi < b->ng; gi++) {
-        gm_group *g = &b->g[gi];
-        if (g->inflight && g->nreq > 0) {
-            void **bufs = calloc(6 + b->nt, sizeof *bufs);
-            size_t nb = bufs ? group_bufs(g, bufs) : 0;
-            if (bufs && g->hier)
+    /* Requests still in flight (after a failure): their buffers and the bucket's
+     * communicators go to the graveyard, one grave for the whole bucket. */
+    int nreq = 0;
+    for (size_t gi = 0; gi < b->ng; gi++)
+        if (b->g[gi].inflight) nreq += b->g[gi].nreq;
+    if (nreq > 0 && !fin) {
+        MPI_Request *req = calloc((size_t)nreq, sizeof *req);
+        void **bufs = calloc(6 * b->ng + b->nt + 1, sizeof *bufs);
+        size_t nb = 0;
+        int k = 0;
+        for (size_t gi = 0; gi < b->ng; gi++) {
+            gm_group *g = &b->g[gi];
+            if (!g->inflight || !req || !bufs) continue;
+            for (int i = 0; i < g->nreq; i++) req[k++] = g->req[i];
+            nb += group_bufs(g, bufs + nb);
+            g->send.p = g->recv.p = g->gsend.p = g->grecv.p = g->pack.p = g->words.p = NULL;
+            if (g->hier)
                 for (size_t i = g->t0; i < g->t1; i++) {
                     bufs[nb++] = b->t[i].work.p;
                     b->t[i].work.p = NULL;
                 }
-            if (bufs) gm_comm_bury(c, g->req, g->nreq, bufs, nb);
-            g->req = NULL;
-            g->send.p = g->recv.p = g->gsend.p = g->grecv.p = g->pack.p = g->words.p = NULL;
         }
+        MPI_Comm comms[3] = {b->bc, b->bnode, b->bleaders};
+        if (req && bufs) gm_comm_bury(c, req, k, bufs, nb, comms, 3);
+        /* else: leak; never free what MPI may still use */
+        b->bc = b->bnode = b->bleaders = MPI_COMM_NULL;
+    }
+    for (size_t gi = 0; gi < b->ng; gi++) {
+        gm_group *g = &b->g[gi];
         gm_buf_free(&g->send);
         gm_buf_free(&g->recv);
         gm_buf_free(&g->gsend);

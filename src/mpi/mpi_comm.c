@@ -153,13 +153,15 @@ gcomp_status gm_wait_all(gcomp_mpi_comm *c, MPI_Request *req, int n, uint64_t de
     }
 }
 
-void gm_comm_bury(gcomp_mpi_comm *c, MPI_Request *req, int nreq, void **bufs, size_t nbufs) {
+void gm_comm_bury(gcomp_mpi_comm *c, MPI_Request *req, int nreq, void **bufs, size_t nbufs,
+                  const MPI_Comm *comms, int ncomms) {
     gm_grave *g = calloc(1, sizeof *g);
-    if (!g) return; /* leak the buffers: never free what MPI may still write */
+    if (!g) return; /* leak everything: never free what MPI may still use */
     g->req = req;
     g->nreq = nreq;
     g->bufs = bufs;
     g->nbufs = nbufs;
+    for (int i = 0; i < 3; i++) g->comms[i] = i < ncomms ? comms[i] : MPI_COMM_NULL;
     g->next = c->graves;
     c->graves = g;
 }
@@ -295,7 +297,9 @@ gcomp_status gcomp_mpi_comm_free(gcomp_mpi_comm *c) {
             for (size_t i = 0; i < g->nbufs; i++) free(g->bufs[i]);
             free(g->bufs);
             free(g->req);
-        } /* else: leaked on purpose, MPI may still write into them */
+            for (int i = 0; i < 3 && !fin; i++)
+                if (g->comms[i] != MPI_COMM_NULL) MPI_Comm_free(&g->comms[i]);
+        } /* else: leaked on purpose, MPI may still use them */
         free(g);
     }
     if (!fin) {
@@ -309,13 +313,18 @@ gcomp_status gcomp_mpi_comm_free(gcomp_mpi_comm *c) {
 
 gcomp_status gcomp_mpi_comm_reset(gcomp_mpi_comm *c, double timeout_s, gcomp_error *err) {
     if (!c) return gm_fail(err, GCOMP_E_ARG, "communicator is NULL");
-    /* Freeing a communicator with operations pending is allowed: MPI finishes them (or
-     * not) in the background; their buffers are in the graveyard. */
-    free_comms(c);
+    /* The old communicators may carry abandoned operations: keep them (see gm_grave)
+     * until the communicator is freed, and start over from the caller's. */
+    MPI_Comm old[3] = {c->comm, c->node, c->leaders};
+    gm_comm_bury(c, NULL, 0, NULL, 0, old, 3);
+    c->comm = c->node = c->leaders = MPI_COMM_NULL;
     c->epoch++;
     c->failed = GCOMP_OK;
     memset(&c->failure, 0, sizeof c->failure);
-    return build(c, timeout_s, err);
+    gcomp_status st = build(c, timeout_s, err);
+    if (st != GCOMP_OK && c->failed == GCOMP_OK)
+        gm_comm_fail(c, NULL, st, "reset: %s", err ? err->message : gcomp_status_str(st));
+    return st;
 }
 
 int gcomp_mpi_comm_rank(const gcomp_mpi_comm *c) {

@@ -124,12 +124,17 @@ gcomp_status gm_slice_decode_add(const uint8_t *src, size_t n, size_t len, float
 /* ---- communicator ----------------------------------------------------------------------- */
 
 /* Buffers whose requests never completed: kept until the communicator is freed. */
+/* Buffers and communicators that an abandoned operation may still use: kept until the
+ * communicator is freed.  Communicators are not freed early on purpose: Open MPI may reuse
+ * a freed communicator's context id at once, and a late message of the abandoned
+ * collective then lands in the new communicator (seen: a crash in mca_pml_ob1_add_comm). */
 typedef struct gm_grave {
     struct gm_grave *next;
     MPI_Request *req;
     int nreq;
     void **bufs;
     size_t nbufs;
+    MPI_Comm comms[3];
 } gm_grave;
 
 struct gcomp_mpi_comm {
@@ -158,7 +163,8 @@ gcomp_status gm_comm_mpi_fail(gcomp_mpi_comm *c, gcomp_error *err, int rc, const
 gcomp_status gm_wait_all(gcomp_mpi_comm *c, MPI_Request *req, int n, uint64_t deadline,
                          const char *what, gcomp_error *err);
 uint64_t gm_deadline(const gcomp_mpi_comm *c, double timeout_s);
-void gm_comm_bury(gcomp_mpi_comm *c, MPI_Request *req, int nreq, void **bufs, size_t nbufs);
+void gm_comm_bury(gcomp_mpi_comm *c, MPI_Request *req, int nreq, void **bufs, size_t nbufs,
+                  const MPI_Comm *comms, int ncomms);
 
 /* ---- bucket ------------------------------------------------------------------------------ */
 
@@ -177,6 +183,8 @@ typedef struct gm_tensor {
     unsigned flags; /* codec flags */
     int vtype;      /* allreduce: 0 f32, 1 f16, 2 bf16 */
     bool seeded;    /* allreduce: random-k, values only */
+    bool lowrank;   /* allreduce: PowerSGD's multi-phase protocol */
+    int phases;     /* lowrank: 2 x iters reductions at most */
 
     gcomp_compressor *c;      /* allgather, sparse, allreduce */
     gcomp_compressor **chunk; /* rsag: one per region (NULL when empty) */
@@ -209,7 +217,7 @@ typedef struct gm_step {
     const char *what; /* for timeout messages */
 } gm_step;
 
-#define GM_MAX_STEPS 12
+#define GM_MAX_STEPS 40 /* PowerSGD: 1 + 2 x 2 x iters (iters <= 8) + hierarchical 3 */
 
 struct gm_group {
     int strategy;
@@ -233,6 +241,10 @@ struct gm_group {
     size_t pack_count; /* allreduce */
     uint64_t chk[3], chk_out[3], keyhash;
     uint64_t hstat, hstat_out;
+    int phase, phases, max_phases; /* PowerSGD: reductions done, needed, at most */
+    bool lr_started;
+    float *cur; /* PowerSGD: the compressor's buffer being summed */
+    size_t cur_len;
 
     gcomp_status st; /* an outcome every rank of the exchange agrees on */
     char msg[256];
@@ -268,6 +280,8 @@ static inline void gm_add_step(gm_group *g, bool coll, gm_step_fn fn, const char
 void gm_steps_allgather(gm_group *g);
 void gm_steps_allreduce(gm_group *g);
 void gm_steps_owner(gm_group *g); /* rsag and sparse */
+void gm_steps_lowrank(gm_group *g, int max_phases);
+gcomp_status gm_reserve_lowrank(gcomp_mpi_bucket *b, gm_group *g);
 void gm_steps_hier_prefix(gm_group *g);
 void gm_steps_hier_suffix(gm_group *g);
 gcomp_status gm_reserve_allgather(gcomp_mpi_bucket *b, gm_group *g);

@@ -147,6 +147,91 @@ static void nonfinite(gcomp_mpi_comm *comm, const char *spec, int strategy) {
     gcomp_mpi_bucket_free(b);
 }
 
+/* E (this rank's PowerSGD residual) in double, zeros where this rank has no compressor. */
+static void lowrank_residual(gcomp_mpi_bucket *b, size_t n, double *out) {
+    float *e = calloc(n, sizeof(float));
+    gcomp_compressor *c = gcomp_mpi_compressor(b, 0);
+    if (c) CHECK_OK(gcomp_lowrank_residual(c, e));
+    for (size_t i = 0; i < n; i++) out[i] = e[i];
+    free(e);
+}
+
+/*
+ * PowerSGD through the multi-phase protocol.  No messages to gather; instead:
+ *  - step 0 equals what one process computes from the summed gradient (the property that
+ *    makes allreduce of P and Q exact), up to float rounding;
+ *  - every step conserves: sum(grad) + sum(E before) = result + sum(E after);
+ *  - start_iter steps and 1-D tensors are exact dense sums.
+ */
+static void lowrank_case(gcomp_mpi_comm *comm, const char *spec, size_t rows, size_t cols,
+                         int strategy) {
+    size_t n = rows * cols;
+    gcomp_mpi_tensor t = {"w", spec, n, cols > 1 ? rows : 0, cols > 1 ? cols : 0, strategy};
+    gcomp_mpi_bucket *b = NULL;
+    gcomp_error err = {0};
+    gcomp_status st = gcomp_mpi_bucket_create(&b, comm, &t, 1, NULL, 60.0, &err);
+    CHECK_MSG(st == GCOMP_OK, "%s: %s", spec, err.message);
+    if (!b) return;
+    bool dense_first = strstr(spec, "start_iter=1") != NULL || cols <= 1;
+    float *x = malloc(n * sizeof(float)), *d = x;
+    double *g = malloc(n * sizeof(double)), *gs = malloc(n * sizeof(double)),
+           *e0 = malloc(n * sizeof(double)), *e1 = malloc(n * sizeof(double)),
+           *es0 = malloc(n * sizeof(double)), *es1 = malloc(n * sizeof(double));
+    for (int step = 0; step < 3; step++) {
+        test_fill(x, n, 4242ull * (unsigned)mc_rank + (unsigned)step);
+        for (size_t i = 0; i < n; i++) g[i] = x[i];
+        MPI_Allreduce(g, gs, (int)n, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+        lowrank_residual(b, n, e0);
+        MPI_Allreduce(e0, es0, (int)n, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+        st = gcomp_mpi_allreduce(b, &d, GCOMP_MPI_SUM, 60.0, &err);
+        CHECK_MSG(st == GCOMP_OK, "%s step %d: %s", spec, step, err.message);
+        lowrank_residual(b, n, e1);
+        MPI_Allreduce(e1, es1, (int)n, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+        double worst = 0, big = 0;
+        for (size_t i = 0; i < n; i++) {
+            double want = gs[i] + es0[i] - es1[i];
+            if (fabs(x[i] - want) > worst) worst = fabs(x[i] - want);
+            if (fabs(gs[i]) > big) big = fabs(gs[i]);
+        }
+        CHECK_MSG(worst <= 1e-4 * big + 1e-4, "%s step %d: conservation off by %g (max %g)", spec,
+                  step, worst, big);
+        if (step == 0 && dense_first) {
+            double w2 = 0;
+            for (size_t i = 0; i < n; i++) w2 = fmax(w2, fabs(x[i] - gs[i]));
+            CHECK_MSG(w2 <= 1e-5 * big + 1e-5, "%s: dense step off by %g", spec, w2);
+        }
+        if (step == 0 && !dense_first && !(strategy & GCOMP_MPI_HIERARCHICAL)) {
+            /* one process with the summed gradient */
+            gcomp_compressor *c;
+            CHECK_OK(gcomp_compressor_create(&c, spec, n, rows, cols, NULL));
+            float *sum = malloc(n * sizeof(float)), *out = malloc(n * sizeof(float)), *p, *q;
+            size_t np, nq;
+            unsigned rounds;
+            for (size_t i = 0; i < n; i++) sum[i] = (float)gs[i];
+            CHECK_OK(gcomp_lowrank_begin(c, sum, &p, &np, &rounds));
+            for (unsigned k = 0; k < rounds; k++) {
+                if (k) CHECK_OK(gcomp_lowrank_after_q(c, &p, &np));
+                CHECK_OK(gcomp_lowrank_after_p(c, &q, &nq));
+            }
+            CHECK_OK(gcomp_lowrank_finish(c, out, 1.0f));
+            double w3 = 0;
+            for (size_t i = 0; i < n; i++) w3 = fmax(w3, fabs((double)x[i] - out[i]));
+            CHECK_MSG(w3 <= 1e-3 * big + 1e-3, "%s: differs from one process by %g", spec, w3);
+            free(sum);
+            free(out);
+            gcomp_compressor_free(c);
+        }
+    }
+    gcomp_mpi_bucket_free(b);
+    free(x);
+    free(g);
+    free(gs);
+    free(e0);
+    free(e1);
+    free(es0);
+    free(es1);
+}
+
 int main(int argc, char **argv) {
     mc_init(&argc, &argv);
     gcomp_mpi_comm *comm = NULL, *comm2 = NULL;
@@ -209,6 +294,14 @@ int main(int argc, char **argv) {
     tcase avg2 = {"int8", GCOMP_MPI_HIERARCHICAL, f32, -1};
     run_case(comm2, &avg2, GCOMP_MPI_AVERAGE);
 
+    if (gcomp_codec_find("powersgd")) {
+        lowrank_case(comm, "powersgd:rank=2", 40, 30, GCOMP_MPI_AUTO);
+        lowrank_case(comm, "powersgd:rank=3,iters=2", 17, 50, GCOMP_MPI_AUTO);
+        lowrank_case(comm, "powersgd:rank=2,start_iter=1", 25, 25, GCOMP_MPI_AUTO);
+        lowrank_case(comm, "powersgd:rank=2", 301, 1, GCOMP_MPI_AUTO); /* 1-D: dense */
+        lowrank_case(comm2, "powersgd:rank=2", 40, 30, GCOMP_MPI_HIERARCHICAL);
+        nonfinite(comm, "powersgd:rank=1", GCOMP_MPI_AUTO);
+    }
     nonfinite(comm, "topk:density=0.1", GCOMP_MPI_ALLGATHER);
     nonfinite(comm, "topk:density=0.1", GCOMP_MPI_SPARSE);
     nonfinite(comm, "int8", GCOMP_MPI_RSAG);

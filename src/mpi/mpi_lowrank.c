@@ -1,0 +1,194 @@
+/*
+ * mpi_lowrank.c - PowerSGD (Vogels et al. 2019) through the multi-phase protocol of
+ * gradcomp.h (gcomp_lowrank_*): the allreduce strategy for a codec whose state machine
+ * needs reductions in the middle of compressing.
+ *
+ *   begin     gcomp_lowrank_begin: P = (grad + E) * Q_warm, or a dense step (rounds 0)
+ *   reduce 1  MPI_Iallreduce of P (or of the whole gradient on a dense step)
+ *   mid       after_p: orthogonalise the summed P, Q_local = M^T P^
+ *   reduce 2  MPI_Iallreduce of Q
+ *   ...       (iters > 1: after_q gives the next P, and two more reductions)
+ *   finish    out = scale * P^ Q^T, E = M - P^ Q_local^T
+ *
+ * Each reduction goes with a one-word MPI_MAX (a failure marker, and on the first one a
+ * hash of the round count and buffer sizes), so a rank whose step failed, or whose
+ * protocol differs, makes every rank abandon the step (gcomp_lowrank_abort: the state
+ * stays as before begin) and skip the remaining reductions together.  The buffers are
+ * copied into the group's pack buffer for the reduction rather than reduced in place in
+ * the compressor: after a timeout MPI may still write into a reduction's buffer, and the
+ * pack buffer is one the library keeps alive for that (gm_grave); P and Q are small.
+ * Values travel as f32, or as f16/bf16 summed by the half op when the spec says
+ * values=f16/bf16.  One tensor per sub-bucket: its round count is its own.
+ */
+#include "mpi_internal.h"
+
+#include <limits.h>
+#include <stdio.h>
+
+static int width_of(const gm_tensor *t) {
+    return t->vtype == 0 ? 4 : 2;
+}
+
+static void pack_values(gm_group *g, const gm_tensor *t, const float *src, size_t count) {
+    if (t->vtype == 0)
+        memcpy(g->pack.p, src, count * 4);
+    else
+        gm_f32_to_halves(src, count, t->vtype == 2, g->pack.p);
+    g->pack_count = count;
+}
+
+static void unpack_values(const gm_group *g, const gm_tensor *t, float *dst, size_t count,
+                          float scale) {
+    if (t->vtype == 0) {
+        const float *v = g->pack.p;
+        if (scale == 1.0f)
+            memcpy(dst, v, count * 4);
+        else
+            for (size_t i = 0; i < count; i++) dst[i] = scale * v[i];
+    } else {
+        gm_halves_to_f32(g->pack.p, count, t->vtype == 2, scale, dst);
+    }
+}
+
+static void local_fail(gcomp_mpi_bucket *b, gm_group *g, gcomp_status st, const char *what) {
+    gm_group_local_fail(b, g, st, g->t0, what);
+    uint64_t m = gm_marker(st, g->xrank);
+    if (m > g->chk[0]) g->chk[0] = m;
+}
+
+static gcomp_status lr_begin(gcomp_mpi_bucket *b, gm_group *g) {
+    gm_tensor *t = &b->t[g->t0];
+    float *p = NULL;
+    size_t np = 0;
+    unsigned rounds = 0;
+    uint64_t t0 = gm_now_ns();
+    g->chk[0] = 0;
+    g->phase = 0;
+    gcomp_status st = gcomp_lowrank_begin(t->c, t->io, &p, &np, &rounds);
+    if (st != GCOMP_OK) {
+        local_fail(b, g, st, "PowerSGD begin");
+        rounds = 0;
+        np = 0;
+    }
+    g->phases = rounds ? 2 * (int)rounds : 1;
+    if (g->phases > g->max_phases) { /* cannot be: iters bounds it; fail safely */
+        local_fail(b, g, GCOMP_E_PROTOCOL, "PowerSGD rounds");
+        g->phases = 1;
+    }
+    if (rounds) {
+        g->cur = p;
+        g->cur_len = np;
+        if (np > t->n) { /* cannot be for rank <= min(rows, cols); fail safely */
+            local_fail(b, g, GCOMP_E_LIMIT, "PowerSGD factor size");
+            np = 0;
+        }
+        pack_values(g, t, p, np);
+    } else {
+        /* Dense step: the compressor does not read the gradient, so check it here. */
+        float z = 0.0f;
+        for (size_t i = 0; i < t->n; i++) z += t->io[i] * 0.0f; /* NaN/Inf make z NaN */
+        if (z != z) local_fail(b, g, GCOMP_E_NONFINITE, "dense step");
+        pack_values(g, t, t->io, t->n);
+    }
+    g->lr_started = st == GCOMP_OK;
+    /* Ranks must agree on the protocol: rounds and the size of the first buffer. */
+    uint64_t h = gm_mix(((uint64_t)rounds << 40) ^ g->pack_count);
+    g->chk[1] = h;
+    g->chk[2] = ~h;
+    t->call.codec_ns += gm_now_ns() - t0;
+    return GCOMP_OK;
+}
+
+static gcomp_status lr_reduce(gcomp_mpi_bucket *b, gm_group *g) {
+    if (g->st != GCOMP_OK || g->phase >= g->phases) return GCOMP_OK; /* all ranks skip */
+    gm_tensor *t = &b->t[g->t0];
+    int nchk = g->phase == 0 ? 3 : 1;
+    int rc = MPI_Iallreduce(g->chk, g->chk_out, nchk, MPI_UINT64_T, MPI_MAX, g->xc, &g->req[0]);
+    if (rc != MPI_SUCCESS) return gm_issue_fail(b, rc, "MPI_Iallreduce (PowerSGD check)");
+    MPI_Datatype dt = t->vtype == 0 ? MPI_FLOAT : MPI_UINT16_T;
+    MPI_Op op = t->vtype == 0 ? MPI_SUM : t->vtype == 1 ? b->comm->op_f16 : b->comm->op_bf16;
+    rc = MPI_Iallreduce(MPI_IN_PLACE, g->pack.p, (int)g->pack_count, dt, op, g->xc, &g->req[1]);
+    if (rc != MPI_SUCCESS) return gm_issue_fail(b, rc, "MPI_Iallreduce (PowerSGD factors)");
+    g->nreq = 2;
+    uint64_t v = gm_ring_bytes(g->pack_count * (size_t)width_of(t) + 8 * (size_t)nchk, g->xsize);
+    g->bytes_sent += v;
+    g->bytes_recv += v;
+    t->call.bytes_sent += v;
+    t->call.bytes_received += v;
+    return GCOMP_OK;
+}
+
+static gcomp_status lr_mid(gcomp_mpi_bucket *b, gm_group *g) {
+    gm_tensor *t = &b->t[g->t0];
+    if (g->st != GCOMP_OK || g->phase >= g->phases) return GCOMP_OK;
+    uint64_t t0 = gm_now_ns();
+    if (g->chk_out[0] & GM_MARK) {
+        gm_group_shared_fail(b, g, gm_marker_status(g->chk_out[0]), gm_marker_rank(g->chk_out[0]),
+                             g->t0);
+    } else if (g->phase == 0 && g->chk_out[1] != ~g->chk_out[2]) {
+        g->st = GCOMP_E_MISMATCH;
+        snprintf(g->msg, sizeof g->msg,
+                 "tensor '%s': PowerSGD rounds or factor sizes differ across ranks (step counts "
+                 "out of step?)",
+                 t->name);
+    }
+    if (g->st != GCOMP_OK) { /* every rank saw it: all abandon the step here */
+        if (g->lr_started) gcomp_lowrank_abort(t->c);
+        g->lr_started = false;
+        t->call.codec_ns += gm_now_ns() - t0;
+        return GCOMP_OK;
+    }
+    int k = g->phase++;
+    gcomp_status st = GCOMP_OK;
+    float *next = NULL;
+    size_t len = 0;
+    g->chk[0] = 0;
+    if (g->phases == 1) { /* dense step: the sum is the answer */
+        unpack_values(g, t, t->io, t->n, b->scale);
+        st = gcomp_lowrank_finish(t->c, NULL, 0.0f);
+    } else {
+        /* The protocol sums in place: the summed values go back into the compressor's
+         * buffer of this phase before the next call reads them. */
+        unpack_values(g, t, g->cur, g->cur_len, 1.0f);
+        if (k % 2 == 0)
+            st = gcomp_lowrank_after_p(t->c, &next, &len);
+        else if (k + 1 < g->phases)
+            st = gcomp_lowrank_after_q(t->c, &next, &len);
+        else
+            st = gcomp_lowrank_finish(t->c, t->io, b->scale);
+        if (st == GCOMP_OK && next) {
+            g->cur = next;
+            g->cur_len = len;
+            pack_values(g, t, next, len);
+        }
+    }
+    if (st != GCOMP_OK) {
+        if (g->phase < g->phases) {
+            local_fail(b, g, st, "PowerSGD"); /* the next check tells everyone */
+        } else {
+            g->lr_started = false; /* the last phase: nothing left to share it with */
+            gm_group_local_fail(b, g, st, g->t0, "PowerSGD finish");
+            g->st = st;
+            snprintf(g->msg, sizeof g->msg, "%.250s", g->local_msg);
+        }
+    }
+    t->call.codec_ns += gm_now_ns() - t0;
+    return GCOMP_OK;
+}
+
+void gm_steps_lowrank(gm_group *g, int max_phases) {
+    g->max_phases = max_phases;
+    gm_add_step(g, false, lr_begin, "PowerSGD begin");
+    for (int k = 0; k < max_phases; k++) { /* max_phases <= 16: checked at set-up */
+        gm_add_step(g, true, lr_reduce,
+                    k % 2 ? "summing Q (MPI_Iallreduce)" : "summing P (MPI_Iallreduce)");
+        gm_add_step(g, false, lr_mid, "PowerSGD step");
+    }
+}
+
+gcomp_status gm_reserve_lowrank(gcomp_mpi_bucket *b, gm_group *g) {
+    gm_tensor *t = &b->t[g->t0];
+    /* P (rows x r) and Q (r x cols) are at most n values each for any useful rank; the
+     * dense step sends n. */
+    return gm_reserve(&g->pack, t->n * 4 + 64);
+}

@@ -1,0 +1,470 @@
+/*
+ * cmd_allreduce_bench.c - `gradcomp allreduce-bench`, run under mpirun: the compressed
+ * allreduce of one tensor next to the honest baselines measured in the same job.
+ *
+ *   compressed   gcomp_mpi_allreduce (SUM) of a seeded synthetic gradient (each rank its
+ *                own), compression and decompression included
+ *   dense f32    MPI_Allreduce(MPI_FLOAT, MPI_SUM) of the same tensor
+ *   dense f16    the tensor cast to f16, MPI_Allreduce with the library's half-sum
+ *                MPI_Op, cast back: casts included (what an f16 allreduce costs a trainer)
+ * Each time is the maximum over ranks of one call (a collective is as slow as its
+ * slowest rank), after a barrier; the median over --runs after --warmup calls.  Bytes are
+ * what each rank handed to MPI for its peers (gcomp_mpi_stats), per call.
+ *
+ * Correctness: after the last run every rank gathers every rank's messages
+ * (gcomp_mpi_message), decodes them in rank order in float64, and the maximum
+ * |result - that exact sum| over all elements and ranks is reported.  For the owner
+ * strategies (sparse, rsag) the owners re-compress and keep the rest in their residuals,
+ * so the error is reported twice: as is (what re-compression changed this step) and after
+ * adding the owners' residual change (which must be ~0: nothing is lost).  Uses the public
+ * headers only, like every CLI command.
+ */
+#include "../cli.h"
+#include "gradcomp_mpi.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct bench_args {
+    const char *spec;
+    size_t n, rows, cols, runs, warmup, bucket_bytes;
+    int strategy, ranks_per_node, json, baseline, check;
+    double timeout;
+} bench_args;
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static double median(double *v, size_t n) {
+    qsort(v, n, sizeof *v, cmp_double);
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+/* Max over ranks of a local time. */
+static double max_time(double t) {
+    double m;
+    MPI_Allreduce(&t, &m, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+    return m;
+}
+
+/* f32 <-> f16 (round to nearest even, saturating), portable; the compiler vectorises it. */
+static uint16_t to_f16(float f) {
+    if (f > 65504.0f)
+        f = 65504.0f;
+    else if (f < -65504.0f)
+        f = -65504.0f;
+    uint32_t x;
+    memcpy(&x, &f, 4);
+    uint16_t sign = (uint16_t)((x >> 16) & 0x8000u);
+    uint32_t ax = x & 0x7fffffffu;
+    if (ax > 0x7f800000u) return sign | 0x7e00u;
+    if (ax >= 0x38800000u) {
+        uint32_t r = ax - 0x38000000u;
+        r += 0xfffu + ((r >> 13) & 1u);
+        return sign | (uint16_t)(r >> 13);
+    }
+    if (ax < 0x33000000u) return sign;
+    uint32_t e = ax >> 23, m = (ax & 0x7fffffu) | 0x800000u, sh = 126u - e;
+    uint32_t q = m >> sh, rem = m & ((1u << sh) - 1u), half = 1u << (sh - 1u);
+    if (rem > half || (rem == half && (q & 1u))) q++;
+    return sign | (uint16_t)q;
+}
+
+static float from_f16(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu, x;
+    float f;
+    if (e == 0) {
+        f = (float)m * (1.0f / 16777216.0f);
+        return (h & 0x8000u) ? -f : f;
+    }
+    x = e == 31 ? sign | 0x7f800000u | (m << 13) : sign | ((e + 112u) << 23) | (m << 13);
+    memcpy(&f, &x, 4);
+    return f;
+}
+
+static int parse(int argc, char **argv, bench_args *a) {
+    const char *cmd = "allreduce-bench";
+    memset(a, 0, sizeof *a);
+    a->runs = 5;
+    a->warmup = 1;
+    a->baseline = 1;
+    a->check = 1;
+    a->timeout = 300;
+    a->bucket_bytes = (size_t)4 << 20;
+    for (int i = 1; i < argc; i++) {
+        const char *s = argv[i];
+        bool has = i + 1 < argc;
+        if ((!strcmp(s, "-c") || !strcmp(s, "--codec")) && has)
+            a->spec = argv[++i];
+        else if (!strcmp(s, "-n") && has) {
+            if (cli_parse_count(argv[++i], &a->n) || !a->n)
+                return cli_fail(cmd, 2, "-n %s: expected a positive count (25000000, 25M)",
+                                argv[i]);
+        } else if (!strcmp(s, "--shape") && has) {
+            if (cli_parse_shape(argv[++i], &a->rows, &a->cols))
+                return cli_fail(cmd, 2, "--shape %s: expected ROWSxCOLS", argv[i]);
+        } else if (!strcmp(s, "--strategy") && has) {
+            if (gcomp_mpi_strategy_parse(argv[++i], &a->strategy) != GCOMP_OK)
+                return cli_fail(cmd, 2,
+                                "--strategy %s: one of auto, allgather, sparse, allreduce, rsag, "
+                                "hierarchical[:NAME]",
+                                argv[i]);
+        } else if (!strcmp(s, "--runs") && has) {
+            if (cli_parse_count(argv[++i], &a->runs) || !a->runs || a->runs > 1000)
+                return cli_fail(cmd, 2, "--runs %s: expected 1..1000", argv[i]);
+        } else if (!strcmp(s, "--warmup") && has) {
+            if (cli_parse_count(argv[++i], &a->warmup) || a->warmup > 100)
+                return cli_fail(cmd, 2, "--warmup %s: expected 0..100", argv[i]);
+        } else if (!strcmp(s, "--bucket-bytes") && has) {
+            if (cli_parse_count(argv[++i], &a->bucket_bytes))
+                return cli_fail(cmd, 2, "--bucket-bytes %s: expected a count", argv[i]);
+        } else if (!strcmp(s, "--ranks-per-node") && has) {
+            size_t k;
+            if (cli_parse_count(argv[++i], &k) || k > 1u << 20)
+                return cli_fail(cmd, 2, "--ranks-per-node %s: expected a count", argv[i]);
+            a->ranks_per_node = (int)k;
+        } else if (!strcmp(s, "--timeout") && has) {
+            char *end;
+            a->timeout = strtod(argv[++i], &end);
+            if (*end || !(a->timeout > 0))
+                return cli_fail(cmd, 2, "--timeout %s: seconds > 0", argv[i]);
+        } else if (!strcmp(s, "--json"))
+            a->json = 1;
+        else if (!strcmp(s, "--no-baseline"))
+            a->baseline = 0;
+        else if (!strcmp(s, "--no-check"))
+            a->check = 0;
+        else
+            return cli_fail(cmd, 2, "unknown or incomplete option '%s'", s);
+    }
+    if (!a->spec) return cli_fail(cmd, 2, "-c SPEC is required");
+    if (!a->n && a->rows) a->n = a->rows * a->cols;
+    if (!a->n) return cli_fail(cmd, 2, "-n N is required");
+    if (a->rows && a->rows * a->cols != a->n)
+        return cli_fail(cmd, 2, "--shape %zux%zu does not hold -n %zu", a->rows, a->cols, a->n);
+    if (a->n > 0x7fffffff) return cli_fail(cmd, 2, "-n %zu: at most 2^31-1 (MPI counts)", a->n);
+    return 0;
+}
+
+/* Exact reference: every rank's messages, decoded in rank order, summed in float64. */
+static int reference(const gcomp_mpi_bucket *b, size_t n, double *ref) {
+    int P;
+    MPI_Comm_size(MPI_COMM_WORLD, &P);
+    size_t nm = gcomp_mpi_message_count(b, 0), bytes = 0;
+    for (size_t j = 0; j < nm; j++) {
+        const void *m;
+        size_t len;
+        gcomp_mpi_message(b, 0, j, &m, &len, NULL, NULL);
+        bytes += 24 + len;
+    }
+    int bad = bytes > 0x7fffffff;
+    uint8_t *mine = malloc(bytes + 1), *p = mine;
+    int *counts = malloc(sizeof(int) * (size_t)P), *displs = malloc(sizeof(int) * (size_t)P);
+    bad |= !mine || !counts || !displs;
+    int anybad = 0;
+    MPI_Allreduce(&bad, &anybad, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+    if (anybad) {
+        free(mine);
+        free(counts);
+        free(displs);
+        return -1;
+    }
+    for (size_t j = 0; j < nm; j++) {
+        const void *m;
+        size_t len, off, cnt;
+        gcomp_mpi_message(b, 0, j, &m, &len, &off, &cnt);
+        uint64_t h[3] = {off, cnt, len};
+        memcpy(p, h, 24);
+        memcpy(p + 24, m, len);
+        p += 24 + len;
+    }
+    int my = (int)bytes;
+    MPI_Allgather(&my, 1, MPI_INT, counts, 1, MPI_INT, MPI_COMM_WORLD);
+    size_t total = 0;
+    for (int r = 0; r < P; r++) {
+        displs[r] = (int)total;
+        total += (size_t)counts[r];
+    }
+    uint8_t *all = total < 0x7fffffff ? malloc(total + 1) : NULL;
+    float *tmp = malloc(n * sizeof(float));
+    bad = !all || !tmp;
+    MPI_Allreduce(&bad, &anybad, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+    int rc = 0;
+    if (!anybad) {
+        MPI_Allgatherv(mine, my, MPI_BYTE, all, counts, displs, MPI_BYTE, MPI_COMM_WORLD);
+        for (size_t i = 0; i < n; i++) ref[i] = 0;
+        for (size_t q = 0; q < total;) {
+            uint64_t h[3];
+            memcpy(h, all + q, 24);
+            memset(tmp, 0, h[1] * sizeof(float));
+            if (h[0] + h[1] > n ||
+                gcomp_decode_add(all + q + 24, h[2], tmp, h[1], 1.0f) != GCOMP_OK)
+                rc = -1;
+            for (size_t i = 0; i < h[1] && !rc; i++) ref[h[0] + i] += tmp[i];
+            q += 24 + h[2];
+        }
+    } else {
+        rc = -1;
+    }
+    free(all);
+    free(tmp);
+    free(mine);
+    free(counts);
+    free(displs);
+    return rc;
+}
+
+/* A copy of this rank's owner residual of tensor 0 (NULL, 0 when it keeps none). */
+static float *owner_residual(const gcomp_mpi_bucket *b, size_t *off, size_t *cnt) {
+    const float *res;
+    gcomp_mpi_owner_residual(b, 0, &res, off, cnt);
+    if (!res || !*cnt) return NULL;
+    float *copy = malloc(*cnt * sizeof(float));
+    if (copy) memcpy(copy, res, *cnt * sizeof(float));
+    return copy;
+}
+
+typedef struct bench_out {
+    double t_med, t_min, t_max, f32_med, f16_med, sent_max, sent_min, recv_max;
+    double codec_ms, wire_ms, overlap_ms, err, err_conserved, max_sum;
+    long messages;
+    int checked, conserved;
+} bench_out;
+
+static int run(const bench_args *a, int rank, int size) {
+    const char *cmd = "allreduce-bench";
+    gcomp_error err = {0};
+    gcomp_mpi_options o;
+    gcomp_mpi_options_default(&o);
+    o.timeout_s = a->timeout;
+    o.ranks_per_node = a->ranks_per_node;
+    gcomp_mpi_comm *comm = NULL;
+    gcomp_mpi_bucket *b = NULL;
+    if (gcomp_mpi_comm_create(&comm, MPI_COMM_WORLD, &o, a->timeout, &err) != GCOMP_OK)
+        return cli_fail(cmd, 1, "rank %d: %s", rank, err.message);
+    gcomp_mpi_tensor t = {"tensor", a->spec, a->n, a->rows, a->cols, a->strategy};
+    gcomp_mpi_bucket_options bo;
+    gcomp_mpi_bucket_options_default(&bo);
+    bo.bucket_bytes = a->bucket_bytes;
+    if (gcomp_mpi_bucket_create(&b, comm, &t, 1, &bo, a->timeout, &err) != GCOMP_OK) {
+        if (rank == 0) cli_fail(cmd, 2, "%s", err.message);
+        gcomp_mpi_comm_free(comm);
+        return 2;
+    }
+    size_t n = a->n, R = a->runs, W = a->warmup;
+    float *g = malloc(n * sizeof(float)), *x = malloc(n * sizeof(float));
+    double *times = malloc(R * sizeof(double)), *tf = malloc(R * sizeof(double)),
+           *th = malloc(R * sizeof(double));
+    int bad = !g || !x || !times || !tf || !th, anybad;
+    MPI_Allreduce(&bad, &anybad, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+    int rc = 0;
+    bench_out r = {0};
+    double *ref = NULL;
+    float *res0 = NULL;
+    size_t roff = 0, rcnt = 0;
+    uint16_t *h = NULL;
+    if (anybad) {
+        rc = cli_fail(cmd, 1, "out of memory for n = %zu", n);
+        goto out;
+    }
+    cli_synthetic_gradient(g, n, 1000003u + (unsigned)rank, 0);
+    memcpy(x, g, n * sizeof(float)); /* touch every page before timing */
+
+    /* the compressed allreduce */
+    if (a->check) ref = malloc(n * sizeof(double));
+    for (size_t i = 0; i < W + R; i++) {
+        if (i == W) gcomp_mpi_stats_reset(b);
+        if (i + 1 == W + R && ref) res0 = owner_residual(b, &roff, &rcnt);
+        memcpy(x, g, n * sizeof(float));
+        float *d = x;
+        MPI_Barrier(MPI_COMM_WORLD);
+        double t0 = MPI_Wtime();
+        gcomp_status st = gcomp_mpi_allreduce(b, &d, GCOMP_MPI_SUM, a->timeout, &err);
+        double dt = max_time(MPI_Wtime() - t0);
+        int fail = st != GCOMP_OK, anyfail;
+        MPI_Allreduce(&fail, &anyfail, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+        if (anyfail) {
+            if (fail) cli_fail(cmd, 1, "rank %d: %s", rank, err.message);
+            rc = 1;
+            goto out;
+        }
+        if (i >= W) times[i - W] = dt;
+    }
+    gcomp_mpi_stats s;
+    gcomp_mpi_stats_get(b, (size_t)-1, &s);
+    double sent = (double)s.bytes_sent / (double)R, recv = (double)s.bytes_received / (double)R;
+    MPI_Allreduce(&sent, &r.sent_max, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+    MPI_Allreduce(&sent, &r.sent_min, 1, MPI_DOUBLE, MPI_MIN, MPI_COMM_WORLD);
+    MPI_Allreduce(&recv, &r.recv_max, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+    double loc[3] = {1e-6 * (double)s.codec_ns / (double)R, 1e-6 * (double)s.wire_ns / (double)R,
+                     1e-6 * (double)s.overlap_ns / (double)R},
+           mx[3];
+    MPI_Allreduce(loc, mx, 3, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+    r.codec_ms = mx[0];
+    r.wire_ms = mx[1];
+    r.overlap_ms = mx[2];
+    r.t_min = times[0];
+    r.t_max = times[0];
+    for (size_t i = 0; i < R; i++) {
+        if (times[i] < r.t_min) r.t_min = times[i];
+        if (times[i] > r.t_max) r.t_max = times[i];
+    }
+    r.t_med = median(times, R);
+
+    /* correctness of the last run */
+    if (a->check && ref) {
+        long nm = (long)gcomp_mpi_message_count(b, 0), all_nm;
+        MPI_Allreduce(&nm, &all_nm, 1, MPI_LONG, MPI_SUM, MPI_COMM_WORLD);
+        r.messages = all_nm;
+        int ok = 0;
+        if (all_nm > 0) {
+            ok = reference(b, n, ref) == 0;
+        } else if (gcomp_mpi_bucket_strategy(b, 0) & GCOMP_MPI_HIERARCHICAL) {
+            /* one node: the exact dense sum of the inputs is the reference */
+            for (size_t i = 0; i < n; i++) ref[i] = g[i];
+            MPI_Allreduce(MPI_IN_PLACE, ref, (int)n, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+            ok = 1;
+        }
+        if (ok) {
+            int strat = gcomp_mpi_bucket_strategy(b, 0) & 0xff;
+            r.conserved = strat == GCOMP_MPI_SPARSE || strat == GCOMP_MPI_RSAG;
+            double e = 0, ec = 0, ms = 0;
+            for (size_t i = 0; i < n; i++) {
+                double d = fabs((double)x[i] - ref[i]);
+                if (d > e) e = d;
+                if (fabs(ref[i]) > ms) ms = fabs(ref[i]);
+            }
+            /* Each owner checks its own region: result + residual change = exact sum. */
+            const float *res1;
+            size_t off1, cnt1;
+            gcomp_mpi_owner_residual(b, 0, &res1, &off1, &cnt1);
+            for (size_t i = 0; res1 && i < cnt1; i++) {
+                double before = res0 && off1 == roff && cnt1 == rcnt ? res0[i] : 0.0;
+                double d = fabs((double)x[off1 + i] + ((double)res1[i] - before) - ref[off1 + i]);
+                if (d > ec) ec = d;
+            }
+            MPI_Allreduce(&e, &r.err, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+            MPI_Allreduce(&ec, &r.err_conserved, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+            MPI_Allreduce(&ms, &r.max_sum, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+            r.checked = 1;
+        }
+    }
+
+    /* the baselines, same tensor, same job */
+    if (a->baseline) {
+        h = malloc(n * sizeof(uint16_t));
+        bad = !h;
+        MPI_Allreduce(&bad, &anybad, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+        if (anybad) {
+            rc = cli_fail(cmd, 1, "out of memory for the baselines");
+            goto out;
+        }
+        MPI_Op half = gcomp_mpi_half_sum_op(comm, 0);
+        for (size_t i = 0; i < W + R; i++) {
+            memcpy(x, g, n * sizeof(float));
+            MPI_Barrier(MPI_COMM_WORLD);
+            double t0 = MPI_Wtime();
+            MPI_Allreduce(MPI_IN_PLACE, x, (int)n, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+            double dt = max_time(MPI_Wtime() - t0);
+            if (i >= W) tf[i - W] = dt;
+        }
+        for (size_t i = 0; i < W + R; i++) {
+            MPI_Barrier(MPI_COMM_WORLD);
+            double t0 = MPI_Wtime();
+            for (size_t k = 0; k < n; k++) h[k] = to_f16(g[k]);
+            MPI_Allreduce(MPI_IN_PLACE, h, (int)n, MPI_UINT16_T, half, MPI_COMM_WORLD);
+            for (size_t k = 0; k < n; k++) x[k] = from_f16(h[k]);
+            double dt = max_time(MPI_Wtime() - t0);
+            if (i >= W) th[i - W] = dt;
+        }
+        r.f32_med = median(tf, R);
+        r.f16_med = median(th, R);
+    }
+
+    if (rank == 0) {
+        int strat = gcomp_mpi_bucket_strategy(b, 0);
+        char canon[512] = "";
+        gcomp_spec_canonical(a->spec, canon, sizeof canon, NULL, NULL);
+        if (a->json) {
+            printf("{\"spec\": \"%s\", \"canonical\": \"%s\", \"strategy\": \"%s\", \"n\": %zu, "
+                   "\"rows\": %zu, \"cols\": %zu, \"ranks\": %d, \"nodes\": %d, \"runs\": %zu, "
+                   "\"time_ms\": {\"median\": %.3f, \"min\": %.3f, \"max\": %.3f}, "
+                   "\"bytes_sent_per_rank\": {\"max\": %.0f, \"min\": %.0f}, "
+                   "\"bytes_received_per_rank_max\": %.0f, "
+                   "\"codec_ms\": %.3f, \"wire_ms\": %.3f, \"overlap_ms\": %.3f",
+                   a->spec, canon, gcomp_mpi_strategy_name(strat), n, a->rows, a->cols, size,
+                   gcomp_mpi_comm_nodes(comm), R, 1e3 * r.t_med, 1e3 * r.t_min, 1e3 * r.t_max,
+                   r.sent_max, r.sent_min, r.recv_max, r.codec_ms, r.wire_ms, r.overlap_ms);
+            if (a->baseline)
+                printf(
+                    ", \"dense_f32_ms\": %.3f, \"dense_f16_ms\": %.3f, \"dense_f32_bytes\": %.0f, "
+                    "\"speedup_vs_f32\": %.2f, \"speedup_vs_f16\": %.2f",
+                    1e3 * r.f32_med, 1e3 * r.f16_med, 4.0 * (double)n, r.f32_med / r.t_med,
+                    r.f16_med / r.t_med);
+            if (r.checked)
+                printf(", \"max_abs_err\": %.6g, \"max_abs_err_with_owner_residual\": %.6g, "
+                       "\"max_abs_sum\": %.6g, \"messages\": %ld",
+                       r.err, r.conserved ? r.err_conserved : r.err, r.max_sum, r.messages);
+            printf("}\n");
+        } else {
+            printf("allreduce-bench: %s, strategy %s, n = %zu", canon,
+                   gcomp_mpi_strategy_name(strat), n);
+            if (a->rows) printf(" (%zux%zu)", a->rows, a->cols);
+            printf(", %d ranks on %d node(s), median of %zu runs (max over ranks)\n", size,
+                   gcomp_mpi_comm_nodes(comm), R);
+            printf("  compressed  %10.2f ms  (min %.2f, max %.2f)  sent/rank %.0f B (min %.0f)\n",
+                   1e3 * r.t_med, 1e3 * r.t_min, 1e3 * r.t_max, r.sent_max, r.sent_min);
+            printf("              codec %.2f ms, wire %.2f ms, overlap %.2f ms per call (max over "
+                   "ranks)\n",
+                   r.codec_ms, r.wire_ms, r.overlap_ms);
+            if (a->baseline) {
+                printf("  dense f32   %10.2f ms  MPI_Allreduce (MPI_FLOAT)             x%.1f\n",
+                       1e3 * r.f32_med, r.f32_med / r.t_med);
+                printf("  dense f16   %10.2f ms  MPI_Allreduce (half-sum op, casts in) x%.1f\n",
+                       1e3 * r.f16_med, r.f16_med / r.t_med);
+            }
+            if (r.checked) {
+                printf("  correctness max |result - exact sum of decoded messages| = %.3g (max "
+                       "|sum| %.3g)\n",
+                       r.err, r.max_sum);
+                if (r.conserved)
+                    printf("              with the owners' residual change added: %.3g\n",
+                           r.err_conserved);
+            } else if (a->check) {
+                printf("  correctness not checked (no messages to gather for this codec)\n");
+            }
+        }
+        fflush(stdout);
+    }
+out:
+    free(g);
+    free(x);
+    free(h);
+    free(times);
+    free(tf);
+    free(th);
+    free(ref);
+    free(res0);
+    gcomp_mpi_bucket_free(b);
+    gcomp_mpi_comm_free(comm);
+    return rc;
+}
+
+int cmd_allreduce_bench(int argc, char **argv) {
+    int inited = 0, provided, rank = 0, size = 1;
+    MPI_Initialized(&inited);
+    if (!inited) MPI_Init_thread(NULL, NULL, MPI_THREAD_FUNNELED, &provided);
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &size);
+    bench_args a;
+    int rc = parse(argc, argv, &a);
+    if (rc == 0) rc = run(&a, rank, size);
+    int worst = rc;
+    MPI_Allreduce(&rc, &worst, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+    if (!inited) MPI_Finalize();
+    return worst;
+}
