@@ -87,6 +87,49 @@ static inline uint32_t gather_even(uint32_t x) {
  * 16 values per word, residual x - q into res (may alias v or add).  `nt`: write res with
  * non-temporal stores (a residual far larger than the caches is not read again this step,
  * and skipping the read-for-ownership saves a third of the traffic). */
+#if GCOMP__Q_AVX512
+/* The SIMD pass over whole words; `has_add`, `has_res` and `nt` are constants where it is
+ * inlined, so each variant runs without branches.  Returns the largest |x| bit pattern. */
+static inline __attribute__((always_inline)) uint32_t
+twobit_simd(float t, const float *v, const float *add, float *res, size_t nv, uint8_t *words,
+            bool has_add, bool has_res, bool nt, size_t *done) {
+    const __m512 vt = _mm512_set1_ps(t), vnt = _mm512_set1_ps(-t), zero = _mm512_setzero_ps();
+    const __m512i absmask = _mm512_set1_epi32(0x7fffffff);
+    /* Lanes reversed within each group of four: compared in this order, value k's bit
+     * lands on bit 4(k/4) + 3 - k%4, and depositing those at even positions gives MXNet's
+     * order (first value of each byte in its top bits) without shuffling bits. */
+    const __m512i rev = _mm512_setr_epi32(3, 2, 1, 0, 7, 6, 5, 4, 11, 10, 9, 8, 15, 14, 13, 12);
+    __m512i vab = _mm512_setzero_si512();
+    size_t i = 0;
+    for (; i + 16 <= nv; i += 16) {
+        __m512 x = _mm512_loadu_ps(v + i);
+        if (has_add) x = _mm512_add_ps(x, _mm512_loadu_ps(add + i));
+        vab = _mm512_max_epu32(vab, _mm512_and_si512(_mm512_castps_si512(x), absmask));
+        __m512 xr = _mm512_permutexvar_ps(rev, x);
+        uint32_t pr = _mm512_cmp_ps_mask(xr, vt, _CMP_GE_OQ);
+        uint32_t nr = _mm512_cmp_ps_mask(xr, vnt, _CMP_LE_OQ);
+        gcomp__put32(words + i / 4, spread_even(pr) | (spread_even(pr | nr) << 1));
+        if (has_res) {
+            __mmask16 P = _mm512_cmp_ps_mask(x, vt, _CMP_GE_OQ);
+            __mmask16 N = _mm512_cmp_ps_mask(x, vnt, _CMP_LE_OQ);
+            __m512 r =
+                _mm512_sub_ps(x, _mm512_mask_blend_ps(N, _mm512_mask_blend_ps(P, zero, vt), vnt));
+            if (nt)
+                _mm512_stream_ps(res + i, r);
+            else
+                _mm512_storeu_ps(res + i, r);
+        }
+    }
+    if (nt) _mm_sfence();
+    *done = i;
+    return (uint32_t)_mm512_reduce_max_epu32(vab);
+}
+#endif
+
+/* The pass: x = v[i] (+ add[i] when add is not NULL: the fused r + g of the dense codec),
+ * 16 values per word, residual x - q into res (may alias v or add).  `nt`: write res with
+ * non-temporal stores (a residual far larger than the caches is not read again this step,
+ * and skipping the read-for-ownership saves a third of the traffic). */
 static gcomp_status twobit_run(float t, const float *v, const float *add, float *res, size_t nv,
                                uint8_t *words, bool nt) {
     const float nt_ = -t;
@@ -94,29 +137,15 @@ static gcomp_status twobit_run(float t, const float *v, const float *add, float 
     size_t i = 0;
 #if GCOMP__Q_AVX512
     if (gcomp__quant_simd()) {
-        const __m512 vt = _mm512_set1_ps(t), vnt = _mm512_set1_ps(nt_), zero = _mm512_setzero_ps();
-        const __m512i absmask = _mm512_set1_epi32(0x7fffffff);
-        __m512i vab = _mm512_setzero_si512();
         nt = nt && res && ((uintptr_t)res & 63) == 0;
-        for (; i + 16 <= nv; i += 16) {
-            __m512 x = _mm512_loadu_ps(v + i);
-            if (add) x = _mm512_add_ps(x, _mm512_loadu_ps(add + i));
-            vab = _mm512_max_epu32(vab, _mm512_and_si512(_mm512_castps_si512(x), absmask));
-            __mmask16 P = _mm512_cmp_ps_mask(x, vt, _CMP_GE_OQ);
-            __mmask16 N = _mm512_cmp_ps_mask(x, vnt, _CMP_LE_OQ);
-            uint32_t pr = nibble_reverse(P), nr = nibble_reverse(N);
-            gcomp__put32(words + i / 4, spread_even(pr) | (spread_even(pr | nr) << 1));
-            if (res) {
-                __m512 q = _mm512_mask_blend_ps(N, _mm512_mask_blend_ps(P, zero, vt), vnt);
-                __m512 r = _mm512_sub_ps(x, q);
-                if (nt)
-                    _mm512_stream_ps(res + i, r);
-                else
-                    _mm512_storeu_ps(res + i, r);
-            }
-        }
-        if (nt) _mm_sfence();
-        bad = (uint32_t)_mm512_reduce_max_epu32(vab);
+        if (add && nt)
+            bad = twobit_simd(t, v, add, res, nv, words, true, true, true, &i);
+        else if (add && res)
+            bad = twobit_simd(t, v, add, res, nv, words, true, true, false, &i);
+        else if (res)
+            bad = twobit_simd(t, v, NULL, res, nv, words, false, true, false, &i);
+        else
+            bad = twobit_simd(t, v, add, NULL, nv, words, add != NULL, false, false, &i);
     }
 #endif
     (void)nt;
