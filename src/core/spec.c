@@ -20,7 +20,7 @@ static const gcomp_param_info common_params[] = {
     {"feedback", GCOMP_PARAM_ENUM, 0, 0, 0, "none", "none|ef|dgc",
      "what the compressor remembers: none, ef (error-feedback residual), dgc (momentum "
      "correction, clipping, masking, warm-up)"},
-    {"seed", GCOMP_PARAM_INT, 0, 18446744073709551615.0, 0, "0", NULL,
+    {"seed", GCOMP_PARAM_INT, 0, 9007199254740991.0, 0, "0", NULL,
      "seed of every random choice; ranks that must agree (random-k) use the same one"},
 };
 

@@ -127,6 +127,7 @@ static void test_spec(void) {
         {"topk:values=f17", GCOMP_E_SPEC, "values=f17 is not a value coder"},
         {"topk:feedback=maybe", GCOMP_E_SPEC, "feedback=maybe"},
         {"topk:seed=-1", GCOMP_E_SPEC, "seed=-1"},
+        {"topk:seed=18446744073709551615", GCOMP_E_SPEC, "seed must be an integer in [0, 9007199254740991]"},
         {"topk:density=0.1,", GCOMP_E_SPEC, "empty item"},
         {"topk:,", GCOMP_E_SPEC, "empty item"},
     };
