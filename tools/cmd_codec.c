@@ -32,12 +32,12 @@ int cmd_encode(int argc, char **argv) {
                *shape = NULL;
     for (int i = 1; i < argc; i++) {
         const char **slot = !strcmp(argv[i], "-c") || !strcmp(argv[i], "--codec") ? &spec
-                            : !strcmp(argv[i], "-i")                                ? &in
-                            : !strcmp(argv[i], "-o")                                ? &out
-                            : !strcmp(argv[i], "--state")                           ? &state
-                            : !strcmp(argv[i], "--seed")                            ? &seed
-                            : !strcmp(argv[i], "--shape")                           ? &shape
-                                                                                    : NULL;
+                            : !strcmp(argv[i], "-i")                              ? &in
+                            : !strcmp(argv[i], "-o")                              ? &out
+                            : !strcmp(argv[i], "--state")                         ? &state
+                            : !strcmp(argv[i], "--seed")                          ? &seed
+                            : !strcmp(argv[i], "--shape")                         ? &shape
+                                                                                  : NULL;
         if (!slot) return cli_fail(cmd, 2, "unknown option '%s' (see gradcomp --help)", argv[i]);
         if (!(*slot = need_value(cmd, &i, argc, argv))) return 2;
     }
@@ -64,8 +64,8 @@ int cmd_encode(int argc, char **argv) {
     size_t n = len / 4;
     if (shape && rows * cols != n) {
         free(raw);
-        return cli_fail(cmd, 1, "--shape %zux%zu holds %zu elements, the input has %zu", rows,
-                        cols, rows * cols, n);
+        return cli_fail(cmd, 1, "--shape %zux%zu holds %zu elements, the input has %zu", rows, cols,
+                        rows * cols, n);
     }
     gcomp_compressor *c = NULL;
     gcomp_error err;
@@ -88,7 +88,8 @@ int cmd_encode(int argc, char **argv) {
             goto done;
         }
         if (strcmp(canon, gcomp_compressor_spec(c)) || gcomp_compressor_size(c) != n) {
-            cli_fail(cmd, 1, "%s was saved by '%s' for %zu elements, not '%s' for %zu; use another "
+            cli_fail(cmd, 1,
+                     "%s was saved by '%s' for %zu elements, not '%s' for %zu; use another "
                      "state file or delete it to start afresh",
                      state, gcomp_compressor_spec(c), gcomp_compressor_size(c), canon, n);
             goto done;
@@ -123,8 +124,10 @@ int cmd_encode(int argc, char **argv) {
     if (rc == 0 && state) {
         size_t sl = gcomp_state_bound(c), got;
         uint8_t *blob = malloc(sl);
-        if (!blob || gcomp_state_save(c, blob, sl, &got) != GCOMP_OK) rc = cli_fail(cmd, 1, "cannot save state");
-        else rc = cli_write_file(cmd, state, blob, got);
+        if (!blob || gcomp_state_save(c, blob, sl, &got) != GCOMP_OK)
+            rc = cli_fail(cmd, 1, "cannot save state");
+        else
+            rc = cli_write_file(cmd, state, blob, got);
         free(blob);
     }
 done:
@@ -239,6 +242,15 @@ int cmd_state(int argc, char **argv) {
     if (st != GCOMP_OK) return cli_fail(cmd, 1, "%s: %s", file, err.message);
     size_t n = gcomp_compressor_size(c);
     const float *r = gcomp_compressor_residual(c);
+    float *formed = NULL; /* PowerSGD keeps its residual factored: form it */
+    if (!r && (formed = malloc(n * sizeof(float))) != NULL) {
+        if (gcomp_lowrank_residual(c, formed) == GCOMP_OK) {
+            r = formed;
+        } else {
+            free(formed);
+            formed = NULL;
+        }
+    }
     printf("spec           %s\n", gcomp_compressor_spec(c));
     printf("elements       %zu\n", n);
     printf("step           %llu\n", (unsigned long long)gcomp_compressor_step(c));
@@ -258,20 +270,27 @@ int cmd_state(int argc, char **argv) {
         printf("residual       none (feedback=none)\n");
         if (resid_out) rc = cli_fail(cmd, 1, "this state keeps no residual");
     }
+    free(formed);
     gcomp_compressor_free(c);
     return rc;
 }
 
 static const char *type_name(gcomp_param_type t) {
-    return t == GCOMP_PARAM_INT ? "int" : t == GCOMP_PARAM_FLOAT ? "float" : t == GCOMP_PARAM_ENUM ? "enum" : "bool";
+    return t == GCOMP_PARAM_INT     ? "int"
+           : t == GCOMP_PARAM_FLOAT ? "float"
+           : t == GCOMP_PARAM_ENUM  ? "enum"
+                                    : "bool";
 }
 
 static void json_str(const char *s) {
     putchar('"');
     for (; s && *s; s++) {
-        if (*s == '"' || *s == '\\') printf("\\%c", *s);
-        else if ((unsigned char)*s < 0x20) printf("\\u%04x", *s);
-        else putchar(*s);
+        if (*s == '"' || *s == '\\')
+            printf("\\%c", *s);
+        else if ((unsigned char)*s < 0x20)
+            printf("\\u%04x", *s);
+        else
+            putchar(*s);
     }
     putchar('"');
 }
@@ -285,16 +304,22 @@ static void print_params(const gcomp_param_info *p, size_t n, bool json) {
                    type_name(p[j].type), p[j].min, p[j].max, p[j].min_exclusive ? "true" : "false");
             json_str(p[j].deflt);
             printf(",\"choices\":");
-            if (p[j].choices) json_str(p[j].choices);
-            else printf("null");
+            if (p[j].choices)
+                json_str(p[j].choices);
+            else
+                printf("null");
             printf(",\"help\":");
             json_str(p[j].help);
             printf("}");
         } else {
             char range[96];
-            if (p[j].type == GCOMP_PARAM_ENUM) snprintf(range, sizeof range, "%s", p[j].choices);
-            else if (p[j].type == GCOMP_PARAM_BOOL) snprintf(range, sizeof range, "0|1");
-            else snprintf(range, sizeof range, "%c%g, %g]", p[j].min_exclusive ? '(' : '[', p[j].min, p[j].max);
+            if (p[j].type == GCOMP_PARAM_ENUM)
+                snprintf(range, sizeof range, "%s", p[j].choices);
+            else if (p[j].type == GCOMP_PARAM_BOOL)
+                snprintf(range, sizeof range, "0|1");
+            else
+                snprintf(range, sizeof range, "%c%g, %g]", p[j].min_exclusive ? '(' : '[', p[j].min,
+                         p[j].max);
             printf("    %-12s %-5s %-26s default %-8s %s\n", p[j].name, type_name(p[j].type), range,
                    p[j].deflt, p[j].help);
         }
@@ -303,7 +328,8 @@ static void print_params(const gcomp_param_info *p, size_t n, bool json) {
 
 int cmd_list_codecs(int argc, char **argv) {
     bool json = argc > 1 && !strcmp(argv[1], "--json");
-    if (argc > 2 || (argc == 2 && !json)) return cli_fail("list-codecs", 2, "usage: gradcomp list-codecs [--json]");
+    if (argc > 2 || (argc == 2 && !json))
+        return cli_fail("list-codecs", 2, "usage: gradcomp list-codecs [--json]");
     size_t ncommon;
     const gcomp_param_info *common = gcomp_common_params(&ncommon);
     if (json) printf("{\"codecs\":[");

@@ -40,8 +40,8 @@ gcomp_status gcomp_compressor_create(gcomp_compressor **out, const char *spec, s
     if (n > UINT32_MAX)
         return gcomp__fail(err, GCOMP_E_LIMIT, "tensor of %zu elements: at most 2^32-1", n);
     if ((rows || cols) && (rows == 0 || cols == 0 || rows * cols != n || rows > n))
-        return gcomp__fail(err, GCOMP_E_ARG, "shape %zux%zu does not hold %zu elements", rows,
-                           cols, n);
+        return gcomp__fail(err, GCOMP_E_ARG, "shape %zux%zu does not hold %zu elements", rows, cols,
+                           n);
     gcomp__spec parsed;
     gcomp_status st = gcomp__spec_parse(spec, &parsed, err);
     if (st != GCOMP_OK) return st;
@@ -76,13 +76,21 @@ gcomp_status gcomp_compressor_create(gcomp_compressor **out, const char *spec, s
     return GCOMP_OK;
 }
 
-const char *gcomp_compressor_spec(const gcomp_compressor *c) { return c ? c->spec.canonical : NULL; }
-uint64_t gcomp_compressor_fingerprint(const gcomp_compressor *c) { return c ? c->spec.fingerprint : 0; }
+const char *gcomp_compressor_spec(const gcomp_compressor *c) {
+    return c ? c->spec.canonical : NULL;
+}
+uint64_t gcomp_compressor_fingerprint(const gcomp_compressor *c) {
+    return c ? c->spec.fingerprint : 0;
+}
 const gcomp_codec_info *gcomp_compressor_codec(const gcomp_compressor *c) {
     return c ? &c->codec->info : NULL;
 }
-size_t gcomp_compressor_size(const gcomp_compressor *c) { return c ? c->n : 0; }
-uint64_t gcomp_compressor_step(const gcomp_compressor *c) { return c ? c->step : 0; }
+size_t gcomp_compressor_size(const gcomp_compressor *c) {
+    return c ? c->n : 0;
+}
+uint64_t gcomp_compressor_step(const gcomp_compressor *c) {
+    return c ? c->step : 0;
+}
 
 gcomp_status gcomp_compressor_set_epoch(gcomp_compressor *c, double epoch) {
     if (!c || !(epoch >= 0.0) || epoch > 1e15) return GCOMP_E_ARG;
@@ -97,7 +105,8 @@ const float *gcomp_compressor_residual(const gcomp_compressor *c) {
 
 size_t gcomp_encode_bound(const gcomp_compressor *c) {
     if (!c) return 0;
-    size_t p = c->codec->payload_bound ? c->codec->payload_bound(c) : gcomp__sparse_payload_bound(c);
+    size_t p =
+        c->codec->payload_bound ? c->codec->payload_bound(c) : gcomp__sparse_payload_bound(c);
     return GCOMP_HEADER_SIZE + p;
 }
 
@@ -162,7 +171,8 @@ static gcomp_status read_header(const void *msg, size_t len, header *hd) {
     if (hlen < GCOMP_HEADER_SIZE) return GCOMP_E_CORRUPT;
     if (len < hlen) return GCOMP_E_TRUNCATED;
     if (gcomp__crc32c(0, h, hlen - 4) != gcomp__get32(h + hlen - 4)) return GCOMP_E_CHECKSUM;
-    if (h[4] != GCOMP_FORMAT_VERSION) return h[4] > GCOMP_FORMAT_VERSION ? GCOMP_E_VERSION : GCOMP_E_CORRUPT;
+    if (h[4] != GCOMP_FORMAT_VERSION)
+        return h[4] > GCOMP_FORMAT_VERSION ? GCOMP_E_VERSION : GCOMP_E_CORRUPT;
     if (hlen != GCOMP_HEADER_SIZE) return GCOMP_E_CORRUPT;
     hd->codec_id = gcomp__get16(h + 6);
     hd->flags = gcomp__get32(h + 8);
@@ -185,7 +195,8 @@ static gcomp_status decode_with(const header *hd, float *acc, size_t n, float sc
     if (acc && hd->n != n) return GCOMP_E_MISMATCH;
     if (!(scale == scale)) return GCOMP_E_ARG;
     const gcomp__codec *codec = gcomp__codec_by_id(hd->codec_id);
-    if (codec->decode) return codec->decode(hd->payload, hd->payload_len, (size_t)hd->n, acc, scale, ws);
+    if (codec->decode)
+        return codec->decode(hd->payload, hd->payload_len, (size_t)hd->n, acc, scale, ws);
     return gcomp__sparse_decode(hd->payload, hd->payload_len, (size_t)hd->n, acc, scale, ws);
 }
 
@@ -222,7 +233,8 @@ gcomp_status gcomp_message_inspect(const void *msg, size_t len, gcomp_message_in
     info->codec_name = "?";
     info->index_coding = "";
     info->value_coding = "";
-    if (msg && len >= 6 && memcmp(msg, MAGIC, 4) == 0) info->format_version = ((const uint8_t *)msg)[4];
+    if (msg && len >= 6 && memcmp(msg, MAGIC, 4) == 0)
+        info->format_version = ((const uint8_t *)msg)[4];
     header hd;
     gcomp_status st = read_header(msg, len, &hd);
     if (st != GCOMP_OK) return st;
@@ -235,7 +247,7 @@ gcomp_status gcomp_message_inspect(const void *msg, size_t len, gcomp_message_in
     info->fingerprint = hd.fingerprint;
     info->payload_crc = hd.payload_crc;
     if (!codec->decode) return gcomp__sparse_info(hd.payload, hd.payload_len, info);
-    return GCOMP_OK;
+    return codec->inspect ? codec->inspect(hd.payload, hd.payload_len, info) : GCOMP_OK;
 }
 
 /* ---- state ----------------------------------------------------------------------------------- */
@@ -302,7 +314,8 @@ typedef struct blob {
 static gcomp_status read_blob(const void *src, size_t len, blob *b) {
     const uint8_t *p = src;
     if (!src) return GCOMP_E_ARG;
-    if (len < STATE_FIXED + 12) return len >= 4 && memcmp(p, STATE_MAGIC, 4) ? GCOMP_E_BAD_MAGIC : GCOMP_E_STATE;
+    if (len < STATE_FIXED + 12)
+        return len >= 4 && memcmp(p, STATE_MAGIC, 4) ? GCOMP_E_BAD_MAGIC : GCOMP_E_STATE;
     if (memcmp(p, STATE_MAGIC, 4) != 0) return GCOMP_E_BAD_MAGIC;
     if (gcomp__get32(p + 8) != len) return GCOMP_E_STATE;
     if (gcomp__crc32c(0, p, len - 4) != gcomp__get32(p + len - 4)) return GCOMP_E_CHECKSUM;
@@ -396,12 +409,15 @@ void gcomp_state_reset(gcomp_compressor *c) {
     c->epoch = 0;
 }
 
-/* ---- statistics -------------------------------------------------------------------------------- */
+/* ---- statistics --------------------------------------------------------------------------------
+ */
 
 void gcomp_compressor_stats(const gcomp_compressor *c, gcomp_stats *out) {
     if (!out) return;
-    if (c) *out = c->stats;
-    else memset(out, 0, sizeof *out);
+    if (c)
+        *out = c->stats;
+    else
+        memset(out, 0, sizeof *out);
 }
 
 void gcomp_compressor_stats_reset(gcomp_compressor *c) {

@@ -240,6 +240,9 @@ struct gcomp__codec {
                            size_t cap, size_t *len);
     gcomp_status (*decode)(const uint8_t *payload, size_t len, size_t n, float *acc,
                            float scale, gcomp__buf *ws);
+    /* Optional, with a custom decode: fills elements_sent, index_coding, value_coding of a
+     * message whose header was checked (gcomp_message_inspect); the payload is untrusted. */
+    gcomp_status (*inspect)(const uint8_t *payload, size_t len, gcomp_message_info *info);
     /* Optional codec-private state (beyond feedback buffers), for save/load. */
     size_t (*state_size)(const gcomp_compressor *c);
     void (*state_save)(const gcomp_compressor *c, uint8_t *dst);

@@ -914,6 +914,17 @@ static gcomp_status psgd_encode(gcomp_compressor *c, const float *x, float *res,
 
 /* ---- decode: untrusted bytes -------------------------------------------------------------- */
 
+/* What `gradcomp inspect` shows: values carried (the factors, or every element). */
+static gcomp_status psgd_info(const uint8_t *pl, size_t len, gcomp_message_info *info) {
+    if (len < 16) return GCOMP_E_CORRUPT;
+    uint64_t r = gcomp__get32(pl + 4), rows = gcomp__get32(pl + 8), cols = gcomp__get32(pl + 12);
+    bool lowrank = pl[0] == 1;
+    info->elements_sent = lowrank ? r * (rows + cols) : info->n;
+    info->index_coding = lowrank ? "low-rank (P, Q)" : "none";
+    info->value_coding = pl[1] == GCOMP__V_F16 ? "f16" : "f32";
+    return GCOMP_OK;
+}
+
 static gcomp_status psgd_decode(const uint8_t *pl, size_t len, size_t n, float *acc, float scale,
                                 gcomp__buf *ws) {
     if (len < SECTION) return GCOMP_E_CORRUPT;
@@ -1020,6 +1031,7 @@ const gcomp__codec gcomp__codec_powersgd = {
     .payload_bound = psgd_payload_bound,
     .encode = psgd_encode,
     .decode = psgd_decode,
+    .inspect = psgd_info,
     .state_size = psgd_state_size,
     .state_save = psgd_state_save,
     .state_load = psgd_state_load,

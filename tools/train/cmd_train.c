@@ -205,6 +205,8 @@ static int relaunch(int argc, char **argv, const opts *o) {
         av[n++] = np;
         av[n++] = "-x";
         av[n++] = "OPENBLAS_NUM_THREADS=1";
+        av[n++] = "-x";
+        av[n++] = "OMP_NUM_THREADS=1";
         av[n++] = "--";
     } else {
         av[n++] = "mpirun";
@@ -212,8 +214,12 @@ static int relaunch(int argc, char **argv, const opts *o) {
         if (o->np > ncpu) av[n++] = "--oversubscribe";
         av[n++] = "-np";
         av[n++] = np;
+        /* One rank per core: BLAS and OpenMP threads inside a rank would only fight the
+         * other ranks for the cores (busy-waiting barriers make that very costly). */
         av[n++] = "-x";
         av[n++] = "OPENBLAS_NUM_THREADS=1";
+        av[n++] = "-x";
+        av[n++] = "OMP_NUM_THREADS=1";
     }
     av[n++] = self;
     av[n++] = "train";
