@@ -25,7 +25,7 @@ static const cli_command commands[] = {
     {"plan-layers", cmd_plan_layers, "plan-layers POLICY FILE [--json]   (spec per tensor, bytes/step)"},
 #ifdef GCOMP_CLI_MPI
     {"allreduce-bench", cmd_allreduce_bench,
-     "allreduce-bench -c SPEC -n N [--strategy S] [--json]   (under mpirun)"},
+     "allreduce-bench -c SPEC -n N [--shape RxC] [--strategy S] [--runs R] [--json]  (under mpirun)"},
 #endif
 #ifdef GCOMP_CLI_TRAIN
     {"train", cmd_train, "train [--np P] [--model M] [--compare SPEC,...] [--link RATE] ..."},

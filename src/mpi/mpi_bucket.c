@@ -682,6 +682,15 @@ restart:
                     coll_started(b, g);
                 else
                     g->stage++;
+                if (g->nreq > 0 && s->overlap) {
+                    uint64_t t0 = gm_now_ns();
+                    st = s->overlap(b, g);
+                    uint64_t dt = gm_now_ns() - t0;
+                    b->call.codec_ns += dt;
+                    b->call.overlap_ns += dt;
+                    g->codec_ns += dt;
+                    if (st != GCOMP_OK) return fatal(b, err, st, s->what);
+                }
                 continue;
             }
             bool overlapped = b->inflight > 0;
@@ -697,6 +706,19 @@ restart:
         }
     }
     return GCOMP_OK;
+}
+
+int gm_zero_progress(gm_group *g, float *x, size_t n) {
+    const size_t piece = (size_t)1 << 20; /* 4 MB */
+    for (size_t i = 0; i < n; i += piece) {
+        memset(x + i, 0, (n - i < piece ? n - i : piece) * sizeof(float));
+        int flag = 0;
+        if (g->nreq > 0) {
+            int rc = MPI_Testall(g->nreq, g->req, &flag, MPI_STATUSES_IGNORE);
+            if (rc != MPI_SUCCESS) return rc;
+        }
+    }
+    return MPI_SUCCESS;
 }
 
 static bool all_done(const gcomp_mpi_bucket *b) {

@@ -214,7 +214,8 @@ typedef struct gm_step {
     bool coll;        /* issues collectives (in the global order) */
     bool member_only; /* only ranks that take part in the exchange (node leaders) run it */
     gm_step_fn fn;
-    const char *what; /* for timeout messages */
+    const char *what;   /* for timeout messages */
+    gm_step_fn overlap; /* COLL: codec work run right after issuing, while it is in flight */
 } gm_step;
 
 #define GM_MAX_STEPS 40 /* PowerSGD: 1 + 2 x 2 x iters (iters <= 8) + hierarchical 3 */
@@ -273,8 +274,15 @@ struct gcomp_mpi_bucket {
 };
 
 static inline void gm_add_step(gm_group *g, bool coll, gm_step_fn fn, const char *what) {
-    g->steps[g->nsteps++] = (gm_step){coll, false, fn, what};
+    g->steps[g->nsteps++] = (gm_step){coll, false, fn, what, NULL};
 }
+/* Work for the last added COLL step to do while its transfer is in flight. */
+static inline void gm_add_overlap(gm_group *g, gm_step_fn fn) {
+    g->steps[g->nsteps - 1].overlap = fn;
+}
+/* Zeroes n floats in pieces, testing the group's requests between pieces: MPI moves
+ * large (rendezvous) transfers only inside MPI calls.  Returns an MPI error code. */
+int gm_zero_progress(gm_group *g, float *x, size_t n);
 
 /* Group step builders and steady-state buffer reservations (one file per strategy). */
 void gm_steps_allgather(gm_group *g);
