@@ -193,7 +193,8 @@ static gcomp_status tensor_setup(gcomp_mpi_bucket *b, size_t i, const gcomp_mpi_
 
     t->msgs = calloc((size_t)(xsize > 0 ? xsize : 1), sizeof *t->msgs);
     if (!t->msgs) return gm_fail(err, GCOMP_E_NOMEM, "out of memory");
-    if (t->hier && gm_reserve(&t->work, t->n * sizeof(float)) != GCOMP_OK)
+    if (t->hier && (gm_reserve(&t->work, t->n * sizeof(float)) != GCOMP_OK ||
+                    (c->node_size > 1 && gm_reserve(&t->tmp, t->n * sizeof(float)) != GCOMP_OK)))
         return gm_fail(err, GCOMP_E_NOMEM, "tensor '%s': out of memory", t->name);
     if (!exchange) return GCOMP_OK; /* no compressor here */
 
@@ -269,7 +270,7 @@ static gcomp_status tensor_setup(gcomp_mpi_bucket *b, size_t i, const gcomp_mpi_
 static void add_steps(gcomp_mpi_bucket *b, gm_group *g) {
     g->nsteps = 0;
     bool inner = !(g->hier && g->single_node);
-    if (g->hier) gm_steps_hier_prefix(g);
+    if (g->hier) gm_steps_hier_prefix(g, b->comm->node_size);
     int first_inner = g->nsteps;
     if (inner) {
         switch (g->strategy) {
@@ -289,7 +290,7 @@ static void add_steps(gcomp_mpi_bucket *b, gm_group *g) {
     }
     if (g->hier) {
         for (int i = first_inner; i < g->nsteps; i++) g->steps[i].member_only = true;
-        gm_steps_hier_suffix(g);
+        gm_steps_hier_suffix(g, b->comm->node_size);
     }
     g->last_coll = -1;
     for (int i = 0; i < g->nsteps; i++)
@@ -475,7 +476,7 @@ static void bucket_destroy(gcomp_mpi_bucket *b) {
         if (b->g[gi].inflight) nreq += b->g[gi].nreq;
     if (nreq > 0 && !fin) {
         MPI_Request *req = calloc((size_t)nreq, sizeof *req);
-        void **bufs = calloc(6 * b->ng + b->nt + 1, sizeof *bufs);
+        void **bufs = calloc(6 * b->ng + 2 * b->nt + 1, sizeof *bufs);
         size_t nb = 0;
         int k = 0;
         for (size_t gi = 0; gi < b->ng; gi++) {
@@ -487,7 +488,8 @@ static void bucket_destroy(gcomp_mpi_bucket *b) {
             if (g->hier)
                 for (size_t i = g->t0; i < g->t1; i++) {
                     bufs[nb++] = b->t[i].work.p;
-                    b->t[i].work.p = NULL;
+                    bufs[nb++] = b->t[i].tmp.p;
+                    b->t[i].work.p = b->t[i].tmp.p = NULL;
                 }
         }
         MPI_Comm comms[3] = {b->bc, b->bnode, b->bleaders};
@@ -510,6 +512,7 @@ static void bucket_destroy(gcomp_mpi_bucket *b) {
             int xs = b->t[i].hier ? c->nnodes : c->size;
             tensor_free(&b->t[i], xs);
             gm_buf_free(&b->t[i].work);
+            gm_buf_free(&b->t[i].tmp);
         }
     free(b->t);
     free(b->g);
@@ -852,7 +855,7 @@ gcomp_status gcomp_mpi_wait(gcomp_mpi_bucket *b, double timeout_s, gcomp_error *
                 "%.1f s (a peer is dead, stalled, or did not start this bucket)",
                 what, tn, (double)(now - t0) * 1e-9);
         }
-        gm_backoff(&spins);
+        gm_backoff(&spins, now - t0);
     }
 }
 

@@ -149,7 +149,7 @@ gcomp_status gm_wait_all(gcomp_mpi_comm *c, MPI_Request *req, int n, uint64_t de
                                 "%s: not complete after %.1f s (a peer is dead, stalled or has not "
                                 "made the same call)",
                                 what, (double)(now - t0) * 1e-9);
-        gm_backoff(&spins);
+        gm_backoff(&spins, now - t0);
     }
 }
 

@@ -43,8 +43,9 @@ static inline int gm_marker_rank(uint64_t m) {
 /* ---- utilities (mpi_util.c) -------------------------------------------------------------- */
 
 uint64_t gm_now_ns(void);
-/* One step of a wait loop: yield for the first ~1 ms, then sleep 20..200 us. */
-void gm_backoff(unsigned *spins);
+/* One step of a wait loop that has waited `waited_ns` so far: yield, or sleep 50 us
+ * once the wait is long. */
+void gm_backoff(unsigned *spins, uint64_t waited_ns);
 gcomp_status gm_fail(gcomp_error *err, gcomp_status st, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 uint64_t gm_fnv1a(const void *p, size_t len, uint64_t h);
@@ -191,7 +192,8 @@ typedef struct gm_tensor {
     gcomp_compressor *owner;  /* rsag, sparse: this rank's region (NULL when empty) */
     uint64_t owner_fp;
     size_t *reg;      /* rsag, sparse: xsize + 1 region boundaries */
-    gm_buf work;      /* hierarchical: n floats */
+    gm_buf work;      /* hierarchical: n floats, the node's partial sums */
+    gm_buf tmp;       /* hierarchical: n floats received from a child */
     gm_buf own;       /* sparse: this rank's whole message */
     gm_buf bits, pos; /* allreduce random-k: scratch, positions */
 
@@ -218,7 +220,8 @@ typedef struct gm_step {
     gm_step_fn overlap; /* COLL: codec work run right after issuing, while it is in flight */
 } gm_step;
 
-#define GM_MAX_STEPS 40 /* PowerSGD: 1 + 2 x 2 x iters (iters <= 8) + hierarchical 3 */
+/* PowerSGD: 1 + 2 x 2 x iters (iters <= 8); hierarchical: 2 + 3 x rounds (<= 10) */
+#define GM_MAX_STEPS 72
 
 struct gm_group {
     int strategy;
@@ -241,7 +244,8 @@ struct gm_group {
     size_t send_len, gsend_len;
     size_t pack_count; /* allreduce */
     uint64_t chk[3], chk_out[3], keyhash;
-    uint64_t hstat, hstat_out;
+    uint64_t hstat;                /* hierarchical: the leader's verdict, sent down */
+    int hround, hdown;             /* hierarchical: tree rounds up and down */
     int phase, phases, max_phases; /* PowerSGD: reductions done, needed, at most */
     bool lr_started;
     float *cur; /* PowerSGD: the compressor's buffer being summed */
@@ -290,8 +294,8 @@ void gm_steps_allreduce(gm_group *g);
 void gm_steps_owner(gm_group *g); /* rsag and sparse */
 void gm_steps_lowrank(gm_group *g, int max_phases);
 gcomp_status gm_reserve_lowrank(gcomp_mpi_bucket *b, gm_group *g);
-void gm_steps_hier_prefix(gm_group *g);
-void gm_steps_hier_suffix(gm_group *g);
+void gm_steps_hier_prefix(gm_group *g, int node_size);
+void gm_steps_hier_suffix(gm_group *g, int node_size);
 gcomp_status gm_reserve_allgather(gcomp_mpi_bucket *b, gm_group *g);
 gcomp_status gm_reserve_allreduce(gcomp_mpi_bucket *b, gm_group *g);
 gcomp_status gm_reserve_owner(gcomp_mpi_bucket *b, gm_group *g);

@@ -44,18 +44,19 @@ uint64_t gm_now_ns(void) {
     return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
-void gm_backoff(unsigned *spins) {
-    /* Yield first (a peer on the same core may need it to make our progress), then sleep:
-     * up to 200 us keeps a 1 Gbit link busy through the socket buffers while leaving the
-     * core to the other ranks (2 cores for 4 ranks here). */
-    unsigned s = (*spins)++;
-    if (s < 64) {
+void gm_backoff(unsigned *spins, uint64_t waited_ns) {
+    /* MPI moves non-blocking collectives only inside MPI calls, one round of the
+     * algorithm per call at best (a pipelined reduce of 8 MB is a hundred rounds), so a
+     * wait first polls with sched_yield - which still lets a rank on the same core run,
+     * as Open MPI's own mpi_yield_when_idle does.  Only a wait that has already lasted
+     * 20 ms (a slow peer, a long transfer) sleeps between polls, 50 us: short against
+     * the wait, and the socket buffers keep a 1 Gbit link busy for longer than that. */
+    (*spins)++;
+    if (waited_ns < 20000000ull) {
         sched_yield();
         return;
     }
-    long us = 20L << ((s - 64) / 64 < 3 ? (s - 64) / 64 : 3);
-    if (us > 200) us = 200;
-    struct timespec ts = {0, us * 1000L};
+    struct timespec ts = {0, 50000L};
     nanosleep(&ts, NULL);
 }
 
