@@ -197,7 +197,9 @@ static int relaunch(int argc, char **argv, const opts *o) {
                 "train", 1,
                 "--link %s shapes network namespaces and needs root (run as root, or drop --link)",
                 o->link);
-        av[n++] = "sh";
+        /* netsim stops a job after 300 s unless told otherwise; a training run is longer. */
+        setenv("NETSIM_TIMEOUT", "86400", 0);
+        av[n++] = "bash";
         av[n++] = GCOMP_SOURCE_DIR "/scripts/netsim";
         av[n++] = "job";
         av[n++] = np;
