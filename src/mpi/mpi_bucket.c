@@ -281,7 +281,7 @@ static void add_steps(gcomp_mpi_bucket *b, gm_group *g) {
             if (b->t[g->t0].lowrank)
                 gm_steps_lowrank(g, b->t[g->t0].phases);
             else
-                gm_steps_allreduce(g);
+                gm_steps_allreduce(b, g);
             break;
         default:
             gm_steps_owner(g);
@@ -309,6 +309,7 @@ static gcomp_status group_setup(gcomp_mpi_bucket *b, gm_group *g) {
     g->xrank = g->hier ? c->node_index : c->rank;
     g->member = !g->hier || c->node_rank == 0;
     add_steps(b, g);
+    if (g->steps_nomem) return GCOMP_E_NOMEM;
     if (gm_req_room(g, (int)g->nt + 4) != GCOMP_OK) return GCOMP_E_NOMEM;
     size_t P = (size_t)g->xsize, nt = g->nt;
     size_t words = 8 * (3 * P * nt + nt + 2 * (P + 1)) + 4 * 4 * P + 64;
@@ -335,6 +336,20 @@ static gcomp_status group_setup(gcomp_mpi_bucket *b, gm_group *g) {
     default:
         return gm_reserve_owner(b, g);
     }
+}
+
+void gm_add_step(gm_group *g, bool coll, gm_step_fn fn, const char *what) {
+    if (g->nsteps == g->steps_cap) {
+        int cap = g->steps_cap ? 2 * g->steps_cap : 16;
+        gm_step *s = realloc(g->steps, (size_t)cap * sizeof *s);
+        if (!s) {
+            g->steps_nomem = true;
+            return;
+        }
+        g->steps = s;
+        g->steps_cap = cap;
+    }
+    g->steps[g->nsteps++] = (gm_step){coll, false, fn, what, NULL};
 }
 
 static bool same_group(const gm_tensor *a, const gm_tensor *t) {
@@ -506,6 +521,7 @@ static void bucket_destroy(gcomp_mpi_bucket *b) {
         gm_buf_free(&g->pack);
         gm_buf_free(&g->words);
         free(g->req);
+        free(g->steps);
     }
     if (b->t)
         for (size_t i = 0; i < b->nt; i++) {

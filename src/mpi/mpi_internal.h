@@ -220,17 +220,16 @@ typedef struct gm_step {
     gm_step_fn overlap; /* COLL: codec work run right after issuing, while it is in flight */
 } gm_step;
 
-/* PowerSGD: 1 + 2 x 2 x iters (iters <= 8); hierarchical: 2 + 3 x rounds (<= 10) */
-#define GM_MAX_STEPS 72
-
 struct gm_group {
     int strategy;
     bool hier, single_node;
     size_t t0, t1, nt; /* tensors [t0, t1) */
     MPI_Comm xc;       /* exchange communicator (bucket dup, or leaders dup) */
     int xsize, xrank;
-    bool member; /* takes part in the exchange */
-    gm_step steps[GM_MAX_STEPS];
+    bool member;    /* takes part in the exchange */
+    gm_step *steps; /* grown by gm_add_step */
+    int steps_cap;
+    bool steps_nomem;
     int nsteps, stage, last_coll;
     bool inflight;
     MPI_Request *req;
@@ -243,6 +242,8 @@ struct gm_group {
     size_t *pos;                                       /* xsize + 1 running read positions */
     size_t send_len, gsend_len;
     size_t pack_count; /* allreduce */
+    bool ring;         /* allreduce: own ring over point-to-point (big packs) */
+    int ring_s;        /* allreduce ring: next round */
     uint64_t chk[3], chk_out[3], keyhash;
     uint64_t hstat;                /* hierarchical: the leader's verdict, sent down */
     int hround, hdown;             /* hierarchical: tree rounds up and down */
@@ -277,12 +278,11 @@ struct gcomp_mpi_bucket {
     gcomp_mpi_stats stats, call;
 };
 
-static inline void gm_add_step(gm_group *g, bool coll, gm_step_fn fn, const char *what) {
-    g->steps[g->nsteps++] = (gm_step){coll, false, fn, what, NULL};
-}
+/* Appends a step (on allocation failure sets steps_nomem; set-up then fails). */
+void gm_add_step(gm_group *g, bool coll, gm_step_fn fn, const char *what);
 /* Work for the last added COLL step to do while its transfer is in flight. */
 static inline void gm_add_overlap(gm_group *g, gm_step_fn fn) {
-    g->steps[g->nsteps - 1].overlap = fn;
+    if (g->nsteps > 0) g->steps[g->nsteps - 1].overlap = fn;
 }
 /* Zeroes n floats in pieces, testing the group's requests between pieces: MPI moves
  * large (rendezvous) transfers only inside MPI calls.  Returns an MPI error code. */
@@ -290,7 +290,7 @@ int gm_zero_progress(gm_group *g, float *x, size_t n);
 
 /* Group step builders and steady-state buffer reservations (one file per strategy). */
 void gm_steps_allgather(gm_group *g);
-void gm_steps_allreduce(gm_group *g);
+void gm_steps_allreduce(gcomp_mpi_bucket *b, gm_group *g);
 void gm_steps_owner(gm_group *g); /* rsag and sparse */
 void gm_steps_lowrank(gm_group *g, int max_phases);
 gcomp_status gm_reserve_lowrank(gcomp_mpi_bucket *b, gm_group *g);

@@ -20,8 +20,8 @@
 
 #define STEPS 2
 
-static const size_t sizes[] = {1, 3, 5, 1000, 1001, 4099};
-#define NSIZES (sizeof sizes / sizeof sizes[0])
+static const size_t std_sizes[] = {1, 3, 5, 1000, 1001, 4099};
+#define NSIZES (sizeof std_sizes / sizeof std_sizes[0])
 
 typedef struct tcase {
     const char *spec;
@@ -30,8 +30,8 @@ typedef struct tcase {
     int expect; /* expected resolved strategy (without the hierarchical flag), or -1 */
 } tcase;
 
-static void run_case(gcomp_mpi_comm *comm, const tcase *tc, gcomp_mpi_op op) {
-    size_t nt = NSIZES;
+static void run_case_sizes(gcomp_mpi_comm *comm, const tcase *tc, gcomp_mpi_op op,
+                           const size_t *sizes, size_t nt) {
     gcomp_mpi_tensor t[NSIZES];
     char names[NSIZES][64];
     float *data[NSIZES];
@@ -286,13 +286,27 @@ int main(int argc, char **argv) {
             if (mc_rank == 0) printf("skip %s: codec not built\n", cases[i].spec);
             continue;
         }
-        run_case(comm, &cases[i], GCOMP_MPI_SUM);
-        if (cases[i].strategy & H) run_case(comm2, &cases[i], GCOMP_MPI_SUM);
+        run_case_sizes(comm, &cases[i], GCOMP_MPI_SUM, std_sizes, NSIZES);
+        if (cases[i].strategy & H) run_case_sizes(comm2, &cases[i], GCOMP_MPI_SUM, std_sizes, NSIZES);
     }
     tcase avg = {"topk:density=0.1,feedback=ef", GCOMP_MPI_SPARSE, f32, -1};
-    run_case(comm, &avg, GCOMP_MPI_AVERAGE);
+    run_case_sizes(comm, &avg, GCOMP_MPI_AVERAGE, std_sizes, NSIZES);
     tcase avg2 = {"int8", GCOMP_MPI_HIERARCHICAL, f32, -1};
-    run_case(comm2, &avg2, GCOMP_MPI_AVERAGE);
+    run_case_sizes(comm2, &avg2, GCOMP_MPI_AVERAGE, std_sizes, NSIZES);
+    /* Packs of 256 KB and more go around the library's own ring instead of
+     * MPI_Iallreduce: both must give the sum. */
+    const size_t big[] = {300001, 7};
+    const tcase ring[] = {
+        {"none", GCOMP_MPI_AUTO, f32, GCOMP_MPI_ALLREDUCE},
+        {"none:values=f16,feedback=ef", GCOMP_MPI_AUTO, f16, GCOMP_MPI_ALLREDUCE},
+        {"none:values=bf16", GCOMP_MPI_AUTO, bf16, GCOMP_MPI_ALLREDUCE},
+        {"randomk:density=0.5,seed=3", GCOMP_MPI_AUTO, f32, GCOMP_MPI_ALLREDUCE},
+        {"none:values=f16", H | GCOMP_MPI_AUTO, f16, GCOMP_MPI_ALLREDUCE},
+    };
+    for (size_t i = 0; i < sizeof ring / sizeof ring[0]; i++) {
+        run_case_sizes(comm, &ring[i], GCOMP_MPI_SUM, big, 2);
+        if (ring[i].strategy & H) run_case_sizes(comm2, &ring[i], GCOMP_MPI_AVERAGE, big, 2);
+    }
 
     if (gcomp_codec_find("powersgd")) {
         lowrank_case(comm, "powersgd:rank=2", 40, 30, GCOMP_MPI_AUTO);
