@@ -47,7 +47,7 @@
  *               rank compresses chunk j of its gradient with its own chunk compressor
  *               and sends it to rank j (MPI_Alltoallv); rank j decodes and sums the P
  *               chunks, compresses the sum with the owner-side residual, and the owners'
- *               messages are allgathered.  Default for quantizers (int8, sign, ...).
+ *               messages are allgathered.  Default for quantizers (int8, sign, ...; not twobit).
  *   hierarchical (flag, combined with any of the above): a dense float32 reduce inside a
  *               node (MPI_Comm_split_type(MPI_COMM_TYPE_SHARED)), the compressed
  *               exchange between node leaders only, and a broadcast back inside the node.
@@ -149,8 +149,10 @@ GCOMP_API const char *gcomp_mpi_strategy_name(int strategy);
 /**
  * The strategy GCOMP_MPI_AUTO picks for a codec spec (never AUTO, never HIERARCHICAL):
  * ALLREDUCE for linear codecs whose values are f32, f16 or bf16 (`none`, `randomk`) and
- * for multi-phase codecs (PowerSGD), RSAG for quantizers (int8, int4, sign, twobit,
- * ternary, qsgd), ALLGATHER for everything else (sparse selectors).  `nranks` is the
+ * for multi-phase codecs (PowerSGD), RSAG for quantizers whose output scales with their
+ * input (int8, int4, sign, ternary, qsgd), ALLGATHER for everything else (sparse
+ * selectors, and twobit: its fixed +-t cannot carry the sum of P ranks' +-t, so an owner
+ * re-compressing it falls ever further behind, as MXNet's server never does).  `nranks` is the
  * number of ranks that exchange (reserved for size-dependent choices; today unused).
  * Returns GCOMP_OK, GCOMP_E_ARG, GCOMP_E_SPEC or GCOMP_E_UNKNOWN_CODEC.
  */

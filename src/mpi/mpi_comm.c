@@ -85,8 +85,12 @@ gcomp_status gcomp_mpi_strategy_auto(const char *spec, int nranks, int *out) {
         *out = GCOMP_MPI_ALLREDUCE;
     else if ((ci->flags & GCOMP_CODEC_LINEAR) && float_values)
         *out = GCOMP_MPI_ALLREDUCE;
-    else if (ci->flags & GCOMP_CODEC_QUANTIZER)
+    else if ((ci->flags & GCOMP_CODEC_QUANTIZER) && strcmp(name, "twobit") != 0)
         *out = GCOMP_MPI_RSAG;
+    /* twobit sends at most +-t per element per step whatever its input: an owner that
+     * re-compresses the sum of P ranks' +-t falls behind by up to (P-1)t a step, its
+     * residual grows without bound and replays stale steps (training diverged in
+     * gradcomp train).  MXNet's server never re-compresses either: allgather. */
     else
         *out = GCOMP_MPI_ALLGATHER;
     return GCOMP_OK;
