@@ -12,12 +12,12 @@ G=$B/gradcomp
 case "$what" in
 small)
   exec "$G" train --np 4 --model mlp --epochs 3 --out out/bench-small \
-    --compare "dense,dgc:density=0.001,values=f16,powersgd:rank=4,twobit:threshold=0.5,sign:feedback=ef"
+    --compare "dense,dgc:density=0.001,values=f16,powersgd:rank=4,twobit:threshold=0.5,sign:feedback=ef@allgather,sign:feedback=ef"
   ;;
 large)
-  exec "$G" train --np 4 --link 1gbit --model mlp-large --epochs 1 --batch 32 --evals 8 \
-    --out out/bench-large \
-    --compare "dense,dgc:density=0.001,values=f16,powersgd:rank=4"
+  exec "$G" train --np 4 --link 1gbit --model mlp-large --epochs 1 --max-steps 150 --batch 32 \
+    --evals 6 --out out/bench-large \
+    --compare "dense,dgc:density=0.001,values=f16,powersgd:rank=4,sign:feedback=ef@allgather"
   ;;
 *) echo "usage: bench/train.sh [BUILD] [small|large]" >&2; exit 2 ;;
 esac
