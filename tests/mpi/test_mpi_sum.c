@@ -269,7 +269,8 @@ int main(int argc, char **argv) {
         {"int8", GCOMP_MPI_AUTO, f32, GCOMP_MPI_RSAG},
         {"int4:bucket=64", GCOMP_MPI_AUTO, f32, GCOMP_MPI_RSAG},
         {"sign:feedback=ef", GCOMP_MPI_AUTO, f32, GCOMP_MPI_RSAG},
-        {"twobit:threshold=0.5", GCOMP_MPI_AUTO, f32, GCOMP_MPI_RSAG},
+        {"twobit:threshold=0.5", GCOMP_MPI_AUTO, f32, GCOMP_MPI_ALLGATHER}, /* see auto */
+        {"twobit:threshold=0.5", GCOMP_MPI_RSAG, f32, -1},
         {"ternary:seed=4", GCOMP_MPI_AUTO, f32, GCOMP_MPI_RSAG},
         {"qsgd:levels=16,seed=5", GCOMP_MPI_AUTO, f32, GCOMP_MPI_RSAG},
         {"sign:feedback=ef", GCOMP_MPI_ALLGATHER, f32, -1},
@@ -287,7 +288,8 @@ int main(int argc, char **argv) {
             continue;
         }
         run_case_sizes(comm, &cases[i], GCOMP_MPI_SUM, std_sizes, NSIZES);
-        if (cases[i].strategy & H) run_case_sizes(comm2, &cases[i], GCOMP_MPI_SUM, std_sizes, NSIZES);
+        if (cases[i].strategy & H)
+            run_case_sizes(comm2, &cases[i], GCOMP_MPI_SUM, std_sizes, NSIZES);
     }
     tcase avg = {"topk:density=0.1,feedback=ef", GCOMP_MPI_SPARSE, f32, -1};
     run_case_sizes(comm, &avg, GCOMP_MPI_AVERAGE, std_sizes, NSIZES);
