@@ -35,7 +35,10 @@
  *               contribution to the region's owner (MPI_Alltoallv), the owner sums,
  *               re-compresses its region with the same codec and error feedback (the
  *               owner-side residual), and the owners' messages are allgathered.
- *   allreduce   MPI_Allreduce of the codec's values for codecs that sum linearly:
+ *   allreduce   a sum of the codec's values for codecs that sum linearly (MPI_Iallreduce;
+ *               packs of 256 KB and more go around the library's own ring of
+ *               MPI_Isend/Irecv, which moves them twice as fast as Open MPI's
+ *               non-blocking MPI_Iallreduce):
  *               `none` in f32, f16 or bf16 (f16/bf16 are summed as halves by a
  *               user-defined MPI_Op that only casts and adds), `randomk` with the same
  *               seed on every rank (values only; the positions are re-derived from the
@@ -48,9 +51,10 @@
  *               and sends it to rank j (MPI_Alltoallv); rank j decodes and sums the P
  *               chunks, compresses the sum with the owner-side residual, and the owners'
  *               messages are allgathered.  Default for quantizers (int8, sign, ...; not twobit).
- *   hierarchical (flag, combined with any of the above): a dense float32 reduce inside a
- *               node (MPI_Comm_split_type(MPI_COMM_TYPE_SHARED)), the compressed
- *               exchange between node leaders only, and a broadcast back inside the node.
+ *   hierarchical (flag, combined with any of the above): a dense float32 sum inside a
+ *               node (MPI_Comm_split_type(MPI_COMM_TYPE_SHARED); a binomial tree of
+ *               point-to-point messages to the node leader), the compressed exchange
+ *               between node leaders only, and the result sent back inside the node.
  *               With one node the leader's dense sum is exact and nothing is compressed.
  *
  * Pipelining
@@ -73,8 +77,9 @@
  *
  * Errors, timeouts, failures
  *   Every blocking call takes `timeout_s` (seconds; <= 0 means the communicator's
- *   default from gcomp_mpi_options).  Waiting is an MPI_Test loop with a deadline and
- *   short sleeps, never a blocking MPI wait, so a dead or stalled peer gives
+ *   default from gcomp_mpi_options).  Waiting is an MPI_Test loop with a deadline (it
+ *   yields the core between tests, and sleeps 50 us between them once a wait has lasted
+ *   20 ms), never a blocking MPI wait, so a dead or stalled peer gives
  *   GCOMP_E_TIMEOUT (or GCOMP_E_MPI when MPI itself reports the error) instead of a hang.
  *   After a timeout or an MPI error the communicator and all its buckets report
  *   GCOMP_E_FAILED until gcomp_mpi_comm_reset or free.
@@ -94,7 +99,8 @@
  *   can hang those two calls.  Every other call is bounded by its timeout.
  *   After a failed allreduce (any status), the tensors' data is unspecified and the
  *   compressors' residuals have advanced as if the step had been sent: at most one
- *   step's compressed content is lost.
+ *   step's compressed content is lost (PowerSGD abandons the step instead: its state
+ *   stays as before the call).
  *
  * Threads
  *   The library never calls MPI_Init, MPI_Finalize or MPI_Abort, never prints, exits or

@@ -127,7 +127,8 @@ int main(int argc, char **argv) {
         CHECK(ts.calls == 1 && ts.wire_ns > 0);
     }
     /* per tensor: its own bytes; the bucket adds nothing else except owner size words */
-    CHECK_MSG(sum.bytes_sent <= s.bytes_sent && sum.bytes_sent * 1.05 + 4096 >= s.bytes_sent,
+    CHECK_MSG(sum.bytes_sent <= s.bytes_sent &&
+                  (double)sum.bytes_sent * 1.05 + 4096 >= (double)s.bytes_sent,
               "per-tensor bytes %llu vs bucket %llu", (unsigned long long)sum.bytes_sent,
               (unsigned long long)s.bytes_sent);
     CHECK(sum.codec_ns <= s.codec_ns);
