@@ -209,6 +209,10 @@ static int relaunch(int argc, char **argv, const opts *o) {
         av[n++] = "OPENBLAS_NUM_THREADS=1";
         av[n++] = "-x";
         av[n++] = "OMP_NUM_THREADS=1";
+        static char linkvar[96]; /* so the ranks can name the link in results and plots */
+        snprintf(linkvar, sizeof linkvar, "GCOMP_TRAIN_LINK=%s", o->link);
+        av[n++] = "-x";
+        av[n++] = linkvar;
         av[n++] = "--";
     } else {
         av[n++] = "mpirun";
@@ -421,6 +425,7 @@ int cmd_train(int argc, char **argv) {
     int rc = parse(argc, argv, &o);
     if (rc) return rc;
     if (o.np > 0 && !under_mpi()) return relaunch(argc, argv, &o);
+    if (!o.link) o.link = getenv("GCOMP_TRAIN_LINK");
 
     int provided;
     MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided);
