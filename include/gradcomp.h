@@ -125,8 +125,8 @@ typedef struct gcomp_param_info {
 
 /** Codec properties (bit flags in gcomp_codec_info.flags). */
 enum {
-    GCOMP_CODEC_SPARSE = 1u << 0,     /**< sends a subset of elements (indices travel or are seeded) */
-    GCOMP_CODEC_LINEAR = 1u << 1,     /**< messages of all ranks can be summed by a dense allreduce */
+    GCOMP_CODEC_SPARSE = 1u << 0, /**< sends a subset of elements (indices travel or are seeded) */
+    GCOMP_CODEC_LINEAR = 1u << 1, /**< messages of all ranks can be summed by a dense allreduce */
     GCOMP_CODEC_STOCHASTIC = 1u << 2, /**< uses the seed; same seed and input give the same bytes */
     GCOMP_CODEC_QUANTIZER = 1u << 3,  /**< a value coder usable as `values=` of any selector */
     GCOMP_CODEC_MULTIPHASE = 1u << 4, /**< has a multi-round protocol (PowerSGD) besides encode */
@@ -213,8 +213,8 @@ GCOMP_API gcomp_status gcomp_encode(gcomp_compressor *c, const float *grad, void
  * compressor's (GCOMP_E_MISMATCH otherwise) and counts the time in the statistics.
  * The decode workspace of `c` is reused: no allocation on the steady path.
  */
-GCOMP_API gcomp_status gcomp_compressor_decode_add(gcomp_compressor *c, const void *msg,
-                                                   size_t len, float *acc, float scale);
+GCOMP_API gcomp_status gcomp_compressor_decode_add(gcomp_compressor *c, const void *msg, size_t len,
+                                                   float *acc, float scale);
 
 /**
  * Decodes any message (stateless; the message is untrusted) and adds `scale` times its
@@ -234,11 +234,11 @@ typedef struct gcomp_message_info {
     uint16_t codec_id;
     const char *codec_name; /**< static; "?" for an unknown id */
     uint32_t flags;
-    uint64_t n;              /**< elements of the tensor */
-    uint32_t payload_len;    /**< bytes after the header */
-    uint64_t fingerprint;    /**< of the canonical spec that made it */
-    uint32_t payload_crc;    /**< CRC-32C of the payload */
-    uint64_t elements_sent;  /**< values carried (k for sparse, n for dense) when known */
+    uint64_t n;               /**< elements of the tensor */
+    uint32_t payload_len;     /**< bytes after the header */
+    uint64_t fingerprint;     /**< of the canonical spec that made it */
+    uint32_t payload_crc;     /**< CRC-32C of the payload */
+    uint64_t elements_sent;   /**< values carried (k for sparse, n for dense) when known */
     const char *index_coding; /**< "none", "bitmap", "varint", "elias-fano", "seeded", ... */
     const char *value_coding; /**< "f32", "f16", "int8", ... or "" */
 } gcomp_message_info;
@@ -248,8 +248,7 @@ typedef struct gcomp_message_info {
  * and the sparse section header).  Does not decode the values.
  * Returns the same header statuses as gcomp_decode_add.
  */
-GCOMP_API gcomp_status gcomp_message_inspect(const void *msg, size_t len,
-                                             gcomp_message_info *info);
+GCOMP_API gcomp_status gcomp_message_inspect(const void *msg, size_t len, gcomp_message_info *info);
 
 /* ---- per-tensor state ---------------------------------------------------------------- */
 
@@ -357,7 +356,7 @@ typedef enum gcomp_policy_rule {
 
 /** A policy's decision for one tensor. */
 typedef struct gcomp_layer_plan {
-    const char *spec;    /**< the spec to create its compressor with; owned by the policy */
+    const char *spec; /**< the spec to create its compressor with; owned by the policy */
     gcomp_policy_rule rule;
     const char *reason;  /**< static name of the rule: "override", "1-D", "small", "default" */
     const char *pattern; /**< the matching glob for GCOMP_RULE_OVERRIDE (owned by the

@@ -86,9 +86,12 @@ int cli_parse_count(const char *s, size_t *out) {
     double v = strtod(s, &end);
     if (errno || end == s || !(v >= 0)) return -1;
     double mul = 1;
-    if (*end == 'k' || *end == 'K') mul = 1e3, end++;
-    else if (*end == 'M' || *end == 'm') mul = 1e6, end++;
-    else if (*end == 'G' || *end == 'g') mul = 1e9, end++;
+    if (*end == 'k' || *end == 'K')
+        mul = 1e3, end++;
+    else if (*end == 'M' || *end == 'm')
+        mul = 1e6, end++;
+    else if (*end == 'G' || *end == 'g')
+        mul = 1e9, end++;
     if (*end) return -1;
     v *= mul;
     if (v != floor(v) || v > 1e15) return -1;
@@ -128,7 +131,8 @@ void cli_synthetic_gradient(float *x, size_t n, uint64_t seed, uint64_t step) {
         double u = ((double)(a >> 11) + 0.5) / 9007199254740992.0;
         double v = ((double)(b >> 11) + 0.5) / 9007199254740992.0;
         double r = sqrt(-2.0 * log(u));
-        float g0 = (float)(r * cos(6.283185307179586 * v)), g1 = (float)(r * sin(6.283185307179586 * v));
+        float g0 = (float)(r * cos(6.283185307179586 * v)),
+              g1 = (float)(r * sin(6.283185307179586 * v));
         x[i] = (i % 97 == 0) ? 20.0f * g0 : g0;
         if (i + 1 < n) x[i + 1] = ((i + 1) % 97 == 0) ? 20.0f * g1 : g1;
     }

@@ -27,23 +27,28 @@ int cmd_bench(int argc, char **argv) {
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         bool has = i + 1 < argc;
-        if ((!strcmp(a, "-c") || !strcmp(a, "--codec")) && has) spec = argv[++i];
+        if ((!strcmp(a, "-c") || !strcmp(a, "--codec")) && has)
+            spec = argv[++i];
         else if (!strcmp(a, "-n") && has) {
             if (cli_parse_count(argv[++i], &n) || n == 0)
-                return cli_fail(cmd, 2, "-n %s: expected a positive count (25000000, 25M)", argv[i]);
+                return cli_fail(cmd, 2, "-n %s: expected a positive count (25000000, 25M)",
+                                argv[i]);
         } else if (!strcmp(a, "--shape") && has) {
             if (cli_parse_shape(argv[++i], &rows, &cols))
                 return cli_fail(cmd, 2, "--shape %s: expected ROWSxCOLS", argv[i]);
         } else if (!strcmp(a, "--runs") && has) {
             if (cli_parse_count(argv[++i], &runs) || runs == 0 || runs > 1000)
                 return cli_fail(cmd, 2, "--runs %s: expected 1..1000", argv[i]);
-        } else if (!strcmp(a, "--json")) json = true;
-        else return cli_fail(cmd, 2, "unknown or incomplete option '%s'", a);
+        } else if (!strcmp(a, "--json"))
+            json = true;
+        else
+            return cli_fail(cmd, 2, "unknown or incomplete option '%s'", a);
     }
     if (!spec) return cli_fail(cmd, 2, "-c SPEC is required");
     if (!n && rows) n = rows * cols;
     if (!n) return cli_fail(cmd, 2, "-n N is required");
-    if (rows && rows * cols != n) return cli_fail(cmd, 2, "--shape %zux%zu does not hold -n %zu", rows, cols, n);
+    if (rows && rows * cols != n)
+        return cli_fail(cmd, 2, "--shape %zux%zu does not hold -n %zu", rows, cols, n);
 
     gcomp_compressor *c;
     gcomp_error err;
@@ -104,11 +109,15 @@ int cmd_bench(int argc, char **argv) {
                bytes_in / md / 1e9, bytes_in / mm / 1e9, mm / me);
     } else {
         printf("spec      %s\n", gcomp_compressor_spec(c));
-        printf("tensor    %zu float32 (%.1f MB)%s\n", n, bytes_in / 1e6, rows ? " as a matrix" : "");
-        printf("message   %.0f bytes, ratio %.1fx, %.0f values sent\n", bytes_out, bytes_in / bytes_out, sent);
-        printf("encode    %8.3f ms  %7.2f GB/s   (%.2f x memcpy)\n", me * 1e3, bytes_in / me / 1e9, mm / me);
+        printf("tensor    %zu float32 (%.1f MB)%s\n", n, bytes_in / 1e6,
+               rows ? " as a matrix" : "");
+        printf("message   %.0f bytes, ratio %.1fx, %.0f values sent\n", bytes_out,
+               bytes_in / bytes_out, sent);
+        printf("encode    %8.3f ms  %7.2f GB/s   (%.2f x memcpy)\n", me * 1e3, bytes_in / me / 1e9,
+               mm / me);
         printf("decode    %8.3f ms  %7.2f GB/s\n", md * 1e3, bytes_in / md / 1e9);
-        printf("memcpy    %8.3f ms  %7.2f GB/s   (same buffer, same run)\n", mm * 1e3, bytes_in / mm / 1e9);
+        printf("memcpy    %8.3f ms  %7.2f GB/s   (same buffer, same run)\n", mm * 1e3,
+               bytes_in / mm / 1e9);
     }
     rc = 0;
 out:

@@ -15,17 +15,20 @@ int cmd_train(int argc, char **argv);
 #endif
 
 static const cli_command commands[] = {
-    {"encode", cmd_encode, "encode -c SPEC [-i IN] [-o OUT] [--shape RxC] [--state FILE] [--seed S]"},
+    {"encode", cmd_encode,
+     "encode -c SPEC [-i IN] [-o OUT] [--shape RxC] [--state FILE] [--seed S]"},
     {"decode", cmd_decode, "decode [-i IN] [-o OUT]       (writes dense float32)"},
     {"inspect", cmd_inspect, "inspect FILE                 (header fields, counts, ratio)"},
     {"verify", cmd_verify, "verify FILE...               (exit 0 only if every message is valid)"},
     {"state", cmd_state, "state FILE [--residual OUT]  (summarise a saved compressor state)"},
     {"list-codecs", cmd_list_codecs, "list-codecs [--json]         (codecs and their parameters)"},
     {"bench", cmd_bench, "bench -c SPEC -n N [--shape RxC] [--runs R] [--json]"},
-    {"plan-layers", cmd_plan_layers, "plan-layers POLICY FILE [--json]   (spec per tensor, bytes/step)"},
+    {"plan-layers", cmd_plan_layers,
+     "plan-layers POLICY FILE [--json]   (spec per tensor, bytes/step)"},
 #ifdef GCOMP_CLI_MPI
     {"allreduce-bench", cmd_allreduce_bench,
-     "allreduce-bench -c SPEC -n N [--shape RxC] [--strategy S] [--runs R] [--json]  (under mpirun)"},
+     "allreduce-bench -c SPEC -n N [--shape RxC] [--strategy S] [--runs R] [--json]  (under "
+     "mpirun)"},
 #endif
 #ifdef GCOMP_CLI_TRAIN
     {"train", cmd_train, "train [--np P] [--model M] [--compare SPEC,...] [--link RATE] ..."},

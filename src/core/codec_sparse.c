@@ -42,8 +42,8 @@ size_t gcomp__sparse_payload_bound(const gcomp_compressor *c) {
                 size_t j = j_++, pos = b_;                                                         \
                 BODY;                                                                              \
             } else if ((sel)->expand == GCOMP__EXPAND_RUN) {                                       \
-                size_t end_ = (b_ + 1) * (sel)->unit < (n) ? (b_ + 1) * (sel)->unit : (n);        \
-                for (size_t pos = b_ * (sel)->unit; pos < end_; pos++) {                          \
+                size_t end_ = (b_ + 1) * (sel)->unit < (n) ? (b_ + 1) * (sel)->unit : (n);         \
+                for (size_t pos = b_ * (sel)->unit; pos < end_; pos++) {                           \
                     size_t j = j_++;                                                               \
                     BODY;                                                                          \
                 }                                                                                  \
@@ -56,8 +56,8 @@ size_t gcomp__sparse_payload_bound(const gcomp_compressor *c) {
         }                                                                                          \
     } while (0)
 
-gcomp_status gcomp__sparse_encode(gcomp_compressor *c, const float *x, float *res,
-                                  uint8_t *payload, size_t cap, size_t *len) {
+gcomp_status gcomp__sparse_encode(gcomp_compressor *c, const float *x, float *res, uint8_t *payload,
+                                  size_t cap, size_t *len) {
     const gcomp__vcoder *vc = c->spec.vcoder;
     gcomp__selection sel = {0};
     bool dense = c->codec->select == NULL;
@@ -80,7 +80,7 @@ gcomp_status gcomp__sparse_encode(gcomp_compressor *c, const float *x, float *re
         gcomp__put64(p, sel.seed_key);
         ilen = 8;
     } else if (!dense) {
-        size_t universe = sel.expand == GCOMP__EXPAND_ELEM ? c->n
+        size_t universe = sel.expand == GCOMP__EXPAND_ELEM  ? c->n
                           : sel.expand == GCOMP__EXPAND_RUN ? (c->n + sel.unit - 1) / sel.unit
                                                             : sel.stride;
         st = gcomp__index_encode(sel.idx, sel.k, universe, p, room, &ilen, &kind);
@@ -155,14 +155,16 @@ static gcomp_status read_section(const uint8_t *payload, size_t len, size_t n, s
         if (s->unit != 1 || s->stride != 0 || s->nvals != s->k) return GCOMP_E_CORRUPT;
         break;
     case GCOMP__EXPAND_RUN:
-        if (s->unit == 0 || s->stride != 0 || s->k > (n + s->unit - 1) / s->unit) return GCOMP_E_CORRUPT;
+        if (s->unit == 0 || s->stride != 0 || s->k > (n + s->unit - 1) / s->unit)
+            return GCOMP_E_CORRUPT;
         break;
     case GCOMP__EXPAND_STRIDE:
         if (s->unit == 0 || s->stride == 0 || (uint64_t)s->unit * s->stride != n ||
             s->k > s->stride || (uint64_t)s->k * s->unit != s->nvals)
             return GCOMP_E_CORRUPT;
         break;
-    default: return GCOMP_E_CORRUPT;
+    default:
+        return GCOMP_E_CORRUPT;
     }
     switch (s->kind) {
     case GCOMP__IX_NONE:
@@ -173,8 +175,10 @@ static gcomp_status read_section(const uint8_t *payload, size_t len, size_t n, s
         break;
     case GCOMP__IX_BITMAP:
     case GCOMP__IX_VARINT:
-    case GCOMP__IX_ELIAS_FANO: break;
-    default: return GCOMP_E_CORRUPT;
+    case GCOMP__IX_ELIAS_FANO:
+        break;
+    default:
+        return GCOMP_E_CORRUPT;
     }
     return GCOMP_OK;
 }
@@ -207,7 +211,7 @@ gcomp_status gcomp__sparse_decode(const uint8_t *payload, size_t len, size_t n, 
     sel.expand = s.expand;
     sel.unit = s.unit;
     sel.stride = s.stride;
-    size_t universe = s.expand == GCOMP__EXPAND_ELEM ? n
+    size_t universe = s.expand == GCOMP__EXPAND_ELEM  ? n
                       : s.expand == GCOMP__EXPAND_RUN ? (n + s.unit - 1) / s.unit
                                                       : s.stride;
     if (s.kind == GCOMP__IX_SEEDED) {

@@ -15,8 +15,8 @@ uint16_t gcomp__f32_to_f16(float f) {
     if (absx >= 0x7f800000u) /* inf or nan */
         return (uint16_t)(sign | 0x7c00u | (absx > 0x7f800000u ? 0x200u : 0));
     if (absx >= 0x477ff000u) return (uint16_t)(sign | 0x7c00u); /* rounds past 65504 */
-    if (absx < 0x38800000u) {                                    /* subnormal or zero in f16 */
-        if (absx < 0x33000000u) return (uint16_t)sign;           /* below half the smallest */
+    if (absx < 0x38800000u) {                                   /* subnormal or zero in f16 */
+        if (absx < 0x33000000u) return (uint16_t)sign;          /* below half the smallest */
         uint32_t mant = (absx & 0x7fffffu) | 0x800000u;
         int shift = 126 - (int)(absx >> 23); /* 14..24 */
         uint32_t r = mant >> shift;

@@ -78,14 +78,38 @@ void gcomp__buf_free(gcomp__buf *b);
 
 /* ---- little-endian I/O ------------------------------------------------------------------ */
 
-static inline void gcomp__put16(uint8_t *p, uint16_t v) { memcpy(p, &v, 2); }
-static inline void gcomp__put32(uint8_t *p, uint32_t v) { memcpy(p, &v, 4); }
-static inline void gcomp__put64(uint8_t *p, uint64_t v) { memcpy(p, &v, 8); }
-static inline void gcomp__putf(uint8_t *p, float v) { memcpy(p, &v, 4); }
-static inline uint16_t gcomp__get16(const uint8_t *p) { uint16_t v; memcpy(&v, p, 2); return v; }
-static inline uint32_t gcomp__get32(const uint8_t *p) { uint32_t v; memcpy(&v, p, 4); return v; }
-static inline uint64_t gcomp__get64(const uint8_t *p) { uint64_t v; memcpy(&v, p, 8); return v; }
-static inline float gcomp__getf(const uint8_t *p) { float v; memcpy(&v, p, 4); return v; }
+static inline void gcomp__put16(uint8_t *p, uint16_t v) {
+    memcpy(p, &v, 2);
+}
+static inline void gcomp__put32(uint8_t *p, uint32_t v) {
+    memcpy(p, &v, 4);
+}
+static inline void gcomp__put64(uint8_t *p, uint64_t v) {
+    memcpy(p, &v, 8);
+}
+static inline void gcomp__putf(uint8_t *p, float v) {
+    memcpy(p, &v, 4);
+}
+static inline uint16_t gcomp__get16(const uint8_t *p) {
+    uint16_t v;
+    memcpy(&v, p, 2);
+    return v;
+}
+static inline uint32_t gcomp__get32(const uint8_t *p) {
+    uint32_t v;
+    memcpy(&v, p, 4);
+    return v;
+}
+static inline uint64_t gcomp__get64(const uint8_t *p) {
+    uint64_t v;
+    memcpy(&v, p, 8);
+    return v;
+}
+static inline float gcomp__getf(const uint8_t *p) {
+    float v;
+    memcpy(&v, p, 4);
+    return v;
+}
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
 #error "gradcomp's wire code assumes a little-endian host; add byte swaps before porting"
 #endif
@@ -167,39 +191,40 @@ const gcomp__vcoder *gcomp__vcoder_by_id(uint8_t id);
 /* ---- index coders ---------------------------------------------------------------------------- */
 
 enum {
-    GCOMP__IX_NONE = 0,      /* dense: every position, in order */
-    GCOMP__IX_BITMAP = 1,    /* one bit per position */
-    GCOMP__IX_VARINT = 2,    /* gaps as LEB128 */
+    GCOMP__IX_NONE = 0,   /* dense: every position, in order */
+    GCOMP__IX_BITMAP = 1, /* one bit per position */
+    GCOMP__IX_VARINT = 2, /* gaps as LEB128 */
     GCOMP__IX_ELIAS_FANO = 3,
-    GCOMP__IX_SEEDED = 4     /* k positions drawn from a 64-bit key (random-k) */
+    GCOMP__IX_SEEDED = 4 /* k positions drawn from a 64-bit key (random-k) */
 };
 const char *gcomp__index_name(unsigned kind);
 /* Chooses the smallest of bitmap / varint / Elias-Fano for k strictly ascending idx < n
  * and writes it; *kind receives the choice. */
 size_t gcomp__index_bound(size_t k, size_t n);
-gcomp_status gcomp__index_encode(const uint32_t *idx, size_t k, size_t n, uint8_t *dst,
-                                 size_t cap, size_t *len, unsigned *kind);
+gcomp_status gcomp__index_encode(const uint32_t *idx, size_t k, size_t n, uint8_t *dst, size_t cap,
+                                 size_t *len, unsigned *kind);
 /* Decodes and validates (strictly ascending, < n, exact length). */
-gcomp_status gcomp__index_decode(unsigned kind, const uint8_t *src, size_t len, size_t k,
-                                 size_t n, uint32_t *idx);
+gcomp_status gcomp__index_decode(unsigned kind, const uint8_t *src, size_t len, size_t k, size_t n,
+                                 uint32_t *idx);
 /* The k distinct positions of random-k for (key, n), ascending.  `scratch` holds n bits. */
 gcomp_status gcomp__seeded_indices(uint64_t key, size_t n, size_t k, uint32_t *idx,
                                    gcomp__buf *scratch);
 
-/* ---- selection -------------------------------------------------------------------------------- */
+/* ---- selection --------------------------------------------------------------------------------
+ */
 
 /* How index entries expand to element positions (docs/FORMAT.md, sparse section). */
 enum {
-    GCOMP__EXPAND_ELEM = 0, /* entry i is element i */
-    GCOMP__EXPAND_RUN = 1,  /* entry b covers [b*unit, min(n, (b+1)*unit)) (blocks, rows) */
+    GCOMP__EXPAND_ELEM = 0,  /* entry i is element i */
+    GCOMP__EXPAND_RUN = 1,   /* entry b covers [b*unit, min(n, (b+1)*unit)) (blocks, rows) */
     GCOMP__EXPAND_STRIDE = 2 /* entry j covers j, j+stride, ... (unit of them) (columns) */
 };
 
 /* What a selector hands the generic pipeline.  Buffers belong to the compressor's
  * workspace (gcomp__sel_reserve). */
 typedef struct gcomp__selection {
-    uint32_t *idx;  /* k entries, strictly ascending */
-    float *val;     /* nvals values in expansion order, already scaled (1/p for unbiased) */
+    uint32_t *idx; /* k entries, strictly ascending */
+    float *val;    /* nvals values in expansion order, already scaled (1/p for unbiased) */
     size_t k, nvals;
     unsigned index_kind; /* GCOMP__IX_SEEDED, or anything else: the smallest coding */
     uint64_t seed_key;   /* GCOMP__IX_SEEDED */
@@ -223,7 +248,8 @@ size_t gcomp__collect_ge(const float *x, size_t n, float t, uint32_t *idx, float
 /* 1 when x[0..n) is all finite. */
 bool gcomp__all_finite(const float *x, size_t n);
 
-/* ---- codecs ------------------------------------------------------------------------------------ */
+/* ---- codecs ------------------------------------------------------------------------------------
+ */
 
 struct gcomp__codec {
     gcomp_codec_info info;
@@ -238,8 +264,8 @@ struct gcomp__codec {
     size_t (*payload_bound)(const gcomp_compressor *c);
     gcomp_status (*encode)(gcomp_compressor *c, const float *x, float *res, uint8_t *payload,
                            size_t cap, size_t *len);
-    gcomp_status (*decode)(const uint8_t *payload, size_t len, size_t n, float *acc,
-                           float scale, gcomp__buf *ws);
+    gcomp_status (*decode)(const uint8_t *payload, size_t len, size_t n, float *acc, float scale,
+                           gcomp__buf *ws);
     /* Optional, with a custom decode: fills elements_sent, index_coding, value_coding of a
      * message whose header was checked (gcomp_message_inspect); the payload is untrusted. */
     gcomp_status (*inspect)(const uint8_t *payload, size_t len, gcomp_message_info *info);
@@ -258,22 +284,27 @@ const gcomp__codec *gcomp__codec_find(const char *name);
 #define GCOMP__VALUES_CHOICES "f32|f16|bf16|int8|int4|sign|twobit|ternary|qsgd"
 /* Parameters most selectors share, so their tables do not repeat them. */
 #define GCOMP__PARAM_VALUES                                                                        \
-    {"values", GCOMP_PARAM_ENUM, 0, 0, 0, "f32", GCOMP__VALUES_CHOICES,                            \
-     "how each kept value travels (a value coder; its own keys are accepted too)"}
+    {                                                                                              \
+        "values", GCOMP_PARAM_ENUM, 0, 0, 0, "f32", GCOMP__VALUES_CHOICES,                         \
+            "how each kept value travels (a value coder; its own keys are accepted too)"           \
+    }
 #define GCOMP__PARAM_DENSITY(dflt)                                                                 \
-    {"density", GCOMP_PARAM_FLOAT, 0, 1, 1, dflt, NULL,                                            \
-     "fraction of elements sent: k = ceil(density * n)"}
+    {                                                                                              \
+        "density", GCOMP_PARAM_FLOAT, 0, 1, 1, dflt, NULL,                                         \
+            "fraction of elements sent: k = ceil(density * n)"                                     \
+    }
 const gcomp__codec *gcomp__codec_by_id(uint16_t id);
 
 /* Generic sparse/dense pipeline (codec_sparse.c). */
 size_t gcomp__sparse_payload_bound(const gcomp_compressor *c);
-gcomp_status gcomp__sparse_encode(gcomp_compressor *c, const float *x, float *res,
-                                  uint8_t *payload, size_t cap, size_t *len);
+gcomp_status gcomp__sparse_encode(gcomp_compressor *c, const float *x, float *res, uint8_t *payload,
+                                  size_t cap, size_t *len);
 gcomp_status gcomp__sparse_decode(const uint8_t *payload, size_t len, size_t n, float *acc,
                                   float scale, gcomp__buf *ws);
 gcomp_status gcomp__sparse_info(const uint8_t *payload, size_t len, gcomp_message_info *info);
 
-/* ---- feedback ----------------------------------------------------------------------------------- */
+/* ---- feedback -----------------------------------------------------------------------------------
+ */
 
 struct gcomp__feedback {
     const char *name;
@@ -298,7 +329,8 @@ extern const gcomp__feedback gcomp__feedback_none;
 extern const gcomp__feedback gcomp__feedback_ef;
 extern const gcomp__feedback gcomp__feedback_dgc;
 
-/* ---- the compressor object --------------------------------------------------------------------- */
+/* ---- the compressor object ---------------------------------------------------------------------
+ */
 
 struct gcomp_compressor {
     gcomp__spec spec;
@@ -327,8 +359,7 @@ struct gcomp_compressor {
 };
 
 /* Grows the selection buffers to hold k index entries and nv values. */
-gcomp_status gcomp__sel_reserve(gcomp_compressor *c, size_t k, size_t nv,
-                                gcomp__selection *sel);
+gcomp_status gcomp__sel_reserve(gcomp_compressor *c, size_t k, size_t nv, gcomp__selection *sel);
 
 /* Monotonic clock in ns. */
 uint64_t gcomp__now_ns(void);

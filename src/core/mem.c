@@ -18,7 +18,9 @@
 
 static size_t fail_after = (size_t)-1;
 
-void gcomp__test_fail_alloc_after(size_t n) { fail_after = n; }
+void gcomp__test_fail_alloc_after(size_t n) {
+    fail_after = n;
+}
 
 void *gcomp__alloc(size_t bytes) {
     if (fail_after != (size_t)-1) {
@@ -41,7 +43,9 @@ void *gcomp__calloc(size_t bytes) {
     return p;
 }
 
-void gcomp__free(void *p) { free(p); }
+void gcomp__free(void *p) {
+    free(p);
+}
 
 gcomp_status gcomp__buf_reserve(gcomp__buf *b, size_t bytes) {
     if (b->cap >= bytes && b->p) return GCOMP_OK;

@@ -27,14 +27,11 @@ extern const gcomp__codec gcomp__codec_qsgd;
 extern const gcomp__codec gcomp__codec_powersgd;
 
 static const gcomp__codec *const codecs[] = {
-    &gcomp__codec_none,      &gcomp__codec_topk,      &gcomp__codec_threshold,
-    &gcomp__codec_sampled,   &gcomp__codec_randomk,   &gcomp__codec_bernoulli,
-    &gcomp__codec_importance,
-    &gcomp__codec_block,     &gcomp__codec_rows,      &gcomp__codec_cols,
-    &gcomp__codec_dgc,
-    &gcomp__codec_int8,      &gcomp__codec_int4,      &gcomp__codec_sign,
-    &gcomp__codec_twobit,    &gcomp__codec_ternary,   &gcomp__codec_qsgd,
-    &gcomp__codec_powersgd,
+    &gcomp__codec_none,    &gcomp__codec_topk,      &gcomp__codec_threshold,  &gcomp__codec_sampled,
+    &gcomp__codec_randomk, &gcomp__codec_bernoulli, &gcomp__codec_importance, &gcomp__codec_block,
+    &gcomp__codec_rows,    &gcomp__codec_cols,      &gcomp__codec_dgc,        &gcomp__codec_int8,
+    &gcomp__codec_int4,    &gcomp__codec_sign,      &gcomp__codec_twobit,     &gcomp__codec_ternary,
+    &gcomp__codec_qsgd,    &gcomp__codec_powersgd,
 };
 #define NCODECS (sizeof codecs / sizeof codecs[0])
 
@@ -49,15 +46,9 @@ extern const gcomp__vcoder gcomp__vcoder_ternary;
 extern const gcomp__vcoder gcomp__vcoder_qsgd;
 
 static const gcomp__vcoder *const vcoders[] = {
-    &gcomp__vcoder_f32,
-    &gcomp__vcoder_f16,
-    &gcomp__vcoder_bf16,
-    &gcomp__vcoder_int8,
-    &gcomp__vcoder_int4,
-    &gcomp__vcoder_sign,
-    &gcomp__vcoder_twobit,
-    &gcomp__vcoder_ternary,
-    &gcomp__vcoder_qsgd,
+    &gcomp__vcoder_f32,    &gcomp__vcoder_f16,     &gcomp__vcoder_bf16,
+    &gcomp__vcoder_int8,   &gcomp__vcoder_int4,    &gcomp__vcoder_sign,
+    &gcomp__vcoder_twobit, &gcomp__vcoder_ternary, &gcomp__vcoder_qsgd,
 };
 #define NVCODERS (sizeof vcoders / sizeof vcoders[0])
 
@@ -68,9 +59,13 @@ static const gcomp__feedback *const feedbacks[] = {
 };
 #define NFEEDBACKS (sizeof feedbacks / sizeof feedbacks[0])
 
-size_t gcomp_codec_count(void) { return NCODECS; }
+size_t gcomp_codec_count(void) {
+    return NCODECS;
+}
 
-const gcomp_codec_info *gcomp_codec_at(size_t i) { return i < NCODECS ? &codecs[i]->info : NULL; }
+const gcomp_codec_info *gcomp_codec_at(size_t i) {
+    return i < NCODECS ? &codecs[i]->info : NULL;
+}
 
 const gcomp__codec *gcomp__codec_find(const char *name) {
     if (!name) return NULL;

@@ -65,17 +65,29 @@ static void choice_name(const char *choices, int idx, char *out, size_t cap) {
 
 static void format_value(const gcomp_param_info *p, double v, char *out, size_t cap) {
     switch (p->type) {
-    case GCOMP_PARAM_INT: snprintf(out, cap, "%llu", (unsigned long long)v); break;
-    case GCOMP_PARAM_BOOL: snprintf(out, cap, "%d", v != 0); break;
-    case GCOMP_PARAM_ENUM: choice_name(p->choices, (int)v, out, cap); break;
-    default: snprintf(out, cap, "%.9g", v); break;
+    case GCOMP_PARAM_INT:
+        snprintf(out, cap, "%llu", (unsigned long long)v);
+        break;
+    case GCOMP_PARAM_BOOL:
+        snprintf(out, cap, "%d", v != 0);
+        break;
+    case GCOMP_PARAM_ENUM:
+        choice_name(p->choices, (int)v, out, cap);
+        break;
+    default:
+        snprintf(out, cap, "%.9g", v);
+        break;
     }
 }
 
 static void range_text(const gcomp_param_info *p, char *out, size_t cap) {
     switch (p->type) {
-    case GCOMP_PARAM_ENUM: snprintf(out, cap, "one of %s", p->choices); break;
-    case GCOMP_PARAM_BOOL: snprintf(out, cap, "0 or 1"); break;
+    case GCOMP_PARAM_ENUM:
+        snprintf(out, cap, "one of %s", p->choices);
+        break;
+    case GCOMP_PARAM_BOOL:
+        snprintf(out, cap, "0 or 1");
+        break;
     case GCOMP_PARAM_INT:
         snprintf(out, cap, "an integer in [%.17g, %.17g]", p->min, p->max);
         break;
@@ -102,9 +114,12 @@ static int parse_value(const gcomp_param_info *p, const char *text, size_t len, 
         return 0;
     }
     case GCOMP_PARAM_BOOL:
-        if (!strcmp(buf, "1") || !strcmp(buf, "true") || !strcmp(buf, "yes")) *out = 1;
-        else if (!strcmp(buf, "0") || !strcmp(buf, "false") || !strcmp(buf, "no")) *out = 0;
-        else return -1;
+        if (!strcmp(buf, "1") || !strcmp(buf, "true") || !strcmp(buf, "yes"))
+            *out = 1;
+        else if (!strcmp(buf, "0") || !strcmp(buf, "false") || !strcmp(buf, "no"))
+            *out = 0;
+        else
+            return -1;
         return 0;
     case GCOMP_PARAM_INT: {
         if (!isdigit((unsigned char)buf[0])) return -1;
@@ -144,8 +159,7 @@ static void list_codecs(char *out, size_t cap) {
     size_t used = 0;
     out[0] = 0;
     for (size_t i = 0; i < gcomp_codec_count(); i++) {
-        int w = snprintf(out + used, cap - used, "%s%s", used ? ", " : "",
-                         gcomp_codec_at(i)->name);
+        int w = snprintf(out + used, cap - used, "%s%s", used ? ", " : "", gcomp_codec_at(i)->name);
         if (w < 0 || (size_t)w >= cap - used) return;
         used += (size_t)w;
     }
@@ -284,7 +298,8 @@ gcomp_status gcomp__spec_parse(const char *text, gcomp__spec *out, gcomp_error *
             double v;
             kv *given = NULL;
             for (size_t i = 0; i < np; i++)
-                if (pairs[i].klen == strlen(p->name) && !memcmp(pairs[i].key, p->name, pairs[i].klen))
+                if (pairs[i].klen == strlen(p->name) &&
+                    !memcmp(pairs[i].key, p->name, pairs[i].klen))
                     given = &pairs[i];
             const char *src = given ? given->val : p->deflt;
             /* A codec's fixed feedback is its default: the canonical form must name it. */

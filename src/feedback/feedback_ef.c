@@ -80,7 +80,9 @@ static void ef_commit(gcomp_compressor *c) {
     s->w = t;
 }
 
-static size_t ef_state_size(const gcomp_compressor *c) { return c->n * sizeof(float); }
+static size_t ef_state_size(const gcomp_compressor *c) {
+    return c->n * sizeof(float);
+}
 
 static void ef_state_save(const gcomp_compressor *c, uint8_t *dst) {
     const ef_state *s = c->fb_state;

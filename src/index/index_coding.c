@@ -18,11 +18,16 @@
 
 const char *gcomp__index_name(unsigned kind) {
     switch (kind) {
-    case GCOMP__IX_NONE: return "none";
-    case GCOMP__IX_BITMAP: return "bitmap";
-    case GCOMP__IX_VARINT: return "varint";
-    case GCOMP__IX_ELIAS_FANO: return "elias-fano";
-    case GCOMP__IX_SEEDED: return "seeded";
+    case GCOMP__IX_NONE:
+        return "none";
+    case GCOMP__IX_BITMAP:
+        return "bitmap";
+    case GCOMP__IX_VARINT:
+        return "varint";
+    case GCOMP__IX_ELIAS_FANO:
+        return "elias-fano";
+    case GCOMP__IX_SEEDED:
+        return "seeded";
     }
     return "?";
 }
@@ -44,7 +49,9 @@ static size_t ef_size(size_t k, size_t n) {
     return (k * l + 7) / 8 + (high_bits + 7) / 8;
 }
 
-static size_t bitmap_size(size_t n) { return (n + 7) / 8; }
+static size_t bitmap_size(size_t n) {
+    return (n + 7) / 8;
+}
 
 size_t gcomp__index_bound(size_t k, size_t n) {
     /* Elias-Fano's size is nearly monotone in k; the slack covers the steps where
@@ -64,8 +71,8 @@ static size_t varint_size(const uint32_t *idx, size_t k) {
     return bytes;
 }
 
-gcomp_status gcomp__index_encode(const uint32_t *idx, size_t k, size_t n, uint8_t *dst,
-                                 size_t cap, size_t *len, unsigned *kind) {
+gcomp_status gcomp__index_encode(const uint32_t *idx, size_t k, size_t n, uint8_t *dst, size_t cap,
+                                 size_t *len, unsigned *kind) {
     size_t sb = bitmap_size(n), se = ef_size(k, n);
     size_t sv = varint_size(idx, k);
     if (sv <= sb && sv <= se) {
@@ -109,8 +116,8 @@ gcomp_status gcomp__index_encode(const uint32_t *idx, size_t k, size_t n, uint8_
     return GCOMP_OK;
 }
 
-gcomp_status gcomp__index_decode(unsigned kind, const uint8_t *src, size_t len, size_t k,
-                                 size_t n, uint32_t *idx) {
+gcomp_status gcomp__index_decode(unsigned kind, const uint8_t *src, size_t len, size_t k, size_t n,
+                                 uint32_t *idx) {
     if (k > n) return GCOMP_E_CORRUPT;
     switch (kind) {
     case GCOMP__IX_BITMAP: {
@@ -160,7 +167,8 @@ gcomp_status gcomp__index_decode(unsigned kind, const uint8_t *src, size_t len, 
                 size_t pos = byte * 8 + b;
                 if (pos >= hbits || m == k) return GCOMP_E_CORRUPT;
                 uint64_t hi = pos - m, lo = 0, bit = (uint64_t)m * l;
-                for (unsigned t = 0; t < l; t++, bit++) lo |= (uint64_t)(low[bit >> 3] >> (bit & 7) & 1) << t;
+                for (unsigned t = 0; t < l; t++, bit++)
+                    lo |= (uint64_t)(low[bit >> 3] >> (bit & 7) & 1) << t;
                 uint64_t val = hi << l | lo;
                 if (val >= n || (m && val <= prev)) return GCOMP_E_CORRUPT;
                 idx[m++] = (uint32_t)val;
@@ -174,7 +182,8 @@ gcomp_status gcomp__index_decode(unsigned kind, const uint8_t *src, size_t len, 
             if (low[bit >> 3] >> (bit & 7) & 1) return GCOMP_E_CORRUPT;
         return GCOMP_OK;
     }
-    default: return GCOMP_E_CORRUPT;
+    default:
+        return GCOMP_E_CORRUPT;
     }
 }
 

@@ -93,8 +93,7 @@ static size_t collect(const float *x, size_t n, float t, uint32_t *idx, float *v
     return m;
 }
 
-size_t gcomp__collect_ge(const float *x, size_t n, float t, uint32_t *idx, float *val,
-                         size_t cap) {
+size_t gcomp__collect_ge(const float *x, size_t n, float t, uint32_t *idx, float *val, size_t cap) {
     uint32_t mx;
     return collect(x, n, t, idx, val, cap, &mx);
 }
@@ -119,20 +118,26 @@ static uint64_t select_kth_largest(uint64_t *a, size_t m, size_t r) {
         salt = gcomp__mix64(salt + span);
         uint64_t p0 = a[lo + (salt % span)], p1 = a[lo + ((salt >> 21) % span)],
                  p2 = a[lo + ((salt >> 42) % span)];
-        uint64_t piv = p0 > p1 ? (p1 > p2 ? p1 : (p0 > p2 ? p2 : p0))
-                               : (p0 > p2 ? p0 : (p1 > p2 ? p2 : p1));
+        uint64_t piv =
+            p0 > p1 ? (p1 > p2 ? p1 : (p0 > p2 ? p2 : p0)) : (p0 > p2 ? p0 : (p1 > p2 ? p2 : p1));
         /* partition: keys > piv first, then == piv (one, keys are distinct), then < piv */
         size_t i = lo, j = hi;
         size_t gt = lo;
         for (i = lo; i < j;) {
-            if (a[i] > piv) swap64(&a[i++], &a[gt++]);
-            else if (a[i] < piv) swap64(&a[i], &a[--j]);
-            else i++;
+            if (a[i] > piv)
+                swap64(&a[i++], &a[gt++]);
+            else if (a[i] < piv)
+                swap64(&a[i], &a[--j]);
+            else
+                i++;
         }
         /* [lo, gt) > piv, [gt, j) == piv, [j, hi) < piv */
-        if (want < gt) hi = gt;
-        else if (want < j) return piv;
-        else lo = j;
+        if (want < gt)
+            hi = gt;
+        else if (want < j)
+            return piv;
+        else
+            lo = j;
     }
     return a[lo];
 }
@@ -161,8 +166,7 @@ static gcomp_status keep_top(gcomp_compressor *c, uint32_t *idx, float *val, siz
 /* Exact fallback: 65536-bin histogram of the top 16 bits of |x|. */
 static gcomp_status radix_topk(gcomp_compressor *c, const float *x, size_t n, size_t k,
                                gcomp__selection *sel) {
-    if (gcomp__buf_reserve(&c->scratch, 65536 * sizeof(uint32_t)) != GCOMP_OK)
-        return GCOMP_E_NOMEM;
+    if (gcomp__buf_reserve(&c->scratch, 65536 * sizeof(uint32_t)) != GCOMP_OK) return GCOMP_E_NOMEM;
     uint32_t *hist = c->scratch.p;
     memset(hist, 0, 65536 * sizeof(uint32_t));
     for (size_t i = 0; i < n; i++) hist[absbits(x[i]) >> 15]++;

@@ -121,8 +121,7 @@ static gcomp_status bernoulli_select(gcomp_compressor *c, const float *x, gcomp_
     return GCOMP_OK;
 }
 
-static gcomp_status importance_select(gcomp_compressor *c, const float *x,
-                                      gcomp__selection *sel) {
+static gcomp_status importance_select(gcomp_compressor *c, const float *x, gcomp__selection *sel) {
     if (!gcomp__all_finite(x, c->n)) return GCOMP_E_NONFINITE;
     size_t n = c->n;
     double target = gcomp__spec_num(&c->spec, "density", 0.01) * (double)n;
@@ -140,8 +139,10 @@ static gcomp_status importance_select(gcomp_compressor *c, const float *x,
         double capped = 0, rest = 0, cut = 1.0 / lambda;
         for (size_t i = 0; i < n; i++) {
             double a = fabsf(x[i]);
-            if (a >= cut) capped += 1;
-            else rest += a;
+            if (a >= cut)
+                capped += 1;
+            else
+                rest += a;
         }
         if (capped >= target || rest == 0) break;
         double next = (target - capped) / rest;
@@ -217,8 +218,7 @@ const gcomp__codec gcomp__codec_randomk = {
 
 const gcomp__codec gcomp__codec_bernoulli = {
     .info = {"bernoulli", 6, GCOMP_CODEC_SPARSE | GCOMP_CODEC_STOCHASTIC,
-             "keep each element with probability p, scaled by 1/p (unbiased)", bernoulli_params,
-             2},
+             "keep each element with probability p, scaled by 1/p (unbiased)", bernoulli_params, 2},
     .select = bernoulli_select,
     .init = any_k_init,
 };

@@ -16,8 +16,8 @@
 size_t gcomp__density_k(const gcomp_compressor *c);
 
 /* Collects |x| >= t, growing the workspace as needed; nonfinite input is reported. */
-static gcomp_status collect_all(gcomp_compressor *c, const float *x, float t,
-                                gcomp__selection *sel, size_t *count) {
+static gcomp_status collect_all(gcomp_compressor *c, const float *x, float t, gcomp__selection *sel,
+                                size_t *count) {
     size_t cap = c->sel_idx.cap / 4;
     if (cap < 4096) cap = 4096 < c->n ? 4096 : c->n;
     for (;;) {

@@ -17,8 +17,14 @@
 
 #define F16_MAX 65504.0f
 
-static size_t bound4(const gcomp__vparams *p, size_t nv) { (void)p; return 4 * nv; }
-static size_t bound2(const gcomp__vparams *p, size_t nv) { (void)p; return 2 * nv; }
+static size_t bound4(const gcomp__vparams *p, size_t nv) {
+    (void)p;
+    return 4 * nv;
+}
+static size_t bound2(const gcomp__vparams *p, size_t nv) {
+    (void)p;
+    return 2 * nv;
+}
 
 static gcomp_status f32_encode(const gcomp__vparams *p, const float *v, size_t nv, float *res,
                                uint64_t key, uint8_t *dst, size_t cap, size_t *len) {
@@ -32,8 +38,7 @@ static gcomp_status f32_encode(const gcomp__vparams *p, const float *v, size_t n
     return GCOMP_OK;
 }
 
-static gcomp_status f32_decode(const uint8_t *src, size_t len, size_t nv, float *acc,
-                               float scale) {
+static gcomp_status f32_decode(const uint8_t *src, size_t len, size_t nv, float *acc, float scale) {
     if (len != 4 * nv) return GCOMP_E_CORRUPT;
     for (size_t i = 0; i < nv; i++)
         if ((gcomp__get32(src + 4 * i) & 0x7f800000u) == 0x7f800000u) return GCOMP_E_CORRUPT;
@@ -84,8 +89,7 @@ static gcomp_status f16_encode(const gcomp__vparams *p, const float *v, size_t n
     return GCOMP_OK;
 }
 
-static gcomp_status f16_decode(const uint8_t *src, size_t len, size_t nv, float *acc,
-                               float scale) {
+static gcomp_status f16_decode(const uint8_t *src, size_t len, size_t nv, float *acc, float scale) {
     if (len != 2 * nv) return GCOMP_E_CORRUPT;
     /* The encoder never writes inf or NaN (it saturates); refuse them from the wire so
      * a corrupt message cannot poison the sum. */
@@ -96,7 +100,8 @@ static gcomp_status f16_decode(const uint8_t *src, size_t len, size_t nv, float 
 #if defined(__AVX512F__)
     const __m512 s = _mm512_set1_ps(scale);
     for (; i + 16 <= nv; i += 16) {
-        __m512 x = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)(src + 2 * i)));
+        __m512 x =
+            _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)(src + 2 * i)));
         _mm512_storeu_ps(acc + i, _mm512_fmadd_ps(s, x, _mm512_loadu_ps(acc + i)));
     }
 #elif defined(__F16C__)
@@ -137,7 +142,9 @@ static gcomp_status bf16_decode(const uint8_t *src, size_t len, size_t nv, float
     return GCOMP_OK;
 }
 
-const gcomp__vcoder gcomp__vcoder_f32 = {"f32", GCOMP__V_F32, NULL, 0, bound4, f32_encode, f32_decode};
-const gcomp__vcoder gcomp__vcoder_f16 = {"f16", GCOMP__V_F16, NULL, 0, bound2, f16_encode, f16_decode};
-const gcomp__vcoder gcomp__vcoder_bf16 = {"bf16", GCOMP__V_BF16, NULL, 0, bound2, bf16_encode,
-                                          bf16_decode};
+const gcomp__vcoder gcomp__vcoder_f32 = {"f32",  GCOMP__V_F32, NULL,      0,
+                                         bound4, f32_encode,   f32_decode};
+const gcomp__vcoder gcomp__vcoder_f16 = {"f16",  GCOMP__V_F16, NULL,      0,
+                                         bound2, f16_encode,   f16_decode};
+const gcomp__vcoder gcomp__vcoder_bf16 = {"bf16", GCOMP__V_BF16, NULL,       0,
+                                          bound2, bf16_encode,   bf16_decode};

@@ -51,7 +51,8 @@ int main(int argc, char **argv) {
         for (size_t s = 0; s < sizeof sizes / sizeof *sizes; s++) {
             size_t n = sizes[s], rows = 0, cols = 0;
             if (ci->flags & GCOMP_CODEC_NEEDS_SHAPE) {
-                for (rows = (size_t)sqrt((double)n); rows > 1 && n % rows; rows--) {}
+                for (rows = (size_t)sqrt((double)n); rows > 1 && n % rows; rows--) {
+                }
                 cols = n / rows;
             }
             gcomp_compressor *c;
@@ -72,7 +73,8 @@ int main(int argc, char **argv) {
     const char *specs[] = {"\x01topk:density=0.001,values=f16,feedback=ef",
                            "\x02topk: density = 1e-3 , values=bf16",
                            "\x03randomk:density=0.5,seed=9007199254740991",
-                           "\x04threshold:threshold=3e38", "\x05sampled:density=1,exact=1",
+                           "\x04threshold:threshold=3e38",
+                           "\x05sampled:density=1,exact=1",
                            "\x06none:values=f16,feedback=ef,seed=1"};
     for (size_t i = 0; i < sizeof specs / sizeof *specs; i++) {
         char name[32];

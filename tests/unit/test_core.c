@@ -19,7 +19,8 @@ static void test_crc(void) {
     size_t sizes[] = {0, 1, 7, 8, 63, 4096, 24575, 24576, 24577, 24583, 100000, 199999};
     for (size_t a = 0; a < 3; a++)
         for (size_t i = 0; i < sizeof sizes / sizeof *sizes; i++)
-            CHECK_MSG(gcomp__crc32c(0x1234, buf + a, sizes[i]) == gcomp__crc32c_ref(0x1234, buf + a, sizes[i]),
+            CHECK_MSG(gcomp__crc32c(0x1234, buf + a, sizes[i]) ==
+                          gcomp__crc32c_ref(0x1234, buf + a, sizes[i]),
                       "size %zu offset %zu", sizes[i], a);
     free(buf);
 }
@@ -32,7 +33,7 @@ static void test_half(void) {
         CHECK_MSG(gcomp__f32_to_f16(f) == h || (f == 0.0f && (h & 0x7fffu) == 0), "h=%04x", h);
     }
     CHECK(gcomp__f32_to_f16(65504.0f) == 0x7bffu);
-    CHECK(gcomp__f32_to_f16(65520.0f) == 0x7c00u); /* rounds to inf, as IEEE says */
+    CHECK(gcomp__f32_to_f16(65520.0f) == 0x7c00u);              /* rounds to inf, as IEEE says */
     CHECK(gcomp__f32_to_f16(1.0f + 1.0f / 2048.0f) == 0x3c00u); /* tie -> even */
     CHECK(gcomp__f32_to_f16(1.0f + 3.0f / 2048.0f) == 0x3c02u);
     CHECK(gcomp__bf16_to_f32(gcomp__f32_to_bf16(1.0f)) == 1.0f);
@@ -80,12 +81,15 @@ static void test_index(void) {
     /* Hostile input: a varint that runs past 32 bits, duplicates, out of range. */
     uint8_t evil[] = {0xff, 0xff, 0xff, 0xff, 0xff, 0x01};
     uint32_t out[4];
-    CHECK(gcomp__index_decode(GCOMP__IX_VARINT, evil, sizeof evil, 1, 1000, out) == GCOMP_E_CORRUPT);
+    CHECK(gcomp__index_decode(GCOMP__IX_VARINT, evil, sizeof evil, 1, 1000, out) ==
+          GCOMP_E_CORRUPT);
     uint8_t big[] = {0xe8, 0x07}; /* 1000 */
     CHECK(gcomp__index_decode(GCOMP__IX_VARINT, big, 2, 1, 1000, out) == GCOMP_E_CORRUPT);
-    CHECK(gcomp__index_decode(GCOMP__IX_VARINT, big, 2, 1, 1001, out) == GCOMP_OK && out[0] == 1000);
+    CHECK(gcomp__index_decode(GCOMP__IX_VARINT, big, 2, 1, 1001, out) == GCOMP_OK &&
+          out[0] == 1000);
     uint8_t bm[] = {0xff};
-    CHECK(gcomp__index_decode(GCOMP__IX_BITMAP, bm, 1, 8, 7, out) == GCOMP_E_CORRUPT); /* bit 7 >= n */
+    CHECK(gcomp__index_decode(GCOMP__IX_BITMAP, bm, 1, 8, 7, out) ==
+          GCOMP_E_CORRUPT); /* bit 7 >= n */
     CHECK(gcomp__index_decode(99, bm, 1, 1, 8, out) == GCOMP_E_CORRUPT);
     /* Seeded: distinct, ascending, reproducible. */
     gcomp__buf scratch = {0};
@@ -106,7 +110,8 @@ static void test_spec(void) {
     gcomp_error err;
     CHECK_OK(gcomp_spec_canonical("topk:density=0.001", out, sizeof out, &f1, &err));
     CHECK(strcmp(out, "topk:density=0.001,values=f32,feedback=none,seed=0") == 0);
-    CHECK_OK(gcomp_spec_canonical(" topk : values = f32 , density=1e-3,feedback=none ", out, sizeof out, &f2, &err));
+    CHECK_OK(gcomp_spec_canonical(" topk : values = f32 , density=1e-3,feedback=none ", out,
+                                  sizeof out, &f2, &err));
     CHECK(f1 == f2); /* spelled differently, same method */
     CHECK_OK(gcomp_spec_canonical("topk:density=0.002", out, sizeof out, &f2, &err));
     CHECK(f1 != f2);
@@ -127,7 +132,8 @@ static void test_spec(void) {
         {"topk:values=f17", GCOMP_E_SPEC, "values=f17 is not a value coder"},
         {"topk:feedback=maybe", GCOMP_E_SPEC, "feedback=maybe"},
         {"topk:seed=-1", GCOMP_E_SPEC, "seed=-1"},
-        {"topk:seed=18446744073709551615", GCOMP_E_SPEC, "seed must be an integer in [0, 9007199254740991]"},
+        {"topk:seed=18446744073709551615", GCOMP_E_SPEC,
+         "seed must be an integer in [0, 9007199254740991]"},
         {"topk:density=0.1,", GCOMP_E_SPEC, "empty item"},
         {"topk:,", GCOMP_E_SPEC, "empty item"},
     };
@@ -142,7 +148,8 @@ static void test_spec(void) {
     /* Every registered codec parses with its defaults and names itself first. */
     for (size_t i = 0; i < gcomp_codec_count(); i++) {
         const gcomp_codec_info *ci = gcomp_codec_at(i);
-        CHECK_MSG(gcomp_spec_canonical(ci->name, out, sizeof out, NULL, &err) == GCOMP_OK, "%s: %s", ci->name, err.message);
+        CHECK_MSG(gcomp_spec_canonical(ci->name, out, sizeof out, NULL, &err) == GCOMP_OK, "%s: %s",
+                  ci->name, err.message);
         CHECK(strncmp(out, ci->name, strlen(ci->name)) == 0);
         CHECK(gcomp_codec_by_id(ci->id) == ci);
         CHECK(gcomp_codec_find(ci->name) == ci);

@@ -59,7 +59,8 @@ static void test_topk_reference(void) {
                 float *x = malloc(n * 4), *acc = calloc(n, 4);
                 test_fill(x, n, s++);
                 if (ties == 1) /* heavy ties: few distinct magnitudes, random signs */
-                    for (size_t i = 0; i < n; i++) x[i] = (float)((int)(fabsf(x[i]) * 2)) * (x[i] < 0 ? -1 : 1);
+                    for (size_t i = 0; i < n; i++)
+                        x[i] = (float)((int)(fabsf(x[i]) * 2)) * (x[i] < 0 ? -1 : 1);
                 if (ties == 2) /* all equal */
                     for (size_t i = 0; i < n; i++) x[i] = (i & 1) ? 1.0f : -1.0f;
                 char spec[64];
@@ -82,7 +83,8 @@ static void test_topk_reference(void) {
                     float want = in ? x[i] : 0.0f;
                     if (acc[i] != want && !(want == 0.0f && acc[i] == 0.0f)) bad++;
                 }
-                CHECK_MSG(bad == 0, "n=%zu density=%g ties=%d: %zu positions differ", n, dens[d], ties, bad);
+                CHECK_MSG(bad == 0, "n=%zu density=%g ties=%d: %zu positions differ", n, dens[d],
+                          ties, bad);
                 gcomp_message_info info;
                 CHECK_OK(gcomp_message_inspect(m.p, m.len, &info));
                 CHECK(info.elements_sent == k);
@@ -117,7 +119,8 @@ static void check_conservation(const char *spec, size_t n, int steps, double tol
         worst = e > worst ? e : worst;
         scale = fabs(sum_g[i]) > scale ? fabs(sum_g[i]) : scale;
     }
-    CHECK_MSG(worst <= tol * (scale + 1.0), "%s: conservation error %g (scale %g)", spec, worst, scale);
+    CHECK_MSG(worst <= tol * (scale + 1.0), "%s: conservation error %g (scale %g)", spec, worst,
+              scale);
     CHECK(gcomp_compressor_step(c) == (uint64_t)steps);
     free(sum_g);
     free(sum_d);
@@ -127,11 +130,13 @@ static void check_conservation(const char *spec, size_t n, int steps, double tol
 }
 
 static void test_error_feedback(void) {
-    const char *specs[] = {"topk:density=0.01,feedback=ef", "topk:density=0.05,values=f16,feedback=ef",
-                           "threshold:threshold=2,feedback=ef", "sampled:density=0.01,feedback=ef",
-                           "randomk:density=0.02,feedback=ef", "none:values=bf16,feedback=ef",
-                           "none:values=f16,feedback=ef"};
-    for (size_t i = 0; i < sizeof specs / sizeof *specs; i++) check_conservation(specs[i], 20011, 40, 1e-4);
+    const char *specs[] = {
+        "topk:density=0.01,feedback=ef",     "topk:density=0.05,values=f16,feedback=ef",
+        "threshold:threshold=2,feedback=ef", "sampled:density=0.01,feedback=ef",
+        "randomk:density=0.02,feedback=ef",  "none:values=bf16,feedback=ef",
+        "none:values=f16,feedback=ef"};
+    for (size_t i = 0; i < sizeof specs / sizeof *specs; i++)
+        check_conservation(specs[i], 20011, 40, 1e-4);
 }
 
 /* E[decoded] = g for unbiased codecs: the mean over S seeds converges like sigma/sqrt(S). */
@@ -161,7 +166,8 @@ static void check_unbiased(const char *base, size_t n, int seeds) {
         double m = mean[i] / seeds, var = sq[i] / seeds - m * m;
         if (var <= 1e-12) { /* always kept (p_i = 1) or never drawn in S seeds */
             if (m == 0.0) continue;
-            CHECK_MSG(fabs(m - g[i]) <= 1e-5 * (fabs(g[i]) + 1), "%s: deterministic element %zu biased", base, i);
+            CHECK_MSG(fabs(m - g[i]) <= 1e-5 * (fabs(g[i]) + 1),
+                      "%s: deterministic element %zu biased", base, i);
             continue;
         }
         double z = (m - g[i]) / sqrt(var / (seeds - 1));
@@ -180,7 +186,8 @@ static void test_scaled_refuse_feedback(void) {
     /* 1/p-scaled estimators are not contractive: with a residual they diverge (the
      * residual is multiplied by 1 - 1/p whenever an element is kept), so the combination
      * is refused with an explanation instead of silently blowing up. */
-    const char *bad[] = {"bernoulli:density=0.05,feedback=ef", "importance:density=0.05,feedback=ef",
+    const char *bad[] = {"bernoulli:density=0.05,feedback=ef",
+                         "importance:density=0.05,feedback=ef",
                          "randomk:density=0.05,unbiased=1,feedback=ef"};
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
         gcomp_compressor *c = NULL;
@@ -201,13 +208,17 @@ static void test_sampled_count(void) {
     float *g = malloc(n * 4);
     test_fill(g, n, 77);
     for (int exact = 0; exact < 2; exact++) {
-        gcomp_compressor *c = make(exact ? "sampled:density=0.001,exact=1" : "sampled:density=0.001", n);
+        gcomp_compressor *c =
+            make(exact ? "sampled:density=0.001,exact=1" : "sampled:density=0.001", n);
         for (int t = 0; t < 5; t++) {
             msg m = encode(c, g);
             gcomp_message_info info;
             CHECK_OK(gcomp_message_inspect(m.p, m.len, &info));
-            if (exact) CHECK(info.elements_sent == 1000);
-            else CHECK_MSG(info.elements_sent >= 900 && info.elements_sent <= 1100, "got %llu", (unsigned long long)info.elements_sent);
+            if (exact)
+                CHECK(info.elements_sent == 1000);
+            else
+                CHECK_MSG(info.elements_sent >= 900 && info.elements_sent <= 1100, "got %llu",
+                          (unsigned long long)info.elements_sent);
             free(m.p);
         }
         gcomp_compressor_free(c);
@@ -220,13 +231,15 @@ static void test_determinism_and_randomk(void) {
     float *g1 = malloc(n * 4), *g2 = malloc(n * 4);
     test_fill(g1, n, 1);
     test_fill(g2, n, 2);
-    const char *specs[] = {"topk:density=0.01", "bernoulli:density=0.01,seed=9", "importance:density=0.01,seed=9",
-                           "randomk:density=0.01,seed=9", "sampled:density=0.01,seed=9"};
+    const char *specs[] = {"topk:density=0.01", "bernoulli:density=0.01,seed=9",
+                           "importance:density=0.01,seed=9", "randomk:density=0.01,seed=9",
+                           "sampled:density=0.01,seed=9"};
     for (size_t i = 0; i < sizeof specs / sizeof *specs; i++) {
         gcomp_compressor *a = make(specs[i], n), *b = make(specs[i], n);
         for (int t = 0; t < 3; t++) {
             msg ma = encode(a, g1), mb = encode(b, g1);
-            CHECK_MSG(ma.len == mb.len && memcmp(ma.p, mb.p, ma.len) == 0, "%s step %d", specs[i], t);
+            CHECK_MSG(ma.len == mb.len && memcmp(ma.p, mb.p, ma.len) == 0, "%s step %d", specs[i],
+                      t);
             free(ma.p);
             free(mb.p);
         }
@@ -234,7 +247,8 @@ static void test_determinism_and_randomk(void) {
         gcomp_compressor_free(b);
     }
     /* Two ranks, different gradients, same seed: the same random-k positions. */
-    gcomp_compressor *r0 = make("randomk:density=0.01,seed=3", n), *r1 = make("randomk:density=0.01,seed=3", n);
+    gcomp_compressor *r0 = make("randomk:density=0.01,seed=3", n),
+                     *r1 = make("randomk:density=0.01,seed=3", n);
     msg m0 = encode(r0, g1), m1 = encode(r1, g2);
     float *a0 = calloc(n, 4), *a1 = calloc(n, 4);
     gcomp_decode_add(m0.p, m0.len, a0, n, 1.0f);
@@ -261,15 +275,21 @@ static void test_corruption(void) {
     size_t n = 5000;
     float *g = malloc(n * 4), *acc = malloc(n * 4);
     test_fill(g, n, 3);
-    const char *specs[] = {"none", "none:values=f16", "none:values=bf16", "topk:density=0.01",
-                           "topk:density=0.3,values=f16", "randomk:density=0.05",
-                           "bernoulli:density=0.6", "threshold:threshold=1.5"};
+    const char *specs[] = {"none",
+                           "none:values=f16",
+                           "none:values=bf16",
+                           "topk:density=0.01",
+                           "topk:density=0.3,values=f16",
+                           "randomk:density=0.05",
+                           "bernoulli:density=0.6",
+                           "threshold:threshold=1.5"};
     unsigned long long s = 99;
     for (size_t i = 0; i < sizeof specs / sizeof *specs; i++) {
         gcomp_compressor *c = make(specs[i], n);
         msg m = encode(c, g);
         for (size_t len = 0; len < m.len; len++) /* every truncation */
-            CHECK_MSG(gcomp_decode_add(m.p, len, acc, n, 1.0f) != GCOMP_OK, "%s truncated to %zu", specs[i], len);
+            CHECK_MSG(gcomp_decode_add(m.p, len, acc, n, 1.0f) != GCOMP_OK, "%s truncated to %zu",
+                      specs[i], len);
         uint8_t *copy = malloc(m.len + 1);
         for (int trial = 0; trial < 3000; trial++) { /* single-byte corruptions */
             memcpy(copy, m.p, m.len);
@@ -282,7 +302,8 @@ static void test_corruption(void) {
         }
         memcpy(copy, m.p, m.len);
         copy[m.len] = 0;
-        CHECK(gcomp_decode_add(copy, m.len + 1, acc, n, 1.0f) == GCOMP_E_CORRUPT); /* trailing byte */
+        CHECK(gcomp_decode_add(copy, m.len + 1, acc, n, 1.0f) ==
+              GCOMP_E_CORRUPT); /* trailing byte */
         CHECK(gcomp_decode_add(m.p, m.len, acc, n + 1, 1.0f) == GCOMP_E_MISMATCH);
         gcomp_compressor *other = make("topk:density=0.02", n);
         CHECK(gcomp_compressor_decode_add(other, m.p, m.len, acc, 1.0f) == GCOMP_E_MISMATCH);
@@ -352,9 +373,15 @@ static void test_hostile_payload(void) {
 static void test_nonfinite(void) {
     size_t n = 20000;
     float *g = malloc(n * 4);
-    const char *specs[] = {"topk:density=0.01,feedback=ef", "topk:density=0.01", "none", "none:values=f16",
-                           "threshold:threshold=1", "sampled:density=0.01,feedback=ef", "bernoulli:density=0.1",
-                           "importance:density=0.1", "randomk:density=0.1"};
+    const char *specs[] = {"topk:density=0.01,feedback=ef",
+                           "topk:density=0.01",
+                           "none",
+                           "none:values=f16",
+                           "threshold:threshold=1",
+                           "sampled:density=0.01,feedback=ef",
+                           "bernoulli:density=0.1",
+                           "importance:density=0.1",
+                           "randomk:density=0.1"};
     for (size_t i = 0; i < sizeof specs / sizeof *specs; i++) {
         gcomp_compressor *c = make(specs[i], n);
         test_fill(g, n, 8);
@@ -372,7 +399,8 @@ static void test_nonfinite(void) {
             free(out);
         }
         CHECK_OK(gcomp_state_save(c, s2, sl, &len2));
-        CHECK_MSG(len1 == len2 && memcmp(s1, s2, len1) == 0, "%s: state changed by a refused encode", specs[i]);
+        CHECK_MSG(len1 == len2 && memcmp(s1, s2, len1) == 0,
+                  "%s: state changed by a refused encode", specs[i]);
         free(s1);
         free(s2);
         gcomp_compressor_free(c);
@@ -445,8 +473,9 @@ static void test_alloc_failures(void) {
     size_t n = 50000;
     float *g = malloc(n * 4), *acc = calloc(n, 4);
     test_fill(g, n, 12);
-    const char *specs[] = {"topk:density=0.01,feedback=ef", "sampled:density=0.01", "randomk:density=0.01",
-                           "bernoulli:density=0.01", "threshold:threshold=2,feedback=ef"};
+    const char *specs[] = {"topk:density=0.01,feedback=ef", "sampled:density=0.01",
+                           "randomk:density=0.01", "bernoulli:density=0.01",
+                           "threshold:threshold=2,feedback=ef"};
     for (size_t s = 0; s < sizeof specs / sizeof *specs; s++) {
         int completed = 0;
         for (size_t fail = 0; fail < 40 && !completed; fail++) {
