@@ -191,40 +191,16 @@ gcomp_status gcomp_spec_bytes_estimate(const char *spec, size_t n, size_t rows, 
                                        size_t *bytes, gcomp_error *err) {
     if (!spec || !bytes) return gcomp__fail(err, GCOMP_E_ARG, "spec and bytes must not be NULL");
     *bytes = 0;
-    if (n == 0) return gcomp__fail(err, GCOMP_E_ARG, "tensor size n must be > 0");
-    if (n > UINT32_MAX)
-        return gcomp__fail(err, GCOMP_E_LIMIT, "tensor of %zu elements: at most 2^32-1", n);
-    if ((rows || cols) && (rows == 0 || cols == 0 || rows * cols != n || rows > n))
-        return gcomp__fail(err, GCOMP_E_ARG, "shape %zux%zu does not hold %zu elements", rows, cols,
-                           n);
     gcomp__spec parsed;
     gcomp_status st = gcomp__spec_parse(spec, &parsed, err);
     if (st != GCOMP_OK) return st;
     /* A compressor as gcomp_compressor_create builds it, minus the feedback state: the
-     * bound depends only on the codec.  Feedback `none` so free has nothing to release
-     * there; no density override, so the steady-state density counts. */
+     * bound depends only on the codec.  No density override, so the steady-state density
+     * counts. */
     parsed.feedback = &gcomp__feedback_none;
-    gcomp_compressor *c = gcomp__calloc(sizeof *c);
-    if (!c) return gcomp__fail(err, GCOMP_E_NOMEM, "out of memory");
-    c->spec = parsed;
-    c->n = n;
-    c->rows = rows;
-    c->cols = cols;
-    c->seed = (uint64_t)gcomp__spec_num(&parsed, "seed", 0);
-    c->vp.spec = &c->spec;
-    c->vp.seed = c->seed;
-    c->max_entries = c->max_values = n;
-    c->codec = parsed.codec;
-    if (c->codec->init) {
-        gcomp_error local;
-        local.message[0] = 0;
-        st = c->codec->init(c, &local);
-        if (st != GCOMP_OK) {
-            gcomp_compressor_free(c);
-            if (local.message[0]) return gcomp__fail(err, st, "%s", local.message);
-            return gcomp__fail(err, st, "%s: %s", parsed.codec->info.name, gcomp_status_str(st));
-        }
-    }
+    gcomp_compressor *c;
+    st = gcomp__compressor_build(&c, &parsed, n, rows, cols, err);
+    if (st != GCOMP_OK) return st;
     *bytes = gcomp_encode_bound(c);
     gcomp_compressor_free(c);
     return GCOMP_OK;

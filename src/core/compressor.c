@@ -31,37 +31,33 @@ void gcomp_compressor_free(gcomp_compressor *c) {
     gcomp__free(c);
 }
 
-gcomp_status gcomp_compressor_create(gcomp_compressor **out, const char *spec, size_t n,
+gcomp_status gcomp__compressor_build(gcomp_compressor **out, const gcomp__spec *parsed, size_t n,
                                      size_t rows, size_t cols, gcomp_error *err) {
-    if (!out) return gcomp__fail(err, GCOMP_E_ARG, "out must not be NULL");
     *out = NULL;
-    if (!spec) return gcomp__fail(err, GCOMP_E_ARG, "spec must not be NULL");
     if (n == 0) return gcomp__fail(err, GCOMP_E_ARG, "tensor size n must be > 0");
     if (n > UINT32_MAX)
         return gcomp__fail(err, GCOMP_E_LIMIT, "tensor of %zu elements: at most 2^32-1", n);
     if ((rows || cols) && (rows == 0 || cols == 0 || rows * cols != n || rows > n))
         return gcomp__fail(err, GCOMP_E_ARG, "shape %zux%zu does not hold %zu elements", rows, cols,
                            n);
-    gcomp__spec parsed;
-    gcomp_status st = gcomp__spec_parse(spec, &parsed, err);
-    if (st != GCOMP_OK) return st;
     gcomp_compressor *c = gcomp__calloc(sizeof *c);
     if (!c) return gcomp__fail(err, GCOMP_E_NOMEM, "out of memory creating a compressor");
-    c->spec = parsed;
+    c->spec = *parsed;
     c->n = n;
     c->rows = rows;
     c->cols = cols;
-    c->seed = (uint64_t)gcomp__spec_num(&parsed, "seed", 0);
+    c->seed = (uint64_t)gcomp__spec_num(parsed, "seed", 0);
     c->vp.spec = &c->spec;
     c->vp.seed = c->seed;
     c->max_entries = c->max_values = n;
-    const gcomp__feedback *fb = parsed.feedback;
+    const gcomp__feedback *fb = parsed->feedback;
+    gcomp_status st;
     if (fb->init && (st = fb->init(c)) != GCOMP_OK) {
         gcomp_compressor_free(c);
         return gcomp__fail(err, st, "%s: cannot allocate feedback state for %zu elements",
-                           parsed.codec->info.name, n);
+                           parsed->codec->info.name, n);
     }
-    c->codec = parsed.codec;
+    c->codec = parsed->codec;
     if (c->codec->init) {
         gcomp_error local;
         local.message[0] = 0;
@@ -69,11 +65,22 @@ gcomp_status gcomp_compressor_create(gcomp_compressor **out, const char *spec, s
         if (st != GCOMP_OK) {
             gcomp_compressor_free(c);
             if (local.message[0]) return gcomp__fail(err, st, "%s", local.message);
-            return gcomp__fail(err, st, "%s: %s", parsed.codec->info.name, gcomp_status_str(st));
+            return gcomp__fail(err, st, "%s: %s", parsed->codec->info.name, gcomp_status_str(st));
         }
     }
     *out = c;
     return GCOMP_OK;
+}
+
+gcomp_status gcomp_compressor_create(gcomp_compressor **out, const char *spec, size_t n,
+                                     size_t rows, size_t cols, gcomp_error *err) {
+    if (!out) return gcomp__fail(err, GCOMP_E_ARG, "out must not be NULL");
+    *out = NULL;
+    if (!spec) return gcomp__fail(err, GCOMP_E_ARG, "spec must not be NULL");
+    gcomp__spec parsed;
+    gcomp_status st = gcomp__spec_parse(spec, &parsed, err);
+    if (st != GCOMP_OK) return st;
+    return gcomp__compressor_build(out, &parsed, n, rows, cols, err);
 }
 
 const char *gcomp_compressor_spec(const gcomp_compressor *c) {

@@ -358,6 +358,11 @@ struct gcomp_compressor {
     gcomp_stats stats;
 };
 
+/* gcomp_compressor_create after the spec is parsed: checks n and the shape, allocates the
+ * feedback and codec state.  The policy's size estimate builds one with feedback none. */
+gcomp_status gcomp__compressor_build(gcomp_compressor **out, const gcomp__spec *parsed, size_t n,
+                                     size_t rows, size_t cols, gcomp_error *err);
+
 /* Grows the selection buffers to hold k index entries and nv values. */
 gcomp_status gcomp__sel_reserve(gcomp_compressor *c, size_t k, size_t nv, gcomp__selection *sel);
 
