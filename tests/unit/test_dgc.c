@@ -11,33 +11,11 @@
  *     allocations.
  */
 #include "check.h"
+#include "compressor_helpers.h"
 #include "gradcomp.h"
 #include "core/internal.h"
 
 #include <stdint.h>
-
-typedef struct msg {
-    uint8_t *p;
-    size_t len;
-} msg;
-
-static gcomp_compressor *make(const char *spec, size_t n) {
-    gcomp_compressor *c = NULL;
-    gcomp_error err;
-    gcomp_status st = gcomp_compressor_create(&c, spec, n, 0, 0, &err);
-    CHECK_MSG(st == GCOMP_OK, "%s: %s", spec, err.message);
-    return c;
-}
-
-static msg encode(gcomp_compressor *c, const float *g) {
-    msg m;
-    size_t cap = gcomp_encode_bound(c);
-    m.p = malloc(cap);
-    m.len = 0;
-    CHECK_OK(gcomp_encode(c, g, m.p, cap, &m.len));
-    CHECK(m.len <= cap);
-    return m;
-}
 
 /* The decoded message as a dense vector (what was sent). */
 static void decoded(const msg *m, float *out, size_t n) {
