@@ -366,7 +366,8 @@ static int write_outputs(const opts *o, gtrain_result *r, int nr, double target,
         }
         fclose(d);
     }
-    fprintf(f, "set terminal pngcairo size 900,560 font 'sans,10'\nset grid\nset key bottom right\n"
+    fprintf(f, "set terminal pngcairo noenhanced size 900,560 font 'sans,10'\nset grid\nset key "
+               "bottom right\n"
                "set ylabel 'test accuracy (%%)'\n");
     const char *plots[2][3] = {{"accuracy_vs_bytes.png", "bytes sent per rank (log scale)", "1"},
                                {"accuracy_vs_time.png", "training time (s)", "2"}};
