@@ -21,6 +21,7 @@
 #define _DEFAULT_SOURCE /* posix_memalign, madvise, access under -std=c11 */
 
 #include "data.h"
+#include "train_alloc.h"
 
 #include <errno.h>
 #include <stdarg.h>
@@ -43,16 +44,7 @@ static void set_err(char *err, size_t errlen, const char *fmt, ...) {
 
 /* Aligned, huge-page advised, NOT pre-touched: the loader writes every byte right away. */
 static void *data_alloc(size_t bytes) {
-    const size_t huge = (size_t)2 << 20;
-    size_t align = bytes >= 2 * huge ? huge : 64;
-    size_t rounded = (bytes + align - 1) / align * align;
-    void *p = NULL;
-    if (rounded == 0) rounded = align;
-    if (posix_memalign(&p, align, rounded) != 0) return NULL;
-#ifdef MADV_HUGEPAGE
-    if (align == huge) (void)madvise(p, rounded, MADV_HUGEPAGE);
-#endif
-    return p;
+    return gtrain_huge_alloc(bytes);
 }
 
 static uint64_t splitmix64(uint64_t *s) {

@@ -38,6 +38,7 @@
 #define _DEFAULT_SOURCE /* posix_memalign and madvise under -std=c11 */
 
 #include "model.h"
+#include "train_alloc.h"
 
 #include <cblas.h>
 #include <math.h>
@@ -105,16 +106,8 @@ const char *gtrain_strerror(int status) {
  * ~10 µs to touch (TORCH.md §2), so mlp-large's 240 MB of weights, gradients and momentum would
  * otherwise cost seconds of page faults. Everything is touched here, at create, never in a step. */
 static void *big_alloc(size_t bytes) {
-    const size_t huge = (size_t)2 << 20;
-    size_t align = bytes >= 2 * huge ? huge : 64;
-    size_t rounded = (bytes + align - 1) / align * align;
-    void *p = NULL;
-    if (rounded == 0) rounded = align;
-    if (posix_memalign(&p, align, rounded) != 0) return NULL;
-#ifdef MADV_HUGEPAGE
-    if (align == huge) (void)madvise(p, rounded, MADV_HUGEPAGE);
-#endif
-    memset(p, 0, rounded);
+    void *p = gtrain_huge_alloc(bytes);
+    if (p) memset(p, 0, bytes);
     return p;
 }
 
