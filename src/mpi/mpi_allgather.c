@@ -48,13 +48,7 @@ static gcomp_status ag_sizes(gcomp_mpi_bucket *b, gm_group *g) {
                             &g->req[0]);
     if (rc != MPI_SUCCESS) return gm_issue_fail(b, rc, "MPI_Iallgather (message sizes)");
     g->nreq = 1;
-    uint64_t w = 8 * g->nt * (uint64_t)(g->xsize - 1);
-    g->bytes_sent += w;
-    g->bytes_recv += w;
-    for (size_t k = 0; k < g->nt; k++) {
-        b->t[g->t0 + k].call.bytes_sent += 8 * (uint64_t)(g->xsize - 1);
-        b->t[g->t0 + k].call.bytes_received += 8 * (uint64_t)(g->xsize - 1);
-    }
+    gm_count_size_words(b, g);
     return GCOMP_OK;
 }
 

@@ -302,6 +302,8 @@ gcomp_status gm_reserve_owner(gcomp_mpi_bucket *b, gm_group *g);
 
 /* Shared step helpers (mpi_bucket.c). */
 gcomp_status gm_issue_fail(gcomp_mpi_bucket *b, int rc, const char *what);
+/* Counts one exchange of a u64 size word per tensor with every peer (group and tensors). */
+void gm_count_size_words(gcomp_mpi_bucket *b, gm_group *g);
 /* Makes room for k requests in g->req. */
 gcomp_status gm_req_room(gm_group *g, int k);
 /* Records a failure every exchange rank knows about (first one wins). */

@@ -476,3 +476,13 @@ gcomp_status gm_slice_decode_add(const uint8_t *src, size_t n, size_t len, float
     }
     return GCOMP_OK;
 }
+
+void gm_count_size_words(gcomp_mpi_bucket *b, gm_group *g) {
+    uint64_t per_tensor = 8 * (uint64_t)(g->xsize - 1);
+    g->bytes_sent += per_tensor * g->nt;
+    g->bytes_recv += per_tensor * g->nt;
+    for (size_t k = 0; k < g->nt; k++) {
+        b->t[g->t0 + k].call.bytes_sent += per_tensor;
+        b->t[g->t0 + k].call.bytes_received += per_tensor;
+    }
+}
