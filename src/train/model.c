@@ -77,6 +77,8 @@ struct gtrain_model {
     float *w, *g, *v; /* flat weights, gradients, momentum, nparams each */
     float *dact[2];   /* ping-pong activation gradients, max_batch × widest activation */
     float *col, *z;   /* conv scratch: one sample's im2col matrix and conv output */
+    int summed;       /* g is the gradient of the summed loss (gtrain_model_set_summed_loss) */
+    size_t last_batch;
     gtrain_grad_ready_fn on_ready;
     void *ctx;
 };
@@ -548,13 +550,19 @@ static int labels_ok(const uint8_t *y, size_t n) {
     return !bad;
 }
 
+void gtrain_model_set_summed_loss(gtrain_model *m, int on) {
+    if (m) m->summed = on != 0;
+}
+
 int gtrain_model_forward_backward(gtrain_model *m, const float *x, const uint8_t *y, size_t batch,
                                   float *loss) {
     if (!m || !x || !y || batch == 0 || batch > m->max_batch || !labels_ok(y, batch))
         return GTRAIN_ERR_ARG;
     const float *logits = forward(m, x, batch);
     int cur = 0;
-    double total = xent(logits, y, batch, m->dact[cur], 1.0f / (float)batch, NULL);
+    double total =
+        xent(logits, y, batch, m->dact[cur], m->summed ? 1.0f : 1.0f / (float)batch, NULL);
+    m->last_batch = batch;
     for (size_t i = m->nlayers; i-- > 0;) {
         layer *L = &m->layers[i];
         const float *in = i ? m->layers[i - 1].act : x;
@@ -607,6 +615,7 @@ int gtrain_model_evaluate(gtrain_model *m, const float *x, const uint8_t *y, siz
 void gtrain_sgd_step(gtrain_model *m, float lr, float momentum, float weight_decay, int nesterov,
                      const unsigned char *skip_momentum) {
     if (!m) return;
+    const float gs = m->summed && m->last_batch ? 1.0f / (float)m->last_batch : 1.0f;
     for (size_t t = 0; t < m->ntensors; t++) {
         gtrain_tensor *T = &m->tensors[t];
         float *restrict w = T->w;
@@ -615,17 +624,17 @@ void gtrain_sgd_step(gtrain_model *m, float lr, float momentum, float weight_dec
         const float wd = T->is_bias ? 0.0f : weight_decay, mu = momentum;
         const size_t n = T->n;
         if (momentum == 0.0f || (skip_momentum && skip_momentum[t])) {
-            for (size_t i = 0; i < n; i++) w[i] -= lr * (g[i] + wd * w[i]);
+            for (size_t i = 0; i < n; i++) w[i] -= lr * (gs * g[i] + wd * w[i]);
         } else if (nesterov) {
             for (size_t i = 0; i < n; i++) {
-                float d = g[i] + wd * w[i];
+                float d = gs * g[i] + wd * w[i];
                 float vi = mu * v[i] + d;
                 v[i] = vi;
                 w[i] -= lr * (d + mu * vi);
             }
         } else {
             for (size_t i = 0; i < n; i++) {
-                float vi = mu * v[i] + g[i] + wd * w[i];
+                float vi = mu * v[i] + gs * g[i] + wd * w[i];
                 v[i] = vi;
                 w[i] -= lr * vi;
             }

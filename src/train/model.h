@@ -11,7 +11,8 @@
  *   all tensors lie back to back in one flat buffer in that order, and so do the gradients, so a
  *   dense baseline can allreduce every gradient with one call on tensors[0].g over
  *   gtrain_model_num_params() floats.
- * - Every forward_backward OVERWRITES each g with the gradient of the MEAN loss of that batch.
+ * - Every forward_backward OVERWRITES each g with the gradient of the MEAN loss of that batch
+ *   (or of its SUMMED loss after gtrain_model_set_summed_loss; see there).
  * - A model is used by one thread at a time; distinct models are independent. Matrix products go
  *   through OpenBLAS, whose own thread count is set by the caller (OPENBLAS_NUM_THREADS=1 for
  *   one MPI rank per core); this library never changes it.
@@ -118,6 +119,17 @@ size_t gtrain_model_max_batch(const gtrain_model *m);
 void gtrain_model_set_grad_ready(gtrain_model *m, gtrain_grad_ready_fn fn, void *ctx);
 
 /*
+ * Chooses the unit of g: on == 0 (the default) the gradient of the batch's mean loss, PyTorch's
+ * convention; on != 0 that of its summed loss, MXNet/Gluon's, whose Trainer.step(batch_size)
+ * divides by batch_size inside the optimizer. gtrain_sgd_step then divides g by the batch of the
+ * last forward_backward, so the weights follow the same path either way; what changes is the
+ * number a compressor sees between the two: codecs with an absolute threshold (MXNet's 2-bit
+ * quantizer, `threshold`) act B times finer in the summed unit; scale-free ones (top-k, sign
+ * with a scale, PowerSGD, QSGD) do not care.
+ */
+void gtrain_model_set_summed_loss(gtrain_model *m, int on);
+
+/*
  * One training pass: forward, mean softmax cross-entropy, backward from the last layer to the
  * first, calling the gradient-ready callback for each tensor as soon as its g is final.
  *   x      batch × 784 floats (borrowed for the call)
@@ -142,10 +154,11 @@ int gtrain_model_evaluate(gtrain_model *m, const float *x, const uint8_t *y, siz
 
 /*
  * One SGD step on every tensor from its current g, with PyTorch's torch.optim.SGD semantics
- * (dampening 0): d = g + wd·w (wd = 0 for biases); v = momentum·v + d; w -= lr·(nesterov ?
+ * (dampening 0): d = g/B + wd·w with B the last batch when the loss is summed, else d = g + wd·w
+ * (wd = 0 for biases); v = momentum·v + d; w -= lr·(nesterov ?
  * d + momentum·v : v). Momentum buffers start at zero and are owned by the model.
- *   skip_momentum  NULL, or one flag per tensor: a flagged tensor gets w -= lr·(g + wd·w) and its
- *                  momentum buffer is untouched (DGC keeps the momentum inside the compressor and
+ *   skip_momentum  NULL, or one flag per tensor: a flagged tensor gets w -= lr·(g + wd·w) (g/B when
+ * summed) and its momentum buffer is untouched (DGC keeps the momentum inside the compressor and
  *                  hands back an update that already contains it)
  * momentum == 0 is plain SGD. One pass over each tensor.
  */

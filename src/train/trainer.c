@@ -128,6 +128,7 @@ int gtrain_run(const gtrain_config *cfg, const char *method, const gtrain_data *
     gtrain_model *m = NULL;
     int st = gtrain_model_create(cfg->model, cfg->hidden, cfg->seed, cfg->batch, &m);
     if (st) return fail(err, errlen, "model %s: %s", cfg->model, gtrain_strerror(st));
+    gtrain_model_set_summed_loss(m, cfg->summed_loss);
     size_t nt;
     gtrain_tensor *t = gtrain_model_tensors(m, &nt);
     out->params = gtrain_model_num_params(m);
@@ -203,7 +204,8 @@ int gtrain_run(const gtrain_config *cfg, const char *method, const gtrain_data *
                 break;
             }
             double t2 = now_s();
-            gtrain_sgd_step(m, cfg->lr, cfg->momentum, cfg->weight_decay, cfg->nesterov, skip);
+            float lr = gtrain_lr_at(cfg, (double)step / (double)(steps_per_epoch * cfg->epochs));
+            gtrain_sgd_step(m, lr, cfg->momentum, cfg->weight_decay, cfg->nesterov, skip);
             double t3 = now_s();
             compute_s += t1 - t0;
             wait_s += t2 - t1;
@@ -287,6 +289,18 @@ void gtrain_result_free(gtrain_result *r) {
     free(r->points);
     r->points = NULL;
     r->npoints = 0;
+}
+
+float gtrain_lr_at(const gtrain_config *cfg, double progress) {
+    double p = progress < 0 ? 0 : progress > 1 ? 1 : progress, lr = cfg->lr;
+    switch (cfg->lr_schedule) {
+    case GTRAIN_LR_COSINE:
+        return (float)(lr * 0.5 * (1.0 + cos(3.14159265358979323846 * p)));
+    case GTRAIN_LR_STEP:
+        return (float)(p < 0.5 ? lr : p < 0.75 ? lr * 0.1 : lr * 0.01);
+    default:
+        return (float)lr;
+    }
 }
 
 double gtrain_time_to(const gtrain_result *r, double target) {

@@ -24,6 +24,8 @@
 
 #include "data.h"
 
+enum { GTRAIN_LR_CONST = 0, GTRAIN_LR_COSINE = 1, GTRAIN_LR_STEP = 2 };
+
 typedef struct gtrain_config {
     const char *model;  /* mlp, mlp-large, cnn */
     const char *hidden; /* NULL: the model's default */
@@ -31,6 +33,8 @@ typedef struct gtrain_config {
     size_t batch; /* per rank */
     float lr, momentum, weight_decay;
     int nesterov;
+    int summed_loss; /* 1: gradients of the batch's summed loss (MXNet's unit), 0: of its mean */
+    int lr_schedule; /* GTRAIN_LR_CONST, _COSINE or _STEP (see gtrain_lr_at) */
     uint64_t seed;
     int evals_per_epoch;        /* test-set evaluations per epoch (>= 1) */
     size_t min_elements;        /* policy: tensors smaller than this go dense */
@@ -75,6 +79,13 @@ int gtrain_run(const gtrain_config *cfg, const char *method, const gtrain_data *
                const gtrain_data *test, MPI_Comm comm, gtrain_result *out, char *err,
                size_t errlen);
 void gtrain_result_free(gtrain_result *r);
+
+/* The learning rate at `progress` (steps done / steps in the run, in [0, 1]): cfg->lr for
+ * GTRAIN_LR_CONST; lr·(1 + cos(π·progress))/2 for GTRAIN_LR_COSINE (Loshchilov & Hutter,
+ * no restarts); lr, then lr/10 from half the run and lr/100 from three quarters for
+ * GTRAIN_LR_STEP (the classic ImageNet/CIFAR decay, scaled to the run). Every method of a
+ * comparison follows the same schedule. */
+float gtrain_lr_at(const gtrain_config *cfg, double progress);
 
 /* The first wall time at which test accuracy reached `target` (fraction); -1 if never. */
 double gtrain_time_to(const gtrain_result *r, double target);

@@ -105,5 +105,14 @@ done
 ok
 expect_rc 2 "bench bad n" "$G" bench -c topk -n abc
 
+# train's option errors come before any MPI or data work
+if "$G" --help 2>/dev/null | grep -q "gradcomp train"; then
+  expect_rc 2 "train bad --lr-schedule" "$G" train --lr-schedule linear
+  grep -q "const, cosine or step" err.txt && ok || bad "train --lr-schedule message"
+  expect_rc 2 "train bad --loss" "$G" train --loss total
+  grep -q "mean or sum" err.txt && ok || bad "train --loss message"
+  expect_rc 2 "train bad --epochs" "$G" train --epochs 0
+fi
+
 echo "cli: $pass passed, $fails failed"
 [ $fails -eq 0 ]

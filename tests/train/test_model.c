@@ -293,6 +293,47 @@ static void test_sgd(void) {
     }
 }
 
+/* The summed-loss unit: g is batch × the mean-loss gradient, and SGD divides it back, so
+ * both units follow the same path (to float rounding) over several steps of every kind. */
+static void test_summed_loss(void) {
+    enum { B = 12 };
+    gtrain_data d;
+    gtrain_model *mean, *sum;
+    CHECK(gtrain_data_synthetic(4 * B, 3, &d) == GTRAIN_OK, "synthetic");
+    CHECK(gtrain_model_create("mlp", "24,16", 9, B, &mean) == GTRAIN_OK, "create");
+    CHECK(gtrain_model_create("mlp", "24,16", 9, B, &sum) == GTRAIN_OK, "create");
+    gtrain_model_set_summed_loss(sum, 1);
+    size_t nt, n = gtrain_model_num_params(mean);
+    gtrain_tensor *tm = gtrain_model_tensors(mean, &nt), *ts = gtrain_model_tensors(sum, NULL);
+    unsigned char skip[6] = {1, 0, 0, 0, 0, 0};
+    for (int s = 0; s < 4; s++) {
+        float lm, ls;
+        const float *x = d.x + (size_t)s * B * d.dim;
+        const uint8_t *y = d.y + (size_t)s * B;
+        CHECK(gtrain_model_forward_backward(mean, x, y, B, &lm) == GTRAIN_OK, "fb");
+        CHECK(gtrain_model_forward_backward(sum, x, y, B, &ls) == GTRAIN_OK, "fb");
+        CHECK(lm == ls, "step %d: the reported loss is the mean in both units (%g, %g)", s,
+              (double)lm, (double)ls);
+        if (s == 0) {
+            double worst = 0, big = 0; /* float sums cancel: compare against the largest */
+            for (size_t i = 0; i < n; i++) {
+                worst = fmax(worst, fabs(ts[0].g[i] - (double)B * tm[0].g[i]));
+                big = fmax(big, fabs((double)B * tm[0].g[i]));
+            }
+            CHECK(big > 0 && worst < 1e-5 * big, "summed g is not batch × mean g: %g of %g", worst,
+                  big);
+        }
+        gtrain_sgd_step(mean, 0.1f, 0.9f, 1e-3f, s & 1, skip);
+        gtrain_sgd_step(sum, 0.1f, 0.9f, 1e-3f, s & 1, skip);
+    }
+    double worst = 0;
+    for (size_t i = 0; i < n; i++) worst = fmax(worst, fabs(ts[0].w[i] - tm[0].w[i]));
+    CHECK(worst < 1e-5, "summed and mean units drifted apart: max |Δw| %g", worst);
+    gtrain_model_free(mean);
+    gtrain_model_free(sum);
+    gtrain_data_free(&d);
+}
+
 /* predict and evaluate against forward_backward, and chunking across max_batch. */
 static void test_eval(void) {
     gtrain_data d;
@@ -326,6 +367,7 @@ int main(void) {
     test_callback("mlp");
     test_callback("cnn");
     test_sgd();
+    test_summed_loss();
     test_eval();
     if (!check_failures) printf("train_model: all checks passed\n");
     return check_failures ? 1 : 0;

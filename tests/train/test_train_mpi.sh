@@ -10,7 +10,7 @@ rm -rf "$W" && mkdir -p "$W" && cd "$W" || exit 1
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
 export OPENBLAS_NUM_THREADS=1
 timeout 600 mpirun -np 2 "$G" train --data synthetic --model mlp --hidden 256,128 --epochs 1 \
-    --batch 32 --evals 2 --max-steps 120 --quiet --min-elements 1000 \
+    --batch 32 --evals 2 --max-steps 120 --quiet --min-elements 1000 --lr-schedule cosine \
     --compare "dense,topk:density=0.01,feedback=ef,dgc:density=0.01,powersgd:rank=2,sign:feedback=ef,twobit:threshold=0.05" \
     --out res > train.log 2>&1
 rc=$?
@@ -24,6 +24,8 @@ fields = ["method", "test_accuracy", "delta_vs_dense_pp", "bytes_per_step", "eff
           "step_ms", "codec_ms", "comm_ms", "time_to_target_s", "weights_identical", "steps"]
 bad = 0
 methods = r["methods"]
+if r.get("lr_schedule") != "cosine" or r.get("loss") != "mean":
+    print("FAIL: results.json says lr_schedule=%r loss=%r" % (r.get("lr_schedule"), r.get("loss"))); bad += 1
 if len(methods) != 6:
     print("FAIL: expected 6 methods, got", len(methods)); bad += 1
 for m in methods:

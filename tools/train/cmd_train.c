@@ -46,14 +46,20 @@ static const char *usage_text =
     "                      [--compare M1,M2,...] [--target-acc A] [--out DIR]\n"
     "                      [--data DIR|synthetic] [--seed S] [--evals N] [--min-elements N]\n"
     "                      [--dense-spec SPEC] [--strategy S] [--max-steps N] [--timeout SEC]\n"
-    "                      [--quiet]\n"
+    "                      [--lr-schedule const|cosine|step] [--loss mean|sum] [--quiet]\n"
     "methods: dense, dense-f16, any spec (e.g. dgc:density=0.001, powersgd:rank=4,\n"
     "         twobit:threshold=0.5, sign:feedback=ef), or policy:<policy string>;\n"
     "         --compare splits on commas, and a piece without ':' but with '=' continues\n"
     "         the previous spec (dgc:density=0.001,momentum=0.9 stays one method);\n"
     "         METHOD@STRATEGY picks the MPI strategy for one method (sign@allgather).\n"
     "policy:  tensors under --min-elements (default 8192) and 1-D tensors use --dense-spec\n"
-    "         (default none:values=f16) in every method but dense and dense-f16.\n";
+    "         (default none:values=f16) in every method but dense and dense-f16.\n"
+    "--lr-schedule: const (default), cosine (to 0 at the end of the run), or step (/10 at\n"
+    "         1/2 and 3/4 of the run); the same for every method.\n"
+    "--loss:  the gradient the methods compress: of the batch's mean loss (default,\n"
+    "         PyTorch's unit) or of its summed loss (MXNet's, where the optimizer divides by\n"
+    "         the batch); dense training is the same, but absolute thresholds (twobit's,\n"
+    "         threshold's) mean B times less in the summed unit.\n";
 
 /* Splits a --compare list into methods (see usage_text). */
 static int split_methods(opts *o, const char *list) {
@@ -164,6 +170,17 @@ static int parse(int argc, char **argv, opts *o) {
         } else if (!strcmp(a, "--max-steps")) {
             if (cli_parse_count(v, &cnt)) return cli_fail("train", 2, "--max-steps %s", v);
             c->max_steps_per_epoch = (double)cnt;
+        } else if (!strcmp(a, "--lr-schedule")) {
+            static const char *const names[] = {"const", "cosine", "step"};
+            c->lr_schedule = -1;
+            for (int k = 0; k < 3; k++)
+                if (!strcmp(v, names[k])) c->lr_schedule = k;
+            if (c->lr_schedule < 0)
+                return cli_fail("train", 2, "--lr-schedule %s: const, cosine or step", v);
+        } else if (!strcmp(a, "--loss")) {
+            if (strcmp(v, "mean") && strcmp(v, "sum"))
+                return cli_fail("train", 2, "--loss %s: mean or sum", v);
+            c->summed_loss = !strcmp(v, "sum");
         } else if (!strcmp(a, "--timeout"))
             c->timeout_s = strtod(v, NULL);
         else
@@ -299,9 +316,12 @@ static int write_outputs(const opts *o, gtrain_result *r, int nr, double target,
     json_string(f, o->cfg.model);
     fprintf(f,
             ",\"ranks\":%d,\"epochs\":%d,\"batch_per_rank\":%zu,\"lr\":%g,\"momentum\":%g,"
-            "\"seed\":%llu,\"link\":",
+            "\"lr_schedule\":\"%s\",\"loss\":\"%s\",\"seed\":%llu,\"link\":",
             P, o->cfg.epochs, o->cfg.batch, o->cfg.lr, o->cfg.momentum,
-            (unsigned long long)o->cfg.seed);
+            o->cfg.lr_schedule == GTRAIN_LR_COSINE ? "cosine"
+            : o->cfg.lr_schedule == GTRAIN_LR_STEP ? "step"
+                                                   : "const",
+            o->cfg.summed_loss ? "sum" : "mean", (unsigned long long)o->cfg.seed);
     if (o->link)
         json_string(f, o->link);
     else
