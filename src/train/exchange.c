@@ -69,17 +69,38 @@ static int efail(char *err, size_t errlen, const char *fmt, ...) {
     return 1;
 }
 
-/* The policy string a method stands for. */
+/* Whether the ';'-separated items of `items` set policy key `key`. */
+static bool sets_key(const char *items, const char *key) {
+    size_t kl = strlen(key);
+    for (const char *p = items; p; p = strchr(p, ';')) {
+        if (*p == ';') p++;
+        while (*p == ' ') p++;
+        if (!strncmp(p, key, kl) && p[kl] == '=') return true;
+    }
+    return false;
+}
+
+/* The policy string a method stands for: "dense", "dense-f16", "policy:<policy>", or
+ * "SPEC[;KEY=VALUE...]", a spec for the compressed tensors plus policy items of this method
+ * only (e.g. twobit:threshold=0.5;min_elements=16384), the trainer's --min-elements and
+ * --dense-spec filling in what the method leaves out. */
 static void method_policy(const char *method, size_t min_elements, const char *dense_spec,
                           char *out, size_t cap) {
+    const char *semi = strchr(method, ';');
     if (!strcmp(method, "dense"))
         snprintf(out, cap, "spec=none;dense=none");
     else if (!strcmp(method, "dense-f16"))
         snprintf(out, cap, "spec=none:values=f16;dense=none:values=f16");
     else if (!strncmp(method, "policy:", 7))
         snprintf(out, cap, "%s", method + 7);
-    else
-        snprintf(out, cap, "spec=%s;min_elements=%zu;dense=%s", method, min_elements, dense_spec);
+    else {
+        int n = snprintf(out, cap, "spec=%s", method);
+        if (n < 0 || (size_t)n >= cap) return;
+        if (!semi || !sets_key(semi, "min_elements"))
+            n += snprintf(out + n, cap - (size_t)n, ";min_elements=%zu", min_elements);
+        if ((size_t)n < cap && (!semi || !sets_key(semi, "dense")))
+            snprintf(out + n, cap - (size_t)n, ";dense=%s", dense_spec);
+    }
 }
 
 int gtrain_exchange_create(gtrain_exchange **out, const char *method, gtrain_tensor *t, size_t nt,

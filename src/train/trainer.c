@@ -236,13 +236,24 @@ int gtrain_run(const gtrain_config *cfg, const char *method, const gtrain_data *
                     rc = fail(err, errlen, "the ranks' weights differ after step %zu", step);
                     break;
                 }
+                /* The budget is judged on the slowest rank's clock, so all stop together. */
+                double slowest = wall;
+                if (cfg->time_budget_s > 0)
+                    MPI_Allreduce(MPI_IN_PLACE, &slowest, 1, MPI_DOUBLE, MPI_MAX, comm);
+                bool over = cfg->time_budget_s > 0 && slowest >= cfg->time_budget_s;
                 if (out->npoints < cap_points) out->points[out->npoints++] = p;
                 if (rank == 0)
                     progress_line(cfg, method, &p, p.bytes / (double)(step + 1),
                                   1e3 * wall / (double)(step + 1),
-                                  last && epoch + 1 == cfg->epochs);
+                                  over || (last && epoch + 1 == cfg->epochs));
+                if (over && !(last && epoch + 1 == cfg->epochs)) {
+                    out->stopped_by_budget = 1;
+                    step++;
+                    break;
+                }
             }
         }
+        if (out->stopped_by_budget) break;
     }
     if (rc) goto done;
 

@@ -43,6 +43,8 @@ typedef struct gtrain_config {
     double timeout_s;           /* per collective */
     int progress;               /* 0 quiet, 1 lines, 2 a live bar (rank 0 only) */
     double max_steps_per_epoch; /* 0: all; else cap (smoke runs) */
+    double time_budget_s;       /* 0: none; else stop at the first evaluation after this much
+                                   training time (the slowest rank's) */
 } gtrain_config;
 
 typedef struct gtrain_point {
@@ -69,6 +71,7 @@ typedef struct gtrain_result {
     size_t steps;
     size_t params;
     int weights_identical; /* 1 when every rank ended with the same weights */
+    int stopped_by_budget; /* 1 when cfg->time_budget_s ended the run before its epochs */
     gtrain_point *points;
     size_t npoints;
 } gtrain_result;

@@ -11,7 +11,7 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_
 export OPENBLAS_NUM_THREADS=1
 timeout 600 mpirun -np 2 "$G" train --data synthetic --model mlp --hidden 256,128 --epochs 1 \
     --batch 32 --evals 2 --max-steps 120 --quiet --min-elements 1000 --lr-schedule cosine \
-    --compare "dense,topk:density=0.01,feedback=ef,dgc:density=0.01,powersgd:rank=2,sign:feedback=ef,twobit:threshold=0.05" \
+    --compare "dense,topk:density=0.01,feedback=ef,dgc:density=0.01,powersgd:rank=2,sign:feedback=ef;min_elements=40000,twobit:threshold=0.05" \
     --out res > train.log 2>&1
 rc=$?
 cat train.log
@@ -34,6 +34,15 @@ for m in methods:
             print("FAIL: %s lacks %s" % (m.get("method"), f)); bad += 1
     if not m["weights_identical"]:
         print("FAIL: %s: ranks diverged" % m["method"]); bad += 1
+# "SPEC;min_elements=N" is that method's own policy: fc2.weight (256x128 = 32768) goes dense there
+# and only there (the run's --min-elements is 1000).
+def groups(m):
+    return dict(g.split(": ", 1) for g in m["specs"].split("; "))
+for m in methods:
+    dense_names = ",".join(v for k, v in groups(m).items() if k.startswith("none"))
+    want = m["method"].startswith("sign") and m["method"] != "dense"
+    if m["method"] != "dense" and ("fc2.weight" in dense_names) != want:
+        print("FAIL: %s: specs %r" % (m["method"], m["specs"])); bad += 1
 rows = list(csv.DictReader(open("res/metrics.csv")))
 for m in methods:
     pts = [x for x in rows if x["method"] == m["method"]]
@@ -54,5 +63,28 @@ for png in ("accuracy_vs_bytes.png", "accuracy_vs_time.png"):
     if not (os.path.exists(p) and os.path.getsize(p) > 1000 and open(p, "rb").read(4) == b"\x89PNG"):
         print("FAIL: %s missing or empty" % png); bad += 1
 print("train_mpi: %d passed, %d failed" % (1 if not bad else 0, bad))
+sys.exit(1 if bad else 0)
+PYEOF
+
+# --time-budget: a run of 200 epochs must stop at the first evaluation after 1 s of
+# training, on both ranks at the same step, and say so.
+timeout 300 mpirun -np 2 "$G" train --data synthetic --model mlp --hidden 64 --epochs 200 \
+    --batch 16 --evals 4 --max-steps 40 --quiet --time-budget 1 --compare "dense,sign:feedback=ef" \
+    --out budget > budget.log 2>&1
+rc=$?
+[ $rc -eq 0 ] || { cat budget.log; echo "FAIL: gradcomp train --time-budget exited $rc"; exit 1; }
+"$PY" - <<'PYEOF' || exit 1
+import json, sys
+r = json.load(open("budget/results.json"))
+bad = 0
+if r.get("time_budget_s") != 1:
+    print("FAIL: time_budget_s = %r" % r.get("time_budget_s")); bad += 1
+for m in r["methods"]:
+    if not (m["stopped_by_budget"] is True and 0 < m["steps"] < 200 * 40 and m["weights_identical"]):
+        print("FAIL: %s: stopped_by_budget=%r steps=%d" % (m["method"], m["stopped_by_budget"], m["steps"])); bad += 1
+    # the budget is checked at evaluations (every 10 steps here): it may overshoot by at most one interval
+    if not (0.9 <= m["train_seconds"] < 1.0 + 10 * m["step_ms"] / 1e3 * 1.5 + 0.5):
+        print("FAIL: %s trained %.2f s on a 1 s budget" % (m["method"], m["train_seconds"])); bad += 1
+print("train_mpi budget: %d passed, %d failed" % (1 if not bad else 0, bad))
 sys.exit(1 if bad else 0)
 PYEOF

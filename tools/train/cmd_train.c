@@ -46,16 +46,21 @@ static const char *usage_text =
     "                      [--compare M1,M2,...] [--target-acc A] [--out DIR]\n"
     "                      [--data DIR|synthetic] [--seed S] [--evals N] [--min-elements N]\n"
     "                      [--dense-spec SPEC] [--strategy S] [--max-steps N] [--timeout SEC]\n"
-    "                      [--lr-schedule const|cosine|step] [--loss mean|sum] [--quiet]\n"
+    "                      [--lr-schedule const|cosine|step] [--loss mean|sum]\n"
+    "                      [--time-budget SEC] [--quiet]\n"
     "methods: dense, dense-f16, any spec (e.g. dgc:density=0.001, powersgd:rank=4,\n"
     "         twobit:threshold=0.5, sign:feedback=ef), or policy:<policy string>;\n"
     "         --compare splits on commas, and a piece without ':' but with '=' continues\n"
     "         the previous spec (dgc:density=0.001,momentum=0.9 stays one method);\n"
-    "         METHOD@STRATEGY picks the MPI strategy for one method (sign@allgather).\n"
+    "         METHOD@STRATEGY picks the MPI strategy for one method (sign@allgather);\n"
+    "         SPEC;KEY=VALUE sets policy items for one method (twobit;min_elements=16384).\n"
     "policy:  tensors under --min-elements (default 8192) and 1-D tensors use --dense-spec\n"
     "         (default none:values=f16) in every method but dense and dense-f16.\n"
     "--lr-schedule: const (default), cosine (to 0 at the end of the run), or step (/10 at\n"
     "         1/2 and 3/4 of the run); the same for every method.\n"
+    "--time-budget: each method stops at the first evaluation after SEC seconds of\n"
+    "         training (--evals sets how often that is); time to the target accuracy\n"
+    "         then compares methods on equal time, in one command.\n"
     "--loss:  the gradient the methods compress: of the batch's mean loss (default,\n"
     "         PyTorch's unit) or of its summed loss (MXNet's, where the optimizer divides by\n"
     "         the batch); dense training is the same, but absolute thresholds (twobit's,\n"
@@ -170,6 +175,11 @@ static int parse(int argc, char **argv, opts *o) {
         } else if (!strcmp(a, "--max-steps")) {
             if (cli_parse_count(v, &cnt)) return cli_fail("train", 2, "--max-steps %s", v);
             c->max_steps_per_epoch = (double)cnt;
+        } else if (!strcmp(a, "--time-budget")) {
+            char *end;
+            c->time_budget_s = strtod(v, &end);
+            if (*end || !(c->time_budget_s > 0) || !isfinite(c->time_budget_s))
+                return cli_fail("train", 2, "--time-budget %s: seconds > 0", v);
         } else if (!strcmp(a, "--lr-schedule")) {
             static const char *const names[] = {"const", "cosine", "step"};
             c->lr_schedule = -1;
@@ -327,6 +337,7 @@ static int write_outputs(const opts *o, gtrain_result *r, int nr, double target,
     else
         fputs("null", f);
     json_num(f, "target_accuracy", target);
+    json_num(f, "time_budget_s", o->cfg.time_budget_s > 0 ? o->cfg.time_budget_s : NAN);
     fprintf(f, ",\"methods\":[");
     for (int i = 0; i < nr; i++) {
         gtrain_result *x = &r[i];
@@ -348,6 +359,7 @@ static int write_outputs(const opts *o, gtrain_result *r, int nr, double target,
         json_num(f, "train_seconds", x->wall_s);
         double tt = gtrain_time_to(x, target);
         json_num(f, "time_to_target_s", tt >= 0 ? tt : NAN);
+        fprintf(f, ",\"stopped_by_budget\":%s", x->stopped_by_budget ? "true" : "false");
         fprintf(f, ",\"steps\":%zu,\"parameters\":%zu,\"weights_identical\":%s}", x->steps,
                 x->params, x->weights_identical ? "true" : "false");
     }
@@ -430,10 +442,16 @@ static void print_table(gtrain_result *r, int nr, double target) {
             snprintf(delta, sizeof delta, "%+.2f", 100 * (r[i].final_acc - dense_acc));
         else
             snprintf(delta, sizeof delta, "-");
-        printf("%-34.34s %7.2f%% %7s %12.0f %8.1fx %7.1fx %8.2f %8.2f %8.2f %10s%s\n", r[i].method,
+        printf("%-34.34s %7.2f%% %7s %12.0f %8.1fx %7.1fx %8.2f %8.2f %8.2f %10s%s", r[i].method,
                100 * r[i].final_acc, delta, r[i].bytes_per_step, r[i].ratio, r[i].traffic_ratio,
                r[i].step_ms, r[i].codec_ms, r[i].comm_ms, tts,
-               r[i].weights_identical ? "" : "  RANKS DIVERGED");
+               !r[i].weights_identical  ? "  RANKS DIVERGED"
+               : r[i].stopped_by_budget ? "  (time budget: stopped at epoch "
+                                        : "");
+        if (r[i].weights_identical && r[i].stopped_by_budget)
+            printf("%.2f)\n", r[i].npoints ? r[i].points[r[i].npoints - 1].epoch : 0.0);
+        else
+            printf("\n");
     }
     printf("target accuracy %.2f%%%s\nbytes/step: sent per rank per step, all tensors (as the "
            "algorithm counts it); ratio: gradient bytes / compressed bytes over the whole run; "
