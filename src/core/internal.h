@@ -20,6 +20,7 @@
 #define GCOMP_INTERNAL_H
 
 #include "gradcomp.h"
+#include "../common/common.h" /* errors, memory, clock, LE access, rng, halves, varints */
 
 #include <stdbool.h>
 #include <string.h>
@@ -51,85 +52,19 @@ typedef struct gcomp__spec {
 double gcomp__spec_num(const gcomp__spec *s, const char *name, double dflt);
 gcomp_status gcomp__spec_parse(const char *text, gcomp__spec *out, gcomp_error *err);
 
-/* ---- errors --------------------------------------------------------------------------- */
-
-/* Sets err (may be NULL) and returns st. printf-style. */
-gcomp_status gcomp__fail(gcomp_error *err, gcomp_status st, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-
 /* ---- memory ----------------------------------------------------------------------------- */
 
-/* 64-byte aligned; big buffers get MADV_HUGEPAGE (a fresh 4 KiB page costs ~10 us to touch
- * here).  gcomp__free(NULL) is a no-op.  Every library allocation goes through these so
- * the anomaly tests can fail the N-th one. */
-void *gcomp__alloc(size_t bytes);
-void *gcomp__calloc(size_t bytes);
-void gcomp__free(void *p);
-/* Test hook: fail the allocation after `n` more succeed; (size_t)-1 disables. */
+/* Test hook: fail the allocation after `n` more succeed; (size_t)-1 disables.  Sets this
+ * library's gcomp__alloc_fail_after (common.h). */
 GCOMP_API void gcomp__test_fail_alloc_after(size_t n);
-
-/* A growable scratch buffer owned by a compressor or decoder. */
-typedef struct gcomp__buf {
-    void *p;
-    size_t cap;
-} gcomp__buf;
-gcomp_status gcomp__buf_reserve(gcomp__buf *b, size_t bytes);
-void gcomp__buf_free(gcomp__buf *b);
-
-/* ---- little-endian I/O ------------------------------------------------------------------ */
-
-static inline void gcomp__put16(uint8_t *p, uint16_t v) {
-    memcpy(p, &v, 2);
-}
-static inline void gcomp__put32(uint8_t *p, uint32_t v) {
-    memcpy(p, &v, 4);
-}
-static inline void gcomp__put64(uint8_t *p, uint64_t v) {
-    memcpy(p, &v, 8);
-}
-static inline void gcomp__putf(uint8_t *p, float v) {
-    memcpy(p, &v, 4);
-}
-static inline uint16_t gcomp__get16(const uint8_t *p) {
-    uint16_t v;
-    memcpy(&v, p, 2);
-    return v;
-}
-static inline uint32_t gcomp__get32(const uint8_t *p) {
-    uint32_t v;
-    memcpy(&v, p, 4);
-    return v;
-}
-static inline uint64_t gcomp__get64(const uint8_t *p) {
-    uint64_t v;
-    memcpy(&v, p, 8);
-    return v;
-}
-static inline float gcomp__getf(const uint8_t *p) {
-    float v;
-    memcpy(&v, p, 4);
-    return v;
-}
-#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
-#error "gradcomp's wire code assumes a little-endian host; add byte swaps before porting"
-#endif
 
 /* ---- checksums, hashing, random numbers --------------------------------------------------- */
 
 uint32_t gcomp__crc32c(uint32_t crc, const void *data, size_t len);
 uint64_t gcomp__fnv1a64(const void *data, size_t len);
 
-/* Counter-based generator: the i-th draw of stream `key` is mix(key + i * golden), so any
- * element's random number is computed independently (vectorisable, thread-splittable,
- * identical on every platform).  splitmix64's finaliser (Steele et al., 2014). */
-static inline uint64_t gcomp__mix64(uint64_t z) {
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-static inline uint64_t gcomp__rand64(uint64_t key, uint64_t i) {
-    return gcomp__mix64(key + (i + 1) * 0x9e3779b97f4a7c15ull);
-}
+/* The counter-based generator (gcomp__mix64, gcomp__rand64) is in common.h. */
+
 /* Uniform in [0, 1) with 24 bits. */
 static inline float gcomp__rand01(uint64_t key, uint64_t i) {
     return (float)(gcomp__rand64(key, i) >> 40) * (1.0f / 16777216.0f);
@@ -139,13 +74,6 @@ static inline uint64_t gcomp__stream(uint64_t seed, uint64_t step, uint64_t purp
     return gcomp__mix64(gcomp__mix64(seed ^ 0x6a09e667f3bcc909ull) + step * 0x3c6ef372fe94f82bull +
                         purpose);
 }
-
-/* ---- half precision ------------------------------------------------------------------------- */
-
-uint16_t gcomp__f32_to_f16(float f); /* round to nearest even; overflow -> inf */
-float gcomp__f16_to_f32(uint16_t h);
-uint16_t gcomp__f32_to_bf16(float f);
-float gcomp__bf16_to_f32(uint16_t h);
 
 /* ---- value coders --------------------------------------------------------------------------- */
 
@@ -206,9 +134,7 @@ gcomp_status gcomp__index_encode(const uint32_t *idx, size_t k, size_t n, uint8_
 /* Decodes and validates (strictly ascending, < n, exact length). */
 gcomp_status gcomp__index_decode(unsigned kind, const uint8_t *src, size_t len, size_t k, size_t n,
                                  uint32_t *idx);
-/* The k distinct positions of random-k for (key, n), ascending.  `scratch` holds n bits. */
-gcomp_status gcomp__seeded_indices(uint64_t key, size_t n, size_t k, uint32_t *idx,
-                                   gcomp__buf *scratch);
+/* The positions of random-k: gcomp__seeded_indices (common.h). */
 
 /* ---- selection --------------------------------------------------------------------------------
  */
@@ -365,8 +291,5 @@ gcomp_status gcomp__compressor_build(gcomp_compressor **out, const gcomp__spec *
 
 /* Grows the selection buffers to hold k index entries and nv values. */
 gcomp_status gcomp__sel_reserve(gcomp_compressor *c, size_t k, size_t nv, gcomp__selection *sel);
-
-/* Monotonic clock in ns. */
-uint64_t gcomp__now_ns(void);
 
 #endif /* GCOMP_INTERNAL_H */

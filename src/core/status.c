@@ -1,10 +1,7 @@
 /*
- * status.c - status names, error detail, version.
+ * status.c - status names and the version (error detail: gcomp__fail, src/common/error.c).
  */
 #include "core/internal.h"
-
-#include <stdarg.h>
-#include <stdio.h>
 
 const char *gcomp_status_str(gcomp_status s) {
     switch (s) {
@@ -58,15 +55,4 @@ const char *gcomp_status_str(gcomp_status s) {
 
 const char *gcomp_version(void) {
     return "0.1.0";
-}
-
-gcomp_status gcomp__fail(gcomp_error *err, gcomp_status st, const char *fmt, ...) {
-    if (err) {
-        va_list ap;
-        va_start(ap, fmt);
-        err->status = st;
-        vsnprintf(err->message, sizeof err->message, fmt, ap);
-        va_end(ap);
-    }
-    return st;
 }

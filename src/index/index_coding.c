@@ -9,7 +9,8 @@
  *               is ~12 bits per index against ~15 for varint, which is what lets top-k
  *               with f16 values clear 1000x.
  * Random-k needs none of them: the k positions are regenerated from a 64-bit key
- * (Floyd's sampling, then an ascending scan of an n-bit set).
+ * (Floyd's sampling, then an ascending scan of an n-bit set; src/common/seeded.c, shared
+ * with the MPI layer).
  *
  * Decoders treat the bytes as hostile: every loop is bounded by len or k, every index is
  * checked strictly ascending and below n, and the byte count must match exactly.
@@ -185,30 +186,4 @@ gcomp_status gcomp__index_decode(unsigned kind, const uint8_t *src, size_t len, 
     default:
         return GCOMP_E_CORRUPT;
     }
-}
-
-gcomp_status gcomp__seeded_indices(uint64_t key, size_t n, size_t k, uint32_t *idx,
-                                   gcomp__buf *scratch) {
-    if (k > n) return GCOMP_E_CORRUPT;
-    size_t words = (n + 63) / 64;
-    if (gcomp__buf_reserve(scratch, words * 8) != GCOMP_OK) return GCOMP_E_NOMEM;
-    uint64_t *set = scratch->p;
-    memset(set, 0, words * 8);
-    /* Floyd (Bentley & Floyd, CACM 1987): k draws, each O(1), exactly k distinct. */
-    uint64_t draw = 0;
-    for (size_t j = n - k; j < n; j++) {
-        uint64_t r = gcomp__rand64(key, draw++);
-        size_t t = (size_t)(((unsigned __int128)r * (j + 1)) >> 64);
-        if (set[t >> 6] >> (t & 63) & 1) t = j;
-        set[t >> 6] |= 1ull << (t & 63);
-    }
-    size_t m = 0;
-    for (size_t w = 0; w < words && m < k; w++) {
-        uint64_t v = set[w];
-        while (v) {
-            idx[m++] = (uint32_t)(w * 64 + (size_t)__builtin_ctzll(v));
-            v &= v - 1;
-        }
-    }
-    return GCOMP_OK;
 }

@@ -2,10 +2,11 @@
  * half.c - float32 <-> IEEE binary16 and bfloat16, portable and exact.
  *
  * Round to nearest even in both directions of precision loss, NaN stays NaN (quiet),
- * overflow goes to infinity as the hardware does.  The vector loops in the value coders
- * use F16C when compiled for it and are tested against these.
+ * overflow goes to infinity as the hardware does (or, for the _sat form, clips at +-65504
+ * first).  The vector loops in the value coders and the MPI half sums use F16C when
+ * compiled for it and are tested against these.  Shared by both libraries (common.h).
  */
-#include "core/internal.h"
+#include "common/common.h"
 
 uint16_t gcomp__f32_to_f16(float f) {
     uint32_t x;
@@ -28,6 +29,15 @@ uint16_t gcomp__f32_to_f16(float f) {
     uint32_t rem = absx & 0x1fffu;
     if (rem > 0x1000u || (rem == 0x1000u && (r & 1))) r++;
     return (uint16_t)(sign | r);
+}
+
+uint16_t gcomp__f32_to_f16_sat(float f) {
+    /* NaN fails both comparisons and stays NaN. */
+    if (f > 65504.0f)
+        f = 65504.0f;
+    else if (f < -65504.0f)
+        f = -65504.0f;
+    return gcomp__f32_to_f16(f);
 }
 
 float gcomp__f16_to_f32(uint16_t h) {

@@ -1,0 +1,73 @@
+/*
+ * mem.c - the one allocator, growable buffers and the clock, for both libraries.
+ *
+ * 64-byte alignment (a cache line; AVX-512 loads never split).  Buffers of 2 MiB and
+ * more ask for transparent huge pages: on these machines a fresh 4 KiB page costs ~10 us
+ * to fault in, which dominates a 25M-element codec if every call touches new memory
+ * (shared/TORCH.md).  Workspaces are allocated once per compressor and reused.
+ *
+ * The anomaly tests fail the N-th allocation through gcomp__alloc_fail_after so every
+ * API path can be checked for clean errors and no leaks (SQLite's malloc tests).  Each
+ * library linking this file has its own counter; the setter is libgradcomp's test hook
+ * (core/mem.c), so only the core's allocations can be failed.  Production code never
+ * sets it.
+ */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE /* madvise, clock_gettime */
+#endif
+#include "common/common.h"
+
+#include <stdlib.h>
+#include <sys/mman.h>
+#include <time.h>
+
+size_t gcomp__alloc_fail_after = (size_t)-1;
+
+void *gcomp__alloc(size_t bytes) {
+    if (gcomp__alloc_fail_after != (size_t)-1) {
+        if (gcomp__alloc_fail_after == 0) return NULL;
+        gcomp__alloc_fail_after--;
+    }
+    if (bytes == 0) bytes = 1;
+    size_t rounded = (bytes + 63) & ~(size_t)63;
+    if (rounded < bytes) return NULL;
+    void *p = aligned_alloc(64, rounded);
+#ifdef MADV_HUGEPAGE
+    if (p && rounded >= ((size_t)2 << 20)) madvise(p, rounded, MADV_HUGEPAGE);
+#endif
+    return p;
+}
+
+void *gcomp__calloc(size_t bytes) {
+    void *p = gcomp__alloc(bytes);
+    if (p) memset(p, 0, bytes);
+    return p;
+}
+
+void gcomp__free(void *p) {
+    free(p);
+}
+
+gcomp_status gcomp__buf_reserve(gcomp__buf *b, size_t bytes) {
+    if (b->cap >= bytes && b->p) return GCOMP_OK;
+    /* Grow geometrically so a slowly rising k does not reallocate every step. */
+    size_t want = bytes + bytes / 4 + 64;
+    void *p = gcomp__alloc(want);
+    if (!p) return GCOMP_E_NOMEM;
+    gcomp__free(b->p);
+    b->p = p;
+    b->cap = want;
+    return GCOMP_OK;
+}
+
+void gcomp__buf_free(gcomp__buf *b) {
+    gcomp__free(b->p);
+    b->p = NULL;
+    b->cap = 0;
+}
+
+uint64_t gcomp__now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
