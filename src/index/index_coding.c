@@ -10,7 +10,7 @@
  *               with f16 values clear 1000x.
  * Random-k needs none of them: the k positions are regenerated from a 64-bit key
  * (Floyd's sampling, then an ascending scan of an n-bit set; src/common/seeded.c, shared
- * with the MPI layer).
+ * with the MPI layer).  The varint helpers are shared too (src/common/common.h).
  *
  * Decoders treat the bytes as hostile: every loop is bounded by len or k, every index is
  * checked strictly ascending and below n, and the byte count must match exactly.
@@ -67,7 +67,7 @@ static size_t varint_size(const uint32_t *idx, size_t k) {
     for (size_t i = 0; i < k; i++) {
         uint32_t g = i ? idx[i] - prev - 1 : idx[0];
         prev = idx[i];
-        bytes += 1 + (g >= (1u << 7)) + (g >= (1u << 14)) + (g >= (1u << 21)) + (g >= (1u << 28));
+        bytes += gcomp__varint_size(g);
     }
     return bytes;
 }
@@ -83,11 +83,7 @@ gcomp_status gcomp__index_encode(const uint32_t *idx, size_t k, size_t n, uint8_
         for (size_t i = 0; i < k; i++) {
             uint32_t g = i ? idx[i] - prev - 1 : idx[0];
             prev = idx[i];
-            while (g >= 0x80) {
-                *p++ = (uint8_t)(g | 0x80);
-                g >>= 7;
-            }
-            *p++ = (uint8_t)g;
+            p += gcomp__varint_put(p, g);
         }
         *len = sv;
         *kind = GCOMP__IX_VARINT;
@@ -140,13 +136,10 @@ gcomp_status gcomp__index_decode(unsigned kind, const uint8_t *src, size_t len, 
         size_t p = 0;
         uint64_t prev = 0;
         for (size_t i = 0; i < k; i++) {
-            uint64_t g = 0;
-            for (unsigned shift = 0;; shift += 7) {
-                if (p >= len || shift > 28) return GCOMP_E_CORRUPT;
-                uint8_t b = src[p++];
-                g |= (uint64_t)(b & 0x7f) << shift;
-                if (!(b & 0x80)) break;
-            }
+            uint32_t g;
+            size_t used = gcomp__varint_get(src + p, len - p, &g);
+            if (!used) return GCOMP_E_CORRUPT;
+            p += used;
             uint64_t v = i ? prev + 1 + g : g;
             if (v >= n) return GCOMP_E_CORRUPT;
             idx[i] = (uint32_t)v;
