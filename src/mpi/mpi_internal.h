@@ -1,10 +1,11 @@
 /*
  * mpi_internal.h - what the files of libgradcomp_mpi share (never installed).
  *
- * The MPI layer sees libgradcomp through its public header only (the core's internal
- * symbols are hidden in the shared library), so everything it needs beyond that API is
- * here: a clock, growable buffers, half casts, the normative wire-format fields it reads
- * (docs/FORMAT.md), random-k positions, and the slice format of the sparse allreduce.
+ * The MPI layer sees libgradcomp through its public header and src/common/common.h only
+ * (the core's internal symbols are hidden in the shared library; the common utilities are
+ * linked into this library as its own hidden copy).  Everything else it needs beyond that
+ * API is here: the normative wire-format fields it reads (docs/FORMAT.md), the
+ * half-precision sums, and the slice format of the sparse allreduce.
  *
  * Engine (mpi_bucket.c): a bucket is cut into groups (sub-buckets); each group runs a
  * fixed list of steps, LOCAL (codec work) or COLL (issues non-blocking collectives).
@@ -22,6 +23,7 @@
 #define GCOMP_MPI_INTERNAL_H
 
 #include "gradcomp_mpi.h"
+#include "../common/common.h"
 
 #include <stdbool.h>
 #include <stdint.h>
@@ -40,35 +42,50 @@ static inline int gm_marker_rank(uint64_t m) {
     return (int)(uint32_t)m;
 }
 
-/* ---- utilities (mpi_util.c) -------------------------------------------------------------- */
+/* ---- utilities ---------------------------------------------------------------------------- */
 
-uint64_t gm_now_ns(void);
+/* Errors, buffers, the clock, the generator and the scalar half casts are libgradcomp's own
+ * (src/common/, linked into this library as a private copy).  The gm_ names below are the
+ * ones this layer's files use; they add nothing. */
+#define gm_fail gcomp__fail /* printf-style: (err, status, fmt, ...) -> status */
+typedef gcomp__buf gm_buf;  /* growable, huge pages when big, never shrinks */
+static inline gcomp_status gm_reserve(gm_buf *b, size_t bytes) {
+    return gcomp__buf_reserve(b, bytes);
+}
+static inline void gm_buf_free(gm_buf *b) {
+    gcomp__buf_free(b);
+}
+static inline uint64_t gm_now_ns(void) {
+    return gcomp__now_ns();
+}
+static inline uint64_t gm_mix(uint64_t z) {
+    return gcomp__mix64(z);
+}
+/* Half casts: round to nearest even; f16 saturates at +-65504 (as values_float.c). */
+static inline uint16_t gm_f32_to_f16(float f) {
+    return gcomp__f32_to_f16_sat(f);
+}
+static inline float gm_f16_to_f32(uint16_t h) {
+    return gcomp__f16_to_f32(h);
+}
+static inline uint16_t gm_f32_to_bf16(float f) {
+    return gcomp__f32_to_bf16(f);
+}
+static inline float gm_bf16_to_f32(uint16_t h) {
+    return gcomp__bf16_to_f32(h);
+}
+/* random-k positions for (key, n, k), ascending (docs/FORMAT.md "Seeded entries"), the
+ * same code the core decoder runs; `bits` is scratch of n bits. */
+static inline gcomp_status gm_seeded_positions(uint64_t key, size_t n, size_t k, uint32_t *idx,
+                                               gm_buf *bits) {
+    return gcomp__seeded_indices(key, n, k, idx, bits);
+}
+
+/* The layer's own (mpi_util.c). */
 /* One step of a wait loop that has waited `waited_ns` so far: yield, or sleep 50 us
  * once the wait is long. */
 void gm_backoff(unsigned *spins, uint64_t waited_ns);
-gcomp_status gm_fail(gcomp_error *err, gcomp_status st, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
 uint64_t gm_fnv1a(const void *p, size_t len, uint64_t h);
-static inline uint64_t gm_mix(uint64_t z) {
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-
-/* A growable buffer; big ones ask for transparent huge pages (a fresh 4 KiB page costs
- * ~10 us to fault in here).  Never shrinks; reused every call. */
-typedef struct gm_buf {
-    void *p;
-    size_t cap;
-} gm_buf;
-gcomp_status gm_reserve(gm_buf *b, size_t bytes);
-void gm_buf_free(gm_buf *b);
-
-/* Half casts: round to nearest even; f16 saturates at +-65504 (as values_float.c). */
-uint16_t gm_f32_to_f16(float f);
-float gm_f16_to_f32(uint16_t h);
-uint16_t gm_f32_to_bf16(float f);
-float gm_bf16_to_f32(uint16_t h);
 /* out[i] = scale * half(in[i]) for n values; bf16 selects the format. */
 void gm_halves_to_f32(const uint16_t *in, size_t n, int bf16, float scale, float *out);
 void gm_f32_to_halves(const float *in, size_t n, int bf16, uint16_t *out);
@@ -98,9 +115,6 @@ gcomp_status gm_decode_checked(gcomp_compressor *c, const void *msg, size_t len,
  * returns where the values are.  *key receives the seeded key (0 for dense). */
 gcomp_status gm_linear_values(const void *msg, size_t len, size_t n, int vtype,
                               const uint8_t **vals, size_t *nvals, uint64_t *key);
-/* random-k positions for (key, n, k), ascending (docs/FORMAT.md "Seeded entries");
- * `bits` is scratch of n bits. */
-gcomp_status gm_seeded_positions(uint64_t key, size_t n, size_t k, uint32_t *idx, gm_buf *bits);
 
 /* ---- sparse-allreduce slices (docs/FORMAT.md, "MPI sparse-allreduce slice") ------------ */
 

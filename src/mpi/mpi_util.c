@@ -1,8 +1,11 @@
 /*
- * mpi_util.c - small pieces the MPI layer needs beyond libgradcomp's public API.
+ * mpi_util.c - small pieces the MPI layer needs beyond libgradcomp's public API and the
+ * utilities it shares with the core (src/common/common.h: errors, buffers, the clock,
+ * scalar half casts, varints, random-k positions).
  *
- * - Half casts and the MPI_Op that sums f16/bf16 words.  The op widens each pair to
- *   float, adds and rounds back (nearest even; f16 saturates at +-65504 like the f16
+ * - Wait-loop backoff, and FNV-1a over specs and names at set-up.
+ * - Vector half casts and the MPI_Op that sums f16/bf16 words.  The op widens each pair
+ *   to float, adds and rounds back (nearest even; f16 saturates at +-65504 like the f16
  *   value coder, so a large partial sum clips instead of poisoning every rank with Inf).
  *   It is the only arithmetic inside an MPI_Op in this library: nothing is ever decoded
  *   there (an MPI_Op sees raw words in arbitrary pieces and cannot report errors).
@@ -11,8 +14,6 @@
  *   directly: the layout is normative, and the allreduce of a linear codec needs to know
  *   where the values are.  CRCs are left to gcomp_decode_add, which checks them before
  *   it writes anything.
- * - random-k positions by Floyd's algorithm as FORMAT.md specifies (an independent
- *   implementation of the normative text; the tests compare it with the core decoder).
  * - The slice format of the sparse allreduce (docs/FORMAT.md, "MPI sparse-allreduce
  *   slice"): the non-zeros of one region of a rank's decoded contribution as
  *   (LEB128 gap, f32 value) pairs, or the region dense when that is smaller (SparCML's
@@ -22,27 +23,16 @@
  *   left in that region, and a lossy value coder would change the numbers again).
  */
 #ifndef _GNU_SOURCE
-#define _GNU_SOURCE /* clock_gettime, nanosleep, madvise when built outside CMake */
+#define _GNU_SOURCE /* nanosleep when built outside CMake */
 #endif
 #include "mpi_internal.h"
 
-#include <math.h>
 #include <sched.h>
-#include <stdarg.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <sys/mman.h>
 #include <time.h>
 
 #if defined(__F16C__)
 #include <immintrin.h>
 #endif
-
-uint64_t gm_now_ns(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
 
 void gm_backoff(unsigned *spins, uint64_t waited_ns) {
     /* MPI moves non-blocking collectives only inside MPI calls, one round of the
@@ -60,17 +50,6 @@ void gm_backoff(unsigned *spins, uint64_t waited_ns) {
     nanosleep(&ts, NULL);
 }
 
-gcomp_status gm_fail(gcomp_error *err, gcomp_status st, const char *fmt, ...) {
-    if (err) {
-        va_list ap;
-        va_start(ap, fmt);
-        err->status = st;
-        vsnprintf(err->message, sizeof err->message, fmt, ap);
-        va_end(ap);
-    }
-    return st;
-}
-
 uint64_t gm_fnv1a(const void *p, size_t len, uint64_t h) {
     const uint8_t *s = p;
     if (!h) h = 0xcbf29ce484222325ull;
@@ -78,80 +57,7 @@ uint64_t gm_fnv1a(const void *p, size_t len, uint64_t h) {
     return h;
 }
 
-gcomp_status gm_reserve(gm_buf *b, size_t bytes) {
-    if (b->p && b->cap >= bytes) return GCOMP_OK;
-    size_t want = bytes + bytes / 4 + 64;
-    want = (want + 63) & ~(size_t)63;
-    void *p = aligned_alloc(64, want);
-    if (!p) return GCOMP_E_NOMEM;
-#ifdef MADV_HUGEPAGE
-    if (want >= ((size_t)2 << 20)) madvise(p, want, MADV_HUGEPAGE);
-#endif
-    free(b->p);
-    b->p = p;
-    b->cap = want;
-    return GCOMP_OK;
-}
-
-void gm_buf_free(gm_buf *b) {
-    free(b->p);
-    b->p = NULL;
-    b->cap = 0;
-}
-
 /* ---- half precision ------------------------------------------------------------------- */
-
-uint16_t gm_f32_to_f16(float f) {
-    if (f > 65504.0f)
-        f = 65504.0f;
-    else if (f < -65504.0f)
-        f = -65504.0f;
-    uint32_t x;
-    memcpy(&x, &f, 4);
-    uint16_t sign = (uint16_t)((x >> 16) & 0x8000u);
-    uint32_t ax = x & 0x7fffffffu;
-    if (ax > 0x7f800000u) return sign | 0x7e00u; /* NaN stays NaN */
-    if (ax >= 0x38800000u) {                     /* normal in f16 (>= 2^-14) */
-        uint32_t r = ax - 0x38000000u;           /* rebias 127 -> 15 */
-        r += 0xfffu + ((r >> 13) & 1u);          /* nearest even on the 13 dropped bits */
-        return sign | (uint16_t)(r >> 13);
-    }
-    if (ax < 0x33000000u) return sign; /* below half the smallest subnormal */
-    uint32_t e = ax >> 23, m = (ax & 0x7fffffu) | 0x800000u, shift = 126u - e;
-    uint32_t q = m >> shift, rem = m & ((1u << shift) - 1u), half = 1u << (shift - 1u);
-    if (rem > half || (rem == half && (q & 1u))) q++;
-    return sign | (uint16_t)q;
-}
-
-float gm_f16_to_f32(uint16_t h) {
-    uint32_t sign = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu, x;
-    float f;
-    if (e == 0) {
-        f = (float)m * (1.0f / 16777216.0f);
-        return (h & 0x8000u) ? -f : f;
-    }
-    if (e == 31)
-        x = sign | 0x7f800000u | (m << 13);
-    else
-        x = sign | ((e + 112u) << 23) | (m << 13);
-    memcpy(&f, &x, 4);
-    return f;
-}
-
-uint16_t gm_f32_to_bf16(float f) {
-    uint32_t x;
-    memcpy(&x, &f, 4);
-    if ((x & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((x >> 16) | 0x40u);
-    x += 0x7fffu + ((x >> 16) & 1u);
-    return (uint16_t)(x >> 16);
-}
-
-float gm_bf16_to_f32(uint16_t h) {
-    uint32_t x = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &x, 4);
-    return f;
-}
 
 void gm_halves_to_f32(const uint16_t *in, size_t n, int bf16, float scale, float *out) {
     size_t i = 0;
@@ -215,31 +121,15 @@ void gm_op_bf16_sum(void *in, void *inout, int *len, MPI_Datatype *dt) {
 
 /* ---- wire format fields ------------------------------------------------------------------ */
 
-static uint16_t rd16(const uint8_t *p) {
-    uint16_t v;
-    memcpy(&v, p, 2);
-    return v;
-}
-static uint32_t rd32(const uint8_t *p) {
-    uint32_t v;
-    memcpy(&v, p, 4);
-    return v;
-}
-static uint64_t rd64(const uint8_t *p) {
-    uint64_t v;
-    memcpy(&v, p, 8);
-    return v;
-}
-
 gcomp_status gm_read_hdr(const void *msg, size_t len, gm_hdr *h) {
     const uint8_t *p = msg;
     if (!msg || len < 4) return GCOMP_E_TRUNCATED;
     if (memcmp(p, "GCmp", 4) != 0) return GCOMP_E_BAD_MAGIC;
     if (len < GM_HDR) return GCOMP_E_TRUNCATED;
-    h->codec_id = rd16(p + 6);
-    h->payload_len = rd32(p + 12);
-    h->n = rd64(p + 16);
-    h->fingerprint = rd64(p + 24);
+    h->codec_id = gcomp__get16(p + 6);
+    h->payload_len = gcomp__get32(p + 12);
+    h->n = gcomp__get64(p + 16);
+    h->fingerprint = gcomp__get64(p + 24);
     return GCOMP_OK;
 }
 
@@ -263,7 +153,7 @@ gcomp_status gm_linear_values(const void *msg, size_t len, size_t n, int vtype,
     if (h.n != n || (uint64_t)h.payload_len + GM_HDR != len || h.payload_len < GM_SECTION)
         return GCOMP_E_CORRUPT;
     const uint8_t *s = p + GM_HDR;
-    uint32_t k = rd32(s), nv = rd32(s + 4), ilen = rd32(s + 20);
+    uint32_t k = gcomp__get32(s), nv = gcomp__get32(s + 4), ilen = gcomp__get32(s + 20);
     uint8_t kind = s[8], vid = s[9], expand = s[10];
     size_t width = vtype == 0 ? 4 : 2;
     if (vid != (uint8_t)vtype || expand != 0 || s[11] != 0 || nv != k || nv > n)
@@ -273,7 +163,7 @@ gcomp_status gm_linear_values(const void *msg, size_t len, size_t n, int vtype,
         *key = 0;
     } else if (kind == 4) {
         if (ilen != 8) return GCOMP_E_UNSUPPORTED;
-        *key = rd64(s + GM_SECTION);
+        *key = gcomp__get64(s + GM_SECTION);
     } else {
         return GCOMP_E_UNSUPPORTED;
     }
@@ -283,61 +173,7 @@ gcomp_status gm_linear_values(const void *msg, size_t len, size_t n, int vtype,
     return GCOMP_OK;
 }
 
-gcomp_status gm_seeded_positions(uint64_t key, size_t n, size_t k, uint32_t *idx, gm_buf *bits) {
-    if (k > n) return GCOMP_E_CORRUPT;
-    size_t words = (n + 63) / 64;
-    if (gm_reserve(bits, words * 8) != GCOMP_OK) return GCOMP_E_NOMEM;
-    uint64_t *set = bits->p;
-    memset(set, 0, words * 8);
-    uint64_t draw = 0;
-    for (size_t j = n - k; j < n; j++) {
-        /* draw(c) = mix(key + (c+1) * golden); t = floor(draw * (j+1) / 2^64) */
-        uint64_t r = gm_mix(key + (draw + 1) * 0x9e3779b97f4a7c15ull);
-        draw++;
-        size_t t = (size_t)(((unsigned __int128)r * (j + 1)) >> 64);
-        if (set[t >> 6] >> (t & 63) & 1) t = j;
-        set[t >> 6] |= 1ull << (t & 63);
-    }
-    size_t m = 0;
-    for (size_t w = 0; w < words && m < k; w++) {
-        uint64_t v = set[w];
-        while (v) {
-            idx[m++] = (uint32_t)(w * 64 + (size_t)__builtin_ctzll(v));
-            v &= v - 1;
-        }
-    }
-    return m == k ? GCOMP_OK : GCOMP_E_CORRUPT;
-}
-
 /* ---- slices ------------------------------------------------------------------------------ */
-
-static size_t put_varint(uint8_t *p, uint32_t v) {
-    size_t i = 0;
-    while (v >= 0x80) {
-        p[i++] = (uint8_t)(v | 0x80);
-        v >>= 7;
-    }
-    p[i++] = (uint8_t)v;
-    return i;
-}
-
-static size_t varint_len(uint32_t v) {
-    return v < (1u << 7) ? 1 : v < (1u << 14) ? 2 : v < (1u << 21) ? 3 : v < (1u << 28) ? 4 : 5;
-}
-
-/* Reads one LEB128 value of at most 5 bytes (< 2^32).  Returns bytes used, 0 if bad. */
-static size_t get_varint(const uint8_t *p, size_t room, uint32_t *out) {
-    uint64_t v = 0;
-    for (size_t i = 0; i < 5 && i < room; i++) {
-        v |= (uint64_t)(p[i] & 0x7f) << (7 * i);
-        if (!(p[i] & 0x80)) {
-            if (v > UINT32_MAX) return 0;
-            *out = (uint32_t)v;
-            return i + 1;
-        }
-    }
-    return 0;
-}
 
 static inline uint32_t fbits(float f) {
     uint32_t u;
@@ -364,8 +200,8 @@ size_t gm_slice_encode(float *x, size_t len, uint8_t *dst) {
         for (; i < end; i++) {
             if ((fbits(x[i]) & 0x7fffffffu) == 0) continue;
             uint32_t gap = (uint32_t)(i - prev - 1);
-            if (p + varint_len(gap) + 4 >= dense) goto go_dense;
-            p += put_varint(dst + p, gap);
+            if (p + gcomp__varint_size(gap) + 4 >= dense) goto go_dense;
+            p += gcomp__varint_put(dst + p, gap);
             memcpy(dst + p, &x[i], 4);
             p += 4;
             f16ok = f16ok && gm_f16_to_f32(gm_f32_to_f16(x[i])) == x[i];
@@ -383,7 +219,7 @@ size_t gm_slice_encode(float *x, size_t len, uint8_t *dst) {
         size_t q = GM_SLICE_HDR, w = GM_SLICE_HDR;
         while (q < p) {
             uint32_t gap = 0;
-            size_t used = get_varint(dst + q, p - q, &gap);
+            size_t used = gcomp__varint_get(dst + q, p - q, &gap);
             memmove(dst + w, dst + q, used);
             q += used;
             w += used;
@@ -406,7 +242,7 @@ go_dense : {
     size_t q = GM_SLICE_HDR, pos = (size_t)-1;
     while (q < p) {
         uint32_t gap = 0;
-        q += get_varint(dst + q, p - q, &gap);
+        q += gcomp__varint_get(dst + q, p - q, &gap);
         pos = pos + 1 + gap;
         memcpy(&x[pos], dst + q, 4);
         q += 4;
@@ -423,12 +259,12 @@ go_dense : {
 gcomp_status gm_slice_decode_add(const uint8_t *src, size_t n, size_t len, float *acc) {
     if (n == 0) return GCOMP_OK; /* nothing from this rank in this region */
     if (n < GM_SLICE_HDR || src[1] || src[2] || src[3]) return GCOMP_E_CORRUPT;
-    uint32_t m = rd32(src + 4);
+    uint32_t m = gcomp__get32(src + 4);
     uint8_t kind = src[0];
     if (kind == GM_SLICE_DENSE_F32) {
         if (m != len || n != GM_SLICE_HDR + 4 * (size_t)len) return GCOMP_E_CORRUPT;
         for (size_t i = 0; i < len; i++)
-            if ((rd32(src + GM_SLICE_HDR + 4 * i) & 0x7f800000u) == 0x7f800000u)
+            if ((gcomp__get32(src + GM_SLICE_HDR + 4 * i) & 0x7f800000u) == 0x7f800000u)
                 return GCOMP_E_CORRUPT;
         for (size_t i = 0; i < len; i++) {
             float v;
@@ -446,14 +282,15 @@ gcomp_status gm_slice_decode_add(const uint8_t *src, size_t n, size_t len, float
     uint64_t pos = (uint64_t)-1;
     for (uint32_t e = 0; e < m; e++) {
         uint32_t gap = 0;
-        size_t used = get_varint(src + q, n - q, &gap);
+        size_t used = gcomp__varint_get(src + q, n - q, &gap);
         if (!used) return GCOMP_E_CORRUPT;
         q += used;
         pos = pos + 1 + gap;
         if (pos >= len || n - q < width) return GCOMP_E_CORRUPT;
-        bool bad = kind == GM_SLICE_SPARSE_F32   ? (rd32(src + q) & 0x7f800000u) == 0x7f800000u
-                   : kind == GM_SLICE_SPARSE_F16 ? (rd16(src + q) & 0x7c00u) == 0x7c00u
-                                                 : (rd16(src + q) & 0x7f80u) == 0x7f80u;
+        bool bad = kind == GM_SLICE_SPARSE_F32
+                       ? (gcomp__get32(src + q) & 0x7f800000u) == 0x7f800000u
+                   : kind == GM_SLICE_SPARSE_F16 ? (gcomp__get16(src + q) & 0x7c00u) == 0x7c00u
+                                                 : (gcomp__get16(src + q) & 0x7f80u) == 0x7f80u;
         if (bad) return GCOMP_E_CORRUPT;
         q += width;
     }
@@ -462,15 +299,15 @@ gcomp_status gm_slice_decode_add(const uint8_t *src, size_t n, size_t len, float
     pos = (uint64_t)-1;
     for (uint32_t e = 0; e < m; e++) {
         uint32_t gap = 0;
-        q += get_varint(src + q, n - q, &gap);
+        q += gcomp__varint_get(src + q, n - q, &gap);
         pos = pos + 1 + gap;
         float v;
         if (kind == GM_SLICE_SPARSE_F32)
             memcpy(&v, src + q, 4);
         else if (kind == GM_SLICE_SPARSE_F16)
-            v = gm_f16_to_f32(rd16(src + q));
+            v = gm_f16_to_f32(gcomp__get16(src + q));
         else
-            v = gm_bf16_to_f32(rd16(src + q));
+            v = gm_bf16_to_f32(gcomp__get16(src + q));
         acc[pos] += v;
         q += width;
     }
