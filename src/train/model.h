@@ -154,11 +154,11 @@ int gtrain_model_evaluate(gtrain_model *m, const float *x, const uint8_t *y, siz
 
 /*
  * One SGD step on every tensor from its current g, with PyTorch's torch.optim.SGD semantics
- * (dampening 0): d = g/B + wd·w with B the last batch when the loss is summed, else d = g + wd·w
- * (wd = 0 for biases); v = momentum·v + d; w -= lr·(nesterov ?
+ * (dampening 0): d = g + wd·w (wd = 0 for biases; g/B instead of g when the loss is summed, B
+ * the batch of the last forward_backward); v = momentum·v + d; w -= lr·(nesterov ?
  * d + momentum·v : v). Momentum buffers start at zero and are owned by the model.
- *   skip_momentum  NULL, or one flag per tensor: a flagged tensor gets w -= lr·(g + wd·w) (g/B when
- * summed) and its momentum buffer is untouched (DGC keeps the momentum inside the compressor and
+ *   skip_momentum  NULL, or one flag per tensor: a flagged tensor gets w -= lr·d and its
+ *                  momentum buffer is untouched (DGC keeps the momentum inside the compressor and
  *                  hands back an update that already contains it)
  * momentum == 0 is plain SGD. One pass over each tensor.
  */
