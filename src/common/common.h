@@ -111,8 +111,20 @@ uint16_t gcomp__f32_to_f16(float f); /* round to nearest even; overflow -> inf *
  * coder and the MPI half sums: an outlier clips instead of turning a sum into Inf). */
 uint16_t gcomp__f32_to_f16_sat(float f);
 float gcomp__f16_to_f32(uint16_t h);
-uint16_t gcomp__f32_to_bf16(float f);
-float gcomp__bf16_to_f32(uint16_t h);
+/* bfloat16: the top half of a float, rounded to nearest even; NaN stays NaN (quiet). */
+static inline uint16_t gcomp__f32_to_bf16(float f) {
+    uint32_t x;
+    memcpy(&x, &f, 4);
+    if ((x & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((x >> 16) | 0x40u);
+    x += 0x7fffu + ((x >> 16) & 1u);
+    return (uint16_t)(x >> 16);
+}
+static inline float gcomp__bf16_to_f32(uint16_t h) {
+    uint32_t x = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &x, 4);
+    return f;
+}
 
 /* ---- LEB128 varints (index coding, MPI slices) --------------------------------------------- */
 

@@ -1,7 +1,7 @@
 /*
  * error.c - error detail for both libraries: a status and a message a user can act on.
  */
-#include "common/common.h"
+#include "common.h"
 
 #include <stdarg.h>
 #include <stdio.h>

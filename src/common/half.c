@@ -4,9 +4,11 @@
  * Round to nearest even in both directions of precision loss, NaN stays NaN (quiet),
  * overflow goes to infinity as the hardware does (or, for the _sat form, clips at +-65504
  * first).  The vector loops in the value coders and the MPI half sums use F16C when
- * compiled for it and are tested against these.  Shared by both libraries (common.h).
+ * compiled for it and are tested against these.  Shared by both libraries (common.h, which
+ * also holds the bf16 casts inline: they are a shift and a rounding add, and array loops
+ * over them vectorise only when the compiler can see them).
  */
-#include "common/common.h"
+#include "common.h"
 
 uint16_t gcomp__f32_to_f16(float f) {
     uint32_t x;
@@ -59,21 +61,6 @@ float gcomp__f16_to_f32(uint16_t h) {
     } else {
         x = sign | ((e + 112) << 23) | (m << 13);
     }
-    float f;
-    memcpy(&f, &x, 4);
-    return f;
-}
-
-uint16_t gcomp__f32_to_bf16(float f) {
-    uint32_t x;
-    memcpy(&x, &f, 4);
-    if ((x & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((x >> 16) | 0x40u);
-    x += 0x7fffu + ((x >> 16) & 1u);
-    return (uint16_t)(x >> 16);
-}
-
-float gcomp__bf16_to_f32(uint16_t h) {
-    uint32_t x = (uint32_t)h << 16;
     float f;
     memcpy(&f, &x, 4);
     return f;

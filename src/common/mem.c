@@ -15,7 +15,7 @@
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE /* madvise, clock_gettime */
 #endif
-#include "common/common.h"
+#include "common.h"
 
 #include <stdlib.h>
 #include <sys/mman.h>

@@ -7,7 +7,7 @@
  * Floyd's sampling (Bentley & Floyd, CACM 1987): k draws, each O(1), exactly k distinct;
  * then an ascending scan of an n-bit set.
  */
-#include "common/common.h"
+#include "common.h"
 
 gcomp_status gcomp__seeded_indices(uint64_t key, size_t n, size_t k, uint32_t *idx,
                                    gcomp__buf *scratch) {
