@@ -50,7 +50,12 @@
  *               rank compresses chunk j of its gradient with its own chunk compressor
  *               and sends it to rank j (MPI_Alltoallv); rank j decodes and sums the P
  *               chunks, compresses the sum with the owner-side residual, and the owners'
- *               messages are allgathered.  Default for quantizers (int8, sign, ...; not twobit).
+ *               messages are allgathered.  Default for quantizers (int8, int4, ternary,
+ *               qsgd; not twobit or sign).  Its owners quantise a second time: fine for
+ *               8 and 4 bits, but for 1-bit sign the second quantisation doubles what
+ *               the residuals hold back and EF-signSGD on gradients can diverge (a 4-rank
+ *               MLP: 38 % after one epoch against 84 % by allgather); choose it for sign
+ *               only where that was measured to train (1-bit Adam's compressed momentum).
  *   hierarchical (flag, combined with any of the above): a dense float32 sum inside a
  *               node (MPI_Comm_split_type(MPI_COMM_TYPE_SHARED); a binomial tree of
  *               point-to-point messages to the node leader), the compressed exchange
@@ -156,10 +161,12 @@ GCOMP_API const char *gcomp_mpi_strategy_name(int strategy);
  * The strategy GCOMP_MPI_AUTO picks for a codec spec (never AUTO, never HIERARCHICAL):
  * ALLREDUCE for linear codecs whose values are f32, f16 or bf16 (`none`, `randomk`) and
  * for multi-phase codecs (PowerSGD), RSAG for quantizers whose output scales with their
- * input (int8, int4, sign, ternary, qsgd), ALLGATHER for everything else (sparse
- * selectors, and twobit: its fixed +-t cannot carry the sum of P ranks' +-t, so an owner
- * re-compressing it falls ever further behind, as MXNet's server never does).  `nranks` is the
- * number of ranks that exchange (reserved for size-dependent choices; today unused).
+ * input (int8, int4, ternary, qsgd), ALLGATHER for everything else (sparse selectors;
+ * twobit: its fixed +-t cannot carry the sum of P ranks' +-t, so an owner re-compressing
+ * it falls ever further behind, as MXNet's server never does; sign: an owner's second
+ * 1-bit quantisation doubles the gradient held back in residuals, see rsag above).
+ * `nranks` is the number of ranks that exchange (reserved for size-dependent choices;
+ * today unused).
  * Returns GCOMP_OK, GCOMP_E_ARG, GCOMP_E_SPEC or GCOMP_E_UNKNOWN_CODEC.
  */
 GCOMP_API gcomp_status gcomp_mpi_strategy_auto(const char *spec, int nranks, int *out);

@@ -85,12 +85,21 @@ gcomp_status gcomp_mpi_strategy_auto(const char *spec, int nranks, int *out) {
         *out = GCOMP_MPI_ALLREDUCE;
     else if ((ci->flags & GCOMP_CODEC_LINEAR) && float_values)
         *out = GCOMP_MPI_ALLREDUCE;
-    else if ((ci->flags & GCOMP_CODEC_QUANTIZER) && strcmp(name, "twobit") != 0)
+    else if ((ci->flags & GCOMP_CODEC_QUANTIZER) && strcmp(name, "twobit") != 0 &&
+             strcmp(name, "sign") != 0)
         *out = GCOMP_MPI_RSAG;
     /* twobit sends at most +-t per element per step whatever its input: an owner that
      * re-compresses the sum of P ranks' +-t falls behind by up to (P-1)t a step, its
      * residual grows without bound and replays stale steps (training diverged in
-     * gradcomp train).  MXNet's server never re-compresses either: allgather. */
+     * gradcomp train).  MXNet's server never re-compresses either: allgather.
+     * sign: rsag is exactly 1-bit Adam's compressed allreduce (tests/mpi/test_mpi_rsag.c),
+     * but the owner's second 1-bit quantisation of the sum throws away another 26-79 % of
+     * its energy each step (the workers' first already 84-96 % on the MLP's 1024x1024 and
+     * 10x1024 layers), so the residuals hold 5-9 steps of gradient instead of 3-4, the
+     * updates lag twice as far behind, and SGD with momentum 0.9 turns unstable (numbers
+     * from a replay of the 4-rank MLP): gradcomp train reached 38 % after one epoch
+     * against 84 % by allgather (dense 86 %).  1-bit Adam compresses the momentum, which
+     * changes slowly; gradients do not: allgather. */
     else
         *out = GCOMP_MPI_ALLGATHER;
     return GCOMP_OK;

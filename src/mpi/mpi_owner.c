@@ -11,6 +11,10 @@
  *        the sum with its owner compressor (same codec, always feedback=ef: the server
  *        side of the error feedback), and every rank decodes every owner's message.
  *        Bytes per rank: 2(P-1)/P of one compressed tensor, like a ring allreduce.
+ *        What reaches the ranks is quantised twice; tests/mpi/test_mpi_rsag.c replays the
+ *        algorithm step by step.  For 1-bit sign on gradients the second quantisation
+ *        doubles what the residuals hold back and training can diverge, so `auto` sends
+ *        sign by allgather (gcomp_mpi_strategy_auto).
  * sparse sparse allreduce (Renggli et al. 2019 "SparCML" split allgather; Li & Hoefler
  *        2022 "Ok-Topk"): every rank compresses the whole tensor with its compressor
  *        (global top-k with its own error feedback), decodes its own message, and sends

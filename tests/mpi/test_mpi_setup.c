@@ -73,6 +73,8 @@ static void strategies(void) {
                  {"none:values=bf16", GCOMP_MPI_ALLREDUCE},
                  {"randomk", GCOMP_MPI_ALLREDUCE},
                  {"int8", GCOMP_MPI_RSAG},
+                 {"sign:feedback=ef", GCOMP_MPI_ALLGATHER},
+                 {"twobit", GCOMP_MPI_ALLGATHER},
                  {"none:values=int8", GCOMP_MPI_ALLGATHER},
                  {"powersgd:rank=2", GCOMP_MPI_ALLREDUCE}};
     for (size_t i = 0; i < sizeof autos / sizeof autos[0]; i++) {

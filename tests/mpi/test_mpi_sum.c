@@ -265,15 +265,15 @@ int main(int argc, char **argv) {
         {"randomk:density=0.2,values=f16,seed=9", GCOMP_MPI_AUTO, f16, GCOMP_MPI_ALLREDUCE},
         {"none:values=f16", GCOMP_MPI_ALLGATHER, f32, -1},
         {"none:values=f16", GCOMP_MPI_RSAG, f32, -1},
-        /* quantizers: rsag (auto) */
+        /* quantizers: rsag (auto), but not twobit and sign */
         {"int8", GCOMP_MPI_AUTO, f32, GCOMP_MPI_RSAG},
         {"int4:bucket=64", GCOMP_MPI_AUTO, f32, GCOMP_MPI_RSAG},
-        {"sign:feedback=ef", GCOMP_MPI_AUTO, f32, GCOMP_MPI_RSAG},
+        {"sign:feedback=ef", GCOMP_MPI_AUTO, f32, GCOMP_MPI_ALLGATHER}, /* see auto */
+        {"sign:feedback=ef", GCOMP_MPI_RSAG, f32, -1},
         {"twobit:threshold=0.5", GCOMP_MPI_AUTO, f32, GCOMP_MPI_ALLGATHER}, /* see auto */
         {"twobit:threshold=0.5", GCOMP_MPI_RSAG, f32, -1},
         {"ternary:seed=4", GCOMP_MPI_AUTO, f32, GCOMP_MPI_RSAG},
         {"qsgd:levels=16,seed=5", GCOMP_MPI_AUTO, f32, GCOMP_MPI_RSAG},
-        {"sign:feedback=ef", GCOMP_MPI_ALLGATHER, f32, -1},
         /* hierarchical */
         {"topk:density=0.05,feedback=ef", H | GCOMP_MPI_ALLGATHER, f32, -1},
         {"int8", H | GCOMP_MPI_AUTO, f32, GCOMP_MPI_RSAG},
