@@ -13,7 +13,7 @@ if [ -z "$cc" ]; then
   exit 0
 fi
 mkdir -p "$work"
-srcs=$(ls "$top"/src/core/*.c "$top"/src/select/*.c "$top"/src/values/*.c "$top"/src/index/*.c \
+srcs=$(ls "$top"/src/common/*.c "$top"/src/core/*.c "$top"/src/select/*.c "$top"/src/values/*.c "$top"/src/index/*.c \
           "$top"/src/feedback/*.c "$top"/src/adapt/*.c "$top"/src/lowrank/*.c 2>/dev/null || true)
 flags="-O1 -g -std=c11 -D_GNU_SOURCE -DGCOMP_BUILDING=1 -march=native -I$top/include -I$top/src"
 san="-fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined"
