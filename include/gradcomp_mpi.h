@@ -33,8 +33,9 @@
  *               message (Ok-Topk / SparCML "split allgather"): the index space is cut
  *               into P regions; each rank sends each region's slice of its decoded
  *               contribution to the region's owner (MPI_Alltoallv), the owner sums,
- *               re-compresses its region with the same codec and error feedback (the
- *               owner-side residual), and the owners' messages are allgathered.
+ *               re-compresses its region with the same codec (and error feedback, the
+ *               owner-side residual, as for rsag below), and the owners' messages are
+ *               allgathered.
  *   allreduce   a sum of the codec's values for codecs that sum linearly (MPI_Iallreduce;
  *               packs of 256 KB and more go around the library's own ring of
  *               MPI_Isend/Irecv, which moves them twice as fast as Open MPI's
@@ -50,12 +51,24 @@
  *               rank compresses chunk j of its gradient with its own chunk compressor
  *               and sends it to rank j (MPI_Alltoallv); rank j decodes and sums the P
  *               chunks, compresses the sum with the owner-side residual, and the owners'
- *               messages are allgathered.  Default for quantizers (int8, int4, ternary,
- *               qsgd; not twobit or sign).  Its owners quantise a second time: fine for
- *               8 and 4 bits, but for 1-bit sign the second quantisation doubles what
- *               the residuals hold back and EF-signSGD on gradients can diverge (a 4-rank
- *               MLP: 38 % after one epoch against 84 % by allgather); choose it for sign
- *               only where that was measured to train (1-bit Adam's compressed momentum).
+ *               messages are allgathered.
+ *               The owner's error feedback needs a codec that is a contraction,
+ *               E|C(x)-x|^2 < |x|^2: deterministic codecs are (sign, twobit, nearest
+ *               int8/int4, top-k, ...); a codec that draws random numbers is measured
+ *               once on a Gaussian probe of 65536 values.  QSGD at few levels is not
+ *               (levels=4, buckets of 512: 3.5), nor is ternary (1.6) or bernoulli
+ *               (1/p - 1): fed back, the owner's residual grows by that factor each step
+ *               (qsgd:levels=4 gave NaN at step 18 on a 4-rank MLP).  Their owners
+ *               re-compress without feedback (the re-compression of an unbiased codec is
+ *               unbiased; its variance is added a second time), with a seed of their own
+ *               (gcomp_mpi_owner_spec).  Default for quantizers that are contractions
+ *               (int8, int4, qsgd at 16 levels; not twobit, sign, ternary, qsgd at few
+ *               levels: see gcomp_mpi_strategy_auto).  Its owners quantise a second
+ *               time: fine for 8 and 4 bits, but for 1-bit sign the second quantisation
+ *               doubles what the residuals hold back and EF-signSGD on gradients can
+ *               diverge (a 4-rank MLP: 38 % after one epoch against 84 % by allgather);
+ *               choose it for sign only where that was measured to train (1-bit Adam's
+ *               compressed momentum).
  *   hierarchical (flag, combined with any of the above): a dense float32 sum inside a
  *               node (MPI_Comm_split_type(MPI_COMM_TYPE_SHARED); a binomial tree of
  *               point-to-point messages to the node leader), the compressed exchange
@@ -161,13 +174,18 @@ GCOMP_API const char *gcomp_mpi_strategy_name(int strategy);
  * The strategy GCOMP_MPI_AUTO picks for a codec spec (never AUTO, never HIERARCHICAL):
  * ALLREDUCE for linear codecs whose values are f32, f16 or bf16 (`none`, `randomk`) and
  * for multi-phase codecs (PowerSGD), RSAG for quantizers whose output scales with their
- * input (int8, int4, ternary, qsgd), ALLGATHER for everything else (sparse selectors;
- * twobit: its fixed +-t cannot carry the sum of P ranks' +-t, so an owner re-compressing
- * it falls ever further behind, as MXNet's server never does; sign: an owner's second
- * 1-bit quantisation doubles the gradient held back in residuals, see rsag above).
+ * input and whose owner keeps error feedback (int8, int4, qsgd at enough levels for its
+ * bucket: a contraction, see rsag above), ALLGATHER for everything else (sparse
+ * selectors; twobit: its fixed +-t cannot carry the sum of P ranks' +-t, so an owner
+ * re-compressing it falls ever further behind, as MXNet's server never does; sign: an
+ * owner's second 1-bit quantisation doubles the gradient held back in residuals, see rsag
+ * above; ternary and qsgd at few levels: an owner without feedback adds the codec's
+ * variance a second time, 78.6 % against 85.0 % by allgather for qsgd:levels=4 on a
+ * 4-rank MLP after one epoch, 80.0 % against 84.2 % for ternary).  Deciding that may
+ * run the codec once on a probe of 65536 values (about a millisecond).
  * `nranks` is the number of ranks that exchange (reserved for size-dependent choices;
  * today unused).
- * Returns GCOMP_OK, GCOMP_E_ARG, GCOMP_E_SPEC or GCOMP_E_UNKNOWN_CODEC.
+ * Returns GCOMP_OK, GCOMP_E_ARG, GCOMP_E_SPEC, GCOMP_E_UNKNOWN_CODEC or GCOMP_E_NOMEM.
  */
 GCOMP_API gcomp_status gcomp_mpi_strategy_auto(const char *spec, int nranks, int *out);
 
@@ -350,7 +368,8 @@ GCOMP_API gcomp_status gcomp_mpi_wait(gcomp_mpi_bucket *b, double timeout_s, gco
  * messages (of the node's sum), other ranks none.  Summing, over all ranks, the decoded
  * messages at their ranges gives the exact result of allgather and allreduce (up to float
  * rounding and, for f16/bf16 sums, half rounding), and of sparse and rsag up to what the
- * owners kept in their residuals (gcomp_mpi_owner_residual).
+ * owners kept in their residuals (gcomp_mpi_owner_residual), or, for owners that keep
+ * none (gcomp_mpi_owner_spec with feedback=none), up to their unbiased re-compression.
  * The pointer is valid until the next start or free.  No message for a PowerSGD tensor.
  * Returns GCOMP_OK, GCOMP_E_ARG (out of range: j >= the count in *nmsg of
  * gcomp_mpi_message_count).
@@ -364,11 +383,21 @@ GCOMP_API size_t gcomp_mpi_message_count(const gcomp_mpi_bucket *b, size_t i);
  * The owner-side error-feedback residual of tensor i on this rank (sparse and rsag;
  * hierarchical: node leaders only): *count floats describing elements
  * [*offset, *offset + *count) of the tensor.  *res is NULL (count 0) when this rank owns
- * nothing of the tensor or its strategy keeps no owner residual.  Valid until the next
- * start.  Returns GCOMP_OK or GCOMP_E_ARG.
+ * nothing of the tensor, its strategy keeps no owner residual, or its codec is no
+ * contraction (gcomp_mpi_owner_spec says feedback=none).  Valid until the next start.
+ * Returns GCOMP_OK or GCOMP_E_ARG.
  */
 GCOMP_API gcomp_status gcomp_mpi_owner_residual(const gcomp_mpi_bucket *b, size_t i,
                                                 const float **res, size_t *offset, size_t *count);
+
+/**
+ * The canonical spec tensor i's owner re-compresses its region with (sparse and rsag;
+ * hierarchical: node leaders only), NULL otherwise.  It is the tensor's spec with a seed
+ * of its own (the owner's random draws must not be the workers') and feedback=ef when the
+ * codec is a contraction (see rsag above), feedback=none when it is not; the owners'
+ * messages carry its fingerprint.  Owned by the bucket.  For references and tests.
+ */
+GCOMP_API const char *gcomp_mpi_owner_spec(const gcomp_mpi_bucket *b, size_t i);
 
 /**
  * The compressor holding tensor i's worker-side state for the strategies with one

@@ -100,21 +100,6 @@ static void tensor_free(gm_tensor *t, int xsize) {
     /* t->work is freed (or buried) by the bucket */
 }
 
-/* The owner-side spec: the tensor's codec and parameters with error feedback, so what an
- * owner drops when it re-compresses stays in its residual (nothing is lost). */
-static gcomp_status owner_spec(const char *canon, char *out, size_t cap) {
-    const char *fb = strstr(canon, ",feedback=");
-    const char *seed = strstr(canon, ",seed=");
-    if (!fb || !seed) {
-        snprintf(out, cap, "%s", canon);
-        return GCOMP_OK;
-    }
-    size_t sl = strcspn(seed + 6, ",");
-    int w = snprintf(out, cap, "%.*s,feedback=ef,seed=%.*s", (int)(fb - canon), canon, (int)sl,
-                     seed + 6);
-    return w > 0 && (size_t)w < cap ? GCOMP_OK : GCOMP_E_LIMIT;
-}
-
 /* Sets up one tensor: canonical spec, strategy, compressors.  Errors go to err. */
 static gcomp_status tensor_setup(gcomp_mpi_bucket *b, size_t i, const gcomp_mpi_tensor *d,
                                  gcomp_error *err) {
@@ -204,15 +189,11 @@ static gcomp_status tensor_setup(gcomp_mpi_bucket *b, size_t i, const gcomp_mpi_
         for (int j = 0; j <= xsize; j++)
             t->reg[j] = (size_t)(((unsigned __int128)t->n * (unsigned)j) / (unsigned)xsize);
         size_t mine = t->reg[xrank + 1] - t->reg[xrank];
-        char ospec[600], ocanon[512];
-        if (owner_spec(t->spec, ospec, sizeof ospec) != GCOMP_OK)
-            return gm_fail(err, GCOMP_E_LIMIT, "tensor '%s': spec too long", t->name);
-        if (gcomp_spec_canonical(ospec, ocanon, sizeof ocanon, &t->owner_fp, NULL) != GCOMP_OK) {
-            snprintf(ospec, sizeof ospec, "%s", t->spec); /* a codec with its own feedback */
-            t->owner_fp = t->fp;
-        }
+        st = gm_owner_spec(t->spec, t->ospec, sizeof t->ospec, &t->owner_fp);
+        if (st != GCOMP_OK)
+            return gm_fail(err, st, "tensor '%s': no owner-side spec for '%s'", t->name, t->spec);
         if (mine) {
-            st = gcomp_compressor_create(&t->owner, ospec, mine, 0, 0, &e2);
+            st = gcomp_compressor_create(&t->owner, t->ospec, mine, 0, 0, &e2);
             if (st != GCOMP_OK)
                 return gm_fail(err, st, "tensor '%s': owner compressor: %s", t->name, e2.message);
         }
@@ -923,6 +904,11 @@ gcomp_status gcomp_mpi_owner_residual(const gcomp_mpi_bucket *b, size_t i, const
     if (offset) *offset = t->reg[me];
     if (count) *count = t->reg[me + 1] - t->reg[me];
     return GCOMP_OK;
+}
+
+const char *gcomp_mpi_owner_spec(const gcomp_mpi_bucket *b, size_t i) {
+    if (!b || i >= b->nt || !b->t[i].reg) return NULL;
+    return b->t[i].ospec;
 }
 
 gcomp_compressor *gcomp_mpi_compressor(const gcomp_mpi_bucket *b, size_t i) {

@@ -81,12 +81,17 @@ gcomp_status gcomp_mpi_strategy_auto(const char *spec, int nranks, int *out) {
     if (!ci) return GCOMP_E_UNKNOWN_CODEC;
     spec_values(canon, values, sizeof values);
     bool float_values = !strcmp(values, "f32") || !strcmp(values, "f16") || !strcmp(values, "bf16");
+    bool owner_ef = false;
+    if ((ci->flags & GCOMP_CODEC_QUANTIZER) && strcmp(name, "twobit") != 0 &&
+        strcmp(name, "sign") != 0) {
+        st = gm_owner_feedback(canon, &owner_ef);
+        if (st != GCOMP_OK) return st;
+    }
     if (ci->flags & GCOMP_CODEC_MULTIPHASE)
         *out = GCOMP_MPI_ALLREDUCE;
     else if ((ci->flags & GCOMP_CODEC_LINEAR) && float_values)
         *out = GCOMP_MPI_ALLREDUCE;
-    else if ((ci->flags & GCOMP_CODEC_QUANTIZER) && strcmp(name, "twobit") != 0 &&
-             strcmp(name, "sign") != 0)
+    else if (owner_ef)
         *out = GCOMP_MPI_RSAG;
     /* twobit sends at most +-t per element per step whatever its input: an owner that
      * re-compresses the sum of P ranks' +-t falls behind by up to (P-1)t a step, its
@@ -99,7 +104,12 @@ gcomp_status gcomp_mpi_strategy_auto(const char *spec, int nranks, int *out) {
      * updates lag twice as far behind, and SGD with momentum 0.9 turns unstable (numbers
      * from a replay of the 4-rank MLP): gradcomp train reached 38 % after one epoch
      * against 84 % by allgather (dense 86 %).  1-bit Adam compresses the momentum, which
-     * changes slowly; gradients do not: allgather. */
+     * changes slowly; gradients do not: allgather.
+     * A random quantizer that is no contraction (QSGD at few levels, ternary; see
+     * gm_owner_feedback): its owner re-compresses without error feedback (with it the
+     * residual diverges), so a second unbiased estimate adds the codec's variance again
+     * and the 4-rank MLP lost 4-6 points after one epoch (qsgd:levels=4 78.6 % by rsag,
+     * 85.0 % by allgather; ternary 80.0 % and 84.2 %): allgather. */
     else
         *out = GCOMP_MPI_ALLGATHER;
     return GCOMP_OK;

@@ -41,6 +41,9 @@ static inline gcomp_status gm_marker_status(uint64_t m) {
 static inline int gm_marker_rank(uint64_t m) {
     return (int)(uint32_t)m;
 }
+/* Or'ed into a marker by an owner whose own re-compression failed (its sum, or sum plus
+ * residual, is not finite), as opposed to a contribution it received. */
+#define GM_MARK_OWNER (1ull << 48)
 
 /* ---- utilities ---------------------------------------------------------------------------- */
 
@@ -204,6 +207,7 @@ typedef struct gm_tensor {
     gcomp_compressor *c;      /* allgather, sparse, allreduce */
     gcomp_compressor **chunk; /* rsag: one per region (NULL when empty) */
     gcomp_compressor *owner;  /* rsag, sparse: this rank's region (NULL when empty) */
+    char ospec[512];          /* rsag, sparse: the owner's canonical spec (gm_owner_spec) */
     uint64_t owner_fp;
     size_t *reg;      /* rsag, sparse: xsize + 1 region boundaries */
     gm_buf work;      /* hierarchical: n floats, the node's partial sums */
@@ -306,6 +310,10 @@ int gm_zero_progress(gm_group *g, float *x, size_t n);
 void gm_steps_allgather(gm_group *g);
 void gm_steps_allreduce(gcomp_mpi_bucket *b, gm_group *g);
 void gm_steps_owner(gm_group *g); /* rsag and sparse */
+/* Whether an owner can re-compress the canonical spec with error feedback (a contraction),
+ * and the owner's canonical spec and fingerprint (mpi_owner.c). */
+gcomp_status gm_owner_feedback(const char *canon, bool *ef);
+gcomp_status gm_owner_spec(const char *canon, char *out, size_t cap, uint64_t *fp);
 void gm_steps_lowrank(gm_group *g, int max_phases);
 gcomp_status gm_reserve_lowrank(gcomp_mpi_bucket *b, gm_group *g);
 void gm_steps_hier_prefix(gm_group *g, int node_size);

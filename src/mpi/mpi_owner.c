@@ -1,15 +1,17 @@
 /*
  * mpi_owner.c - the two owner strategies: each rank owns one region of every tensor
  * (region j = elements [j*n/P, (j+1)*n/P)), reduces the contributions to it, re-compresses
- * the sum with error feedback, and the owners' messages are allgathered.
+ * the sum (with error feedback when that is stable), and the owners' messages are
+ * allgathered.
  *
  * rsag   reduce-scatter + allgather with re-compression at the owner: DeepSpeed's 1-bit
  *        compressed allreduce (Tang et al. 2021, "1-bit Adam"), for quantizers.  Every
  *        rank compresses region j of its gradient with its own chunk compressor (the
  *        worker side: the tensor's spec, with its feedback - use feedback=ef for 1-bit
  *        SGD) and sends it to rank j; rank j decodes the P chunks, sums them, compresses
- *        the sum with its owner compressor (same codec, always feedback=ef: the server
- *        side of the error feedback), and every rank decodes every owner's message.
+ *        the sum with its owner compressor (same codec, its own seed, and error feedback
+ *        when the codec contracts: the server side of the error feedback; see
+ *        gm_owner_spec below), and every rank decodes every owner's message.
  *        Bytes per rank: 2(P-1)/P of one compressed tensor, like a ring allreduce.
  *        What reaches the ranks is quantised twice; tests/mpi/test_mpi_rsag.c replays the
  *        algorithm step by step.  For 1-bit sign on gradients the second quantisation
@@ -22,7 +24,8 @@
  *        (gap, f32 value) pairs, or dense when that is smaller - the region "fills up").
  *        The owner adds the slices to its own part, re-selects with the tensor's codec
  *        over the region (top-k at the same density: k/P per region) keeping what it
- *        drops in its owner residual, and the owners' messages are allgathered.  Bytes
+ *        drops in its owner residual (the same feedback rule as rsag), and the owners'
+ *        messages are allgathered.  Bytes
  *        per rank: at most 2(P-1)/P x k entries, bounded by 2k whatever P, where allgather
  *        sends (P-1) x k.  Regions are equal in size (Ok-Topk balances them by the
  *        observed distribution; equal regions keep every rank's buffers fixed).
@@ -42,7 +45,140 @@
 #include "mpi_internal.h"
 
 #include <limits.h>
+#include <stdbool.h>
 #include <stdio.h>
+#include <stdlib.h>
+
+/* ---- what an owner re-compresses with ----------------------------------------------------- */
+
+/* The value of `key` in a canonical spec ("name:k=v,k=v,..."), or "" when absent. */
+static void spec_get(const char *canon, const char *key, char *out, size_t cap) {
+    size_t kl = strlen(key);
+    out[0] = 0;
+    for (const char *p = strchr(canon, ':'); p && *p; p = strchr(p, ',')) {
+        p++;
+        if (!strncmp(p, key, kl) && p[kl] == '=') {
+            snprintf(out, cap, "%.*s", (int)strcspn(p + kl + 1, ","), p + kl + 1);
+            return;
+        }
+    }
+}
+
+/* The canonical spec with feedback=`fb` (dropping what only dgc reads: the keys after
+ * seed=) and seed=`seed`.  A codec that brings its own feedback (dgc) keeps it. */
+static gcomp_status spec_with(const char *canon, const char *fb, uint64_t seed, char *out,
+                              size_t cap, uint64_t *fp) {
+    char spec[600];
+    const char *at = strstr(canon, ",feedback="), *sp = strstr(canon, ",seed=");
+    if (!at || !sp) return GCOMP_E_SPEC; /* every canonical spec has both */
+    int w = snprintf(spec, sizeof spec, "%.*s,feedback=%s,seed=%llu", (int)(at - canon), canon, fb,
+                     (unsigned long long)seed);
+    if (w <= 0 || (size_t)w >= sizeof spec) return GCOMP_E_LIMIT;
+    if (gcomp_spec_canonical(spec, out, cap, fp, NULL) == GCOMP_OK) return GCOMP_OK;
+    const char *rest = sp + 6 + strcspn(sp + 6, ",");
+    w = snprintf(spec, sizeof spec, "%.*s,seed=%llu%s", (int)(sp - canon), canon,
+                 (unsigned long long)seed, rest);
+    if (w <= 0 || (size_t)w >= sizeof spec) return GCOMP_E_LIMIT;
+    return gcomp_spec_canonical(spec, out, cap, fp, NULL);
+}
+
+/* Does the codec draw random numbers (its own flag, or its value coder's: topk with
+ * values=qsgd)? */
+static bool spec_random(const char *canon) {
+    char name[32], values[32];
+    snprintf(name, sizeof name, "%.*s", (int)strcspn(canon, ":"), canon);
+    spec_get(canon, "values", values, sizeof values);
+    const gcomp_codec_info *ci = gcomp_codec_find(name);
+    const gcomp_codec_info *vi = values[0] ? gcomp_codec_find(values) : NULL;
+    return (ci && (ci->flags & GCOMP_CODEC_STOCHASTIC)) ||
+           (vi && (vi->flags & GCOMP_CODEC_STOCHASTIC));
+}
+
+/* E|C(x) - x|^2 / |x|^2 of the codec (without feedback) on GM_PROBE_N pseudo-Gaussian
+ * values (Irwin-Hall: a sum of twelve uniforms, tails to 6 sigma; no libm, so every rank
+ * and platform measures the same number and takes the same decision). */
+#define GM_PROBE_N 65536
+static gcomp_status probe_ratio(const char *canon, double *ratio) {
+    char spec[512];
+    gcomp_status st = spec_with(canon, "none", 0, spec, sizeof spec, NULL);
+    if (st != GCOMP_OK) return st;
+    gcomp_compressor *c = NULL;
+    st = gcomp_compressor_create(&c, spec, GM_PROBE_N, 0, 0, NULL);
+    if (st != GCOMP_OK) return st;
+    size_t cap = gcomp_encode_bound(c), len = 0;
+    float *x = malloc(GM_PROBE_N * sizeof *x), *y = calloc(GM_PROBE_N, sizeof *y);
+    uint8_t *m = malloc(cap);
+    st = x && y && m ? GCOMP_OK : GCOMP_E_NOMEM;
+    for (size_t i = 0; st == GCOMP_OK && i < GM_PROBE_N; i++) {
+        double u = 0;
+        for (uint64_t k = 0; k < 3; k++) {
+            uint64_t r = gm_mix(0x70726f6265ull /* "probe" */ + 3 * i + k);
+            for (int q = 0; q < 4; q++) u += (double)((r >> (16 * q)) & 0xffff);
+        }
+        x[i] = (float)(u / 65536.0 - 6.0); /* twelve uniforms: mean 0, variance 1 */
+    }
+    if (st == GCOMP_OK) st = gcomp_encode(c, x, m, cap, &len);
+    if (st == GCOMP_OK) st = gcomp_decode_add(m, len, y, GM_PROBE_N, 1.0f);
+    double num = 0, den = 0;
+    for (size_t i = 0; st == GCOMP_OK && i < GM_PROBE_N; i++) {
+        double d = (double)y[i] - (double)x[i];
+        num += d * d;
+        den += (double)x[i] * (double)x[i];
+    }
+    *ratio = den > 0 ? num / den : 0;
+    free(x);
+    free(y);
+    free(m);
+    gcomp_compressor_free(c);
+    return st;
+}
+
+/*
+ * Error feedback converges for a contraction, E|C(x) - x|^2 <= (1 - d)|x|^2 with d > 0
+ * (Stich et al. 2018, Karimireddy et al. 2019): the residual then carries less than it
+ * was given.  Deterministic codecs are contractions by construction (top-k, threshold,
+ * sign, twobit, nearest int8/int4).  A codec that draws random numbers may not be: its
+ * error is zero-mean but can exceed the signal, and a residual fed back into it grows
+ * by that factor every step (QSGD levels=4 in buckets of 512: 3.5, and the 4-rank MLP's
+ * owner residual reached NaN at step 18; levels=8: 1.27, NaN at step 115; levels=16:
+ * 0.33, trains; ternary 1.6; bernoulli at density p: 1/p - 1).  So such a codec is
+ * measured on a Gaussian probe (data whose spread makes QSGD's error largest; ReLU-sparse
+ * gradients measure lower) and counts as a contraction when the ratio is below 1.
+ */
+gcomp_status gm_owner_feedback(const char *canon, bool *ef) {
+    *ef = true;
+    if (!spec_random(canon)) return GCOMP_OK;
+    double ratio = 0;
+    gcomp_status st = probe_ratio(canon, &ratio);
+    if (st != GCOMP_OK) return st;
+    *ef = ratio < 1.0;
+    return GCOMP_OK;
+}
+
+/*
+ * The owner-side spec (rsag, sparse): the tensor's codec and parameters with
+ *  - feedback=ef when the codec is a contraction (gm_owner_feedback): what the owner drops
+ *    stays in its residual and nothing is lost, the server side of 1-bit Adam's error
+ *    feedback; whatever the tensor's own feedback is (deterministic codecs would otherwise
+ *    lose their rounding bias every step);
+ *  - feedback=none otherwise: the re-compression of an unbiased codec stays unbiased on
+ *    its own, where a residual would diverge.  Rejected: feedback always (that divergence),
+ *    and the tensor's own feedback (feedback=none on sign or twobit loses what the second
+ *    quantisation drops; feedback=ef on QSGD levels=4 diverges on the workers already);
+ *  - a seed of its own: with the workers' seed the owner draws the random numbers the
+ *    workers drew for the same chunk, and its rounding is then not independent of (not
+ *    unbiased for) an input that those numbers made.
+ */
+gcomp_status gm_owner_spec(const char *canon, char *out, size_t cap, uint64_t *fp) {
+    char seed[32];
+    bool ef = true;
+    spec_get(canon, "seed", seed, sizeof seed);
+    gcomp_status st = gm_owner_feedback(canon, &ef);
+    if (st != GCOMP_OK) return st;
+    uint64_t oseed = gm_mix(strtoull(seed, NULL, 10) ^ 0x6f776e6572ull /* "owner" */) &
+                     ((1ull << 53) - 1); /* the spec's seed range */
+    return spec_with(canon, ef ? "ef" : "none", oseed, out, cap, fp);
+}
 
 static size_t reg_len(const gm_tensor *t, int j) {
     return t->reg[j + 1] - t->reg[j];
@@ -207,16 +343,24 @@ static gcomp_status ow_owner(gcomp_mpi_bucket *b, gm_group *g) {
             if (st != GCOMP_OK) from = (int)r;
         }
         size_t len = 0;
+        bool reencode = st == GCOMP_OK;
         if (st == GCOMP_OK && mine)
             st = gcomp_encode(t->owner, acc, (uint8_t *)g->gsend.p + off, g->gsend.cap - off, &len);
         t->call.codec_ns += gm_now_ns() - t0;
         if (st != GCOMP_OK) {
-            g->gsz_send[k] = gm_marker(st, me);
+            g->gsz_send[k] = gm_marker(st, me) | (reencode ? GM_MARK_OWNER : 0);
             if (g->local_st == GCOMP_OK) {
                 g->local_st = st;
-                snprintf(g->local_msg, sizeof g->local_msg,
-                         "tensor '%s' (#%zu): owner: %s in the contribution of %s %d", t->name,
-                         g->t0 + k, gcomp_status_str(st), g->hier ? "node" : "rank", from);
+                if (reencode) /* finite inputs: the sum, or sum + residual, overflowed */
+                    snprintf(g->local_msg, sizeof g->local_msg,
+                             "tensor '%s' (#%zu): owner re-compression: %s (the sum of the "
+                             "contributions%s overflows: diverging?)",
+                             t->name, g->t0 + k, gcomp_status_str(st),
+                             gcomp_compressor_residual(t->owner) ? " plus the owner residual" : "");
+                else
+                    snprintf(g->local_msg, sizeof g->local_msg,
+                             "tensor '%s' (#%zu): owner: %s in the contribution of %s %d", t->name,
+                             g->t0 + k, gcomp_status_str(st), g->hier ? "node" : "rank", from);
             }
             continue;
         }
@@ -244,7 +388,22 @@ static gcomp_status ow_gsizes(gcomp_mpi_bucket *b, gm_group *g) {
 static gcomp_status ow_gdata(gcomp_mpi_bucket *b, gm_group *g) {
     if (g->st != GCOMP_OK) return GCOMP_OK;
     size_t P = (size_t)g->xsize, nt = g->nt;
-    if (gm_scan_markers(b, g, g->gsz_recv, P * nt, nt)) return GCOMP_OK;
+    if (gm_scan_markers(b, g, g->gsz_recv, P * nt, nt)) {
+        /* Say what an owner elsewhere found wrong with its own sum. */
+        for (size_t i = 0; i < P * nt; i++) {
+            uint64_t m = g->gsz_recv[i];
+            if (!(m & GM_MARK)) continue;
+            int r = gm_marker_rank(m);
+            if ((m & GM_MARK_OWNER) && r != g->xrank)
+                snprintf(g->msg, sizeof g->msg,
+                         "tensor '%s' (#%zu): owner re-compression on %s %d: %s (the sum of the "
+                         "contributions, or sum plus owner residual, overflows: diverging?)",
+                         b->t[g->t0 + i % nt].name, g->t0 + i % nt, g->hier ? "node" : "rank", r,
+                         gcomp_status_str(gm_marker_status(m)));
+            break;
+        }
+        return GCOMP_OK;
+    }
     uint64_t total = 0;
     for (size_t r = 0; r < P; r++) {
         uint64_t c = 0;

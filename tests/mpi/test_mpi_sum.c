@@ -30,7 +30,16 @@ typedef struct tcase {
     int expect; /* expected resolved strategy (without the hierarchical flag), or -1 */
 } tcase;
 
-static void run_case_sizes(gcomp_mpi_comm *comm, const tcase *tc, gcomp_mpi_op op,
+/* Owners without a residual (random codecs that are no contraction) send an unbiased
+ * estimate of their region's sum y: each element within own_rel |y_i| + own_l2 |y|_2 of
+ * it (QSGD: |y_bucket|_2 / levels; ternary: max |y_bucket|; bernoulli at density p:
+ * (1/p - 1) |y_i|).  Both 0: an owner must keep a residual (exact accounting). */
+typedef struct owner_bound {
+    double own_rel, own_l2;
+} owner_bound;
+static const owner_bound exact = {0, 0};
+
+static void run_case_bound(gcomp_mpi_comm *comm, const tcase *tc, owner_bound ob, gcomp_mpi_op op,
                            const size_t *sizes, size_t nt) {
     gcomp_mpi_tensor t[NSIZES];
     char names[NSIZES][64];
@@ -75,7 +84,8 @@ static void run_case_sizes(gcomp_mpi_comm *comm, const tcase *tc, gcomp_mpi_op o
         for (size_t k = 0; k < nt && st == GCOMP_OK; k++) {
             size_t n = sizes[k];
             double *ref = calloc(n, sizeof(double)), *abs_sum = calloc(n, sizeof(double)),
-                   *delta = calloc(n, sizeof(double)), *dsum = calloc(n, sizeof(double));
+                   *delta = calloc(n, sizeof(double)), *dsum = calloc(n, sizeof(double)),
+                   *bound = calloc(n, sizeof(double));
             if (single_node) {
                 /* One node: the leader's dense sum is exact, nothing is compressed. */
                 for (size_t i = 0; i < n; i++) delta[i] = input[k][i];
@@ -91,6 +101,23 @@ static void run_case_sizes(gcomp_mpi_comm *comm, const tcase *tc, gcomp_mpi_op o
             const float *res;
             size_t off = 0, cnt = 0;
             gcomp_mpi_owner_residual(b, k, &res, &off, &cnt);
+            const char *ospec = gcomp_mpi_owner_spec(b, k);
+            bool estimate = ospec && strstr(ospec, ",feedback=none,");
+            CHECK_MSG(!ospec || estimate == (ob.own_rel + ob.own_l2 > 0),
+                      "%s: owner spec '%s' (feedback=none expected: %d)", tc->spec, ospec,
+                      ob.own_rel + ob.own_l2 > 0);
+            if (estimate) {
+                /* |result - y| within the codec's bound, y = the sum of every rank's
+                 * decoded chunks or slices over the owner's region */
+                int xs = P;
+                for (int j = 0; j < xs; j++) {
+                    size_t r0 = n * (size_t)j / (size_t)xs, r1 = n * (size_t)(j + 1) / (size_t)xs;
+                    double l2 = 0;
+                    for (size_t i = r0; i < r1; i++) l2 += ref[i] * ref[i];
+                    for (size_t i = r0; i < r1; i++)
+                        bound[i] = ob.own_rel * fabs(ref[i]) + ob.own_l2 * sqrt(l2);
+                }
+            }
             for (size_t j = 0; res && j < cnt; j++) {
                 double b0 = before[k] ? before[k][j] : 0.0;
                 delta[off + j] = (double)res[j] - b0;
@@ -101,7 +128,8 @@ static void run_case_sizes(gcomp_mpi_comm *comm, const tcase *tc, gcomp_mpi_op o
             size_t at = 0;
             for (size_t i = 0; i < n; i++) {
                 double want = ref[i] - dsum[i];
-                double e = fabs((double)data[k][i] / scale - want) - tc->rel * abs_sum[i] - 1e-5;
+                double e = fabs((double)data[k][i] / scale - want) - tc->rel * abs_sum[i] -
+                           bound[i] - 1e-5;
                 if (e > worst) worst = e, at = i;
             }
             CHECK_MSG(worst <= 0, "%s [%s] n=%zu step %d: element %zu: %g vs %g (excess %g)",
@@ -111,6 +139,7 @@ static void run_case_sizes(gcomp_mpi_comm *comm, const tcase *tc, gcomp_mpi_op o
             free(abs_sum);
             free(delta);
             free(dsum);
+            free(bound);
         }
         for (size_t k = 0; k < nt; k++) {
             free(before[k]);
@@ -124,6 +153,11 @@ static void run_case_sizes(gcomp_mpi_comm *comm, const tcase *tc, gcomp_mpi_op o
 out:
     gcomp_mpi_bucket_free(b);
     for (size_t k = 0; k < nt; k++) free(data[k]);
+}
+
+static void run_case_sizes(gcomp_mpi_comm *comm, const tcase *tc, gcomp_mpi_op op,
+                           const size_t *sizes, size_t nt) {
+    run_case_bound(comm, tc, exact, op, sizes, nt);
 }
 
 /* One rank's gradient holds a NaN: every rank gets GCOMP_E_NONFINITE, and the next call
@@ -144,6 +178,30 @@ static void nonfinite(gcomp_mpi_comm *comm, const char *spec, int strategy) {
     test_fill(x, 257, 6);
     st = gcomp_mpi_allreduce(b, &d, GCOMP_MPI_SUM, 60.0, &err);
     CHECK_MSG(st == GCOMP_OK, "%s: after a NaN step: %s", spec, err.message);
+    gcomp_mpi_bucket_free(b);
+}
+
+/* Finite gradients whose sum overflows float at the owner (each rank 2e38 in one element):
+ * the owner's re-compression refuses the Inf (a diverging residual ends the same way), and
+ * every rank gets GCOMP_E_NONFINITE naming the owner step, never an Inf or NaN result. */
+static void overflow(gcomp_mpi_comm *comm, const char *spec, int strategy) {
+    gcomp_mpi_tensor t = {"big", spec, 1000, 0, 0, strategy};
+    gcomp_mpi_bucket *b = NULL;
+    gcomp_error err = {0};
+    CHECK_OK(gcomp_mpi_bucket_create(&b, comm, &t, 1, NULL, 60.0, &err));
+    if (!b) return;
+    float x[1000], *d = x;
+    test_fill(x, 1000, 11);
+    for (size_t i = 0; i < 1000; i += 100) x[i] = 2e38f; /* in every rank's region */
+    gcomp_status st = gcomp_mpi_allreduce(b, &d, GCOMP_MPI_SUM, 60.0, &err);
+    CHECK_MSG(st == GCOMP_E_NONFINITE && strstr(err.message, "owner re-compression"),
+              "%s [%s]: an overflowing sum gave %s (%s)", spec, gcomp_mpi_strategy_name(strategy),
+              gcomp_status_str(st), err.message);
+    CHECK(gcomp_mpi_comm_status(comm, NULL) == GCOMP_OK);
+    test_fill(x, 1000, 12);
+    st = gcomp_mpi_allreduce(b, &d, GCOMP_MPI_SUM, 60.0, &err);
+    CHECK_MSG(st == GCOMP_OK, "%s: after an overflow: %s", spec, err.message);
+    for (size_t i = 0; i < 1000; i++) CHECK_MSG(isfinite(x[i]), "%s: x[%zu] = %g", spec, i, x[i]);
     gcomp_mpi_bucket_free(b);
 }
 
@@ -272,8 +330,12 @@ int main(int argc, char **argv) {
         {"sign:feedback=ef", GCOMP_MPI_RSAG, f32, -1},
         {"twobit:threshold=0.5", GCOMP_MPI_AUTO, f32, GCOMP_MPI_ALLGATHER}, /* see auto */
         {"twobit:threshold=0.5", GCOMP_MPI_RSAG, f32, -1},
-        {"ternary:seed=4", GCOMP_MPI_AUTO, f32, GCOMP_MPI_RSAG},
+        {"int4:rounding=stochastic,seed=2", GCOMP_MPI_AUTO, f32, GCOMP_MPI_RSAG},
         {"qsgd:levels=16,seed=5", GCOMP_MPI_AUTO, f32, GCOMP_MPI_RSAG},
+        /* random codecs that are no contraction: allgather; their owners keep no residual */
+        {"ternary:seed=4", GCOMP_MPI_AUTO, f32, GCOMP_MPI_ALLGATHER},
+        {"qsgd:levels=4,seed=5", GCOMP_MPI_AUTO, f32, GCOMP_MPI_ALLGATHER},
+
         /* hierarchical */
         {"topk:density=0.05,feedback=ef", H | GCOMP_MPI_ALLGATHER, f32, -1},
         {"int8", H | GCOMP_MPI_AUTO, f32, GCOMP_MPI_RSAG},
@@ -291,6 +353,19 @@ int main(int argc, char **argv) {
         if (cases[i].strategy & H)
             run_case_sizes(comm2, &cases[i], GCOMP_MPI_SUM, std_sizes, NSIZES);
     }
+    /* ... unless asked for: their owners keep no residual, and send an estimate */
+    const struct {
+        tcase c;
+        owner_bound ob;
+    } estimates[] = {
+        {{"ternary:seed=4", GCOMP_MPI_RSAG, f32, -1}, {0, 1.0}},
+        {{"qsgd:levels=4,seed=5", GCOMP_MPI_RSAG, f32, -1}, {0, 0.25}},
+        {{"qsgd:levels=4,seed=5,feedback=ef", GCOMP_MPI_RSAG, f32, -1}, {0, 0.25}},
+        {{"qsgd:levels=4,seed=5", GCOMP_MPI_SPARSE, f32, -1}, {0, 0.25}},
+        {{"bernoulli:density=0.1,seed=3", GCOMP_MPI_SPARSE, f32, -1}, {9.0, 0}},
+    };
+    for (size_t i = 0; i < sizeof estimates / sizeof estimates[0]; i++)
+        run_case_bound(comm, &estimates[i].c, estimates[i].ob, GCOMP_MPI_SUM, std_sizes, NSIZES);
     tcase avg = {"topk:density=0.1,feedback=ef", GCOMP_MPI_SPARSE, f32, -1};
     run_case_sizes(comm, &avg, GCOMP_MPI_AVERAGE, std_sizes, NSIZES);
     tcase avg2 = {"int8", GCOMP_MPI_HIERARCHICAL, f32, -1};
@@ -323,6 +398,11 @@ int main(int argc, char **argv) {
     nonfinite(comm, "int8", GCOMP_MPI_RSAG);
     nonfinite(comm, "none:values=f16", GCOMP_MPI_ALLREDUCE);
     nonfinite(comm2, "topk:density=0.1", GCOMP_MPI_HIERARCHICAL | GCOMP_MPI_ALLGATHER);
+    if (mc_size > 1) {
+        overflow(comm, "int8", GCOMP_MPI_RSAG);           /* owner with a residual */
+        overflow(comm, "ternary:seed=1", GCOMP_MPI_RSAG); /* and without */
+        overflow(comm, "topk:density=0.2", GCOMP_MPI_SPARSE);
+    }
 
     CHECK_OK(gcomp_mpi_comm_free(comm));
     CHECK_OK(gcomp_mpi_comm_free(comm2));
