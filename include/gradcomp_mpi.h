@@ -106,7 +106,8 @@
  *   (the status of the rank that found it) and the communicator stays usable.
  *   What MPI cannot do: after a peer process has died, Open MPI 4.1 (without ULFM) cannot
  *   repair or shrink a communicator; the contract here is "an error instead of a hang".
- *   The surviving ranks should then save what they need and exit; MPI_Finalize may itself
+ *   The surviving ranks should then save what they need (gcomp_mpi_bucket_save_state
+ *   works on a failed bucket) and exit; MPI_Finalize may itself
  *   hang waiting for the dead peer, and mpirun aborts the job unless told otherwise
  *   (`--mca orte_enable_recovery 1` keeps the survivors alive long enough to report).
  *   Requests that never completed keep their buffers: the library keeps those buffers
@@ -407,6 +408,63 @@ GCOMP_API const char *gcomp_mpi_owner_spec(const gcomp_mpi_bucket *b, size_t i);
  * protocol functions yourself.
  */
 GCOMP_API gcomp_compressor *gcomp_mpi_compressor(const gcomp_mpi_bucket *b, size_t i);
+
+/* ---- checkpoints ----------------------------------------------------------------------- */
+
+/*
+ * A bucket's state on this rank is what its compressors remember between steps: the
+ * worker-side residuals (or DGC momentum, PowerSGD's residual and warm-started Q), rsag's
+ * chunk compressors, the owner-side residuals of rsag and sparse, and the step counters
+ * that key every random stream.  A trainer that checkpoints saves it next to its model
+ * and optimizer, so a restarted job resumes without losing the gradient the residuals
+ * held back: a fresh bucket created with the same tensors on the same communicator shape,
+ * loaded with the blob, continues bit for bit where the saved one stood.
+ *
+ * Each rank saves and loads its own blob (local calls, no communication: a trainer
+ * writes one file per rank at its own pace).  All ranks must load blobs saved at the
+ * same step: random-k, whose positions come from the step, then fails the next allreduce
+ * with GCOMP_E_MISMATCH, but other codecs would silently mix the residuals of different
+ * steps.
+ *
+ * The blob is versioned and CRC-32C-checked (src/mpi/mpi_state.c has the layout): a
+ * frame naming the communicator's size, this rank and its node, and per tensor its spec
+ * fingerprint, name, size, shape, strategy and the core's own state blob
+ * (gcomp_state_save) of each of its compressors.  Thread-safety as for the bucket.
+ */
+
+/** Exact size in bytes of this rank's state blob (constant for a bucket); 0 for NULL. */
+GCOMP_API size_t gcomp_mpi_bucket_state_size(const gcomp_mpi_bucket *b);
+
+/**
+ * Writes this rank's state blob into dst (`cap` bytes, at least
+ * gcomp_mpi_bucket_state_size) and its length into *len.  Local.
+ * Allowed on a bucket whose allreduce failed (GCOMP_E_FAILED, a timeout...): the
+ * residuals are then as documented under "Errors" above; a PowerSGD step the failure
+ * interrupted is abandoned first (gcomp_lowrank_abort), so its state is as before that
+ * call.  Returns GCOMP_OK; GCOMP_E_ARG (NULL); GCOMP_E_DST_SIZE; GCOMP_E_PROTOCOL (an
+ * allreduce in flight on a healthy bucket: save between steps); GCOMP_E_LIMIT (a
+ * compressor state above 4 GiB).  *err (may be NULL) says which.
+ */
+GCOMP_API gcomp_status gcomp_mpi_bucket_save_state(gcomp_mpi_bucket *b, void *dst, size_t cap,
+                                                   size_t *len, gcomp_error *err);
+
+/**
+ * Loads a blob saved by gcomp_mpi_bucket_save_state on this rank into `b`.  Local.  The
+ * blob is untrusted: it must be complete, uncorrupted and describe this bucket on this
+ * rank.  On any error nothing changes.
+ * Returns GCOMP_OK;
+ *  GCOMP_E_ARG (NULL); GCOMP_E_PROTOCOL (an allreduce in flight); GCOMP_E_FAILED (the
+ *   bucket failed: load into a new one);
+ *  GCOMP_E_BAD_MAGIC (not a bucket state); GCOMP_E_TRUNCATED (shorter than it says);
+ *  GCOMP_E_VERSION (saved by a newer library); GCOMP_E_CHECKSUM (corrupt); GCOMP_E_STATE
+ *   (inconsistent, or a compressor state the core refuses);
+ *  GCOMP_E_MISMATCH (saved with another number of ranks, by another rank, on another node
+ *   layout, or for another bucket: tensor count, spec, name, size, shape or strategy;
+ *   *err names what and which tensor);
+ *  GCOMP_E_NOMEM (the current state is kept aside while loading: as much memory again).
+ */
+GCOMP_API gcomp_status gcomp_mpi_bucket_load_state(gcomp_mpi_bucket *b, const void *src,
+                                                   size_t len, gcomp_error *err);
 
 /* ---- statistics ------------------------------------------------------------------------ */
 
