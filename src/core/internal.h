@@ -111,6 +111,13 @@ struct gcomp__vcoder {
      * only; otherwise acc[i] += scale * value_i for i < nv.  Every error is detected
      * before the first write to acc. */
     gcomp_status (*decode)(const uint8_t *src, size_t len, size_t nv, float *acc, float scale);
+    /* Optional, for coders that draw random numbers: a bound, over every input of at most
+     * nv values, on E|C(v) - v|^2 / |v|^2.  Error feedback converges for a contraction,
+     * a bound below 1 (Stich et al. 2018, Karimireddy et al. 2019); at 1 or more the
+     * compressor refuses feedback (gcomp__compressor_build).  `fix` receives what to change
+     * instead.  NULL: a contraction by construction (deterministic, or error within a
+     * fraction of the bucket's range). */
+    double (*ef_ratio)(const gcomp__vparams *p, size_t nv, char *fix, size_t fixcap);
 };
 
 const gcomp__vcoder *gcomp__vcoder_find(const char *name);

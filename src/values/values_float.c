@@ -142,9 +142,9 @@ static gcomp_status bf16_decode(const uint8_t *src, size_t len, size_t nv, float
     return GCOMP_OK;
 }
 
-const gcomp__vcoder gcomp__vcoder_f32 = {"f32",  GCOMP__V_F32, NULL,      0,
-                                         bound4, f32_encode,   f32_decode};
-const gcomp__vcoder gcomp__vcoder_f16 = {"f16",  GCOMP__V_F16, NULL,      0,
-                                         bound2, f16_encode,   f16_decode};
-const gcomp__vcoder gcomp__vcoder_bf16 = {"bf16", GCOMP__V_BF16, NULL,       0,
-                                          bound2, bf16_encode,   bf16_decode};
+const gcomp__vcoder gcomp__vcoder_f32 = {"f32",  GCOMP__V_F32, NULL,       0,
+                                         bound4, f32_encode,   f32_decode, NULL};
+const gcomp__vcoder gcomp__vcoder_f16 = {"f16",  GCOMP__V_F16, NULL,       0,
+                                         bound2, f16_encode,   f16_decode, NULL};
+const gcomp__vcoder gcomp__vcoder_bf16 = {"bf16", GCOMP__V_BF16, NULL,        0,
+                                          bound2, bf16_encode,   bf16_decode, NULL};

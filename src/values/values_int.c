@@ -259,16 +259,19 @@ static gcomp_status int4_decode(const uint8_t *src, size_t len, size_t nv, float
 }
 
 /* As `values=` of a selector: the coder brings its keys into the spec. */
-const gcomp__vcoder gcomp__vcoder_int8 = {"int8",     GCOMP__V_INT8, int_params, NINT_PARAMS,
-                                          int8_bound, int8_encode,   int8_decode};
-const gcomp__vcoder gcomp__vcoder_int4 = {"int4",     GCOMP__V_INT4, int_params, NINT_PARAMS,
-                                          int4_bound, int4_encode,   int4_decode};
+/* No ef_ratio: either rounding errs by less than one step, scale = (max - min)/(2^b - 1)
+ * <= 2 max|v| / (2^b - 1), so a residual fed back shrinks in the max norm by 2/15 (int4)
+ * or 2/255 (int8) every step and stays bounded: error feedback converges. */
+const gcomp__vcoder gcomp__vcoder_int8 = {"int8",     GCOMP__V_INT8, int_params,  NINT_PARAMS,
+                                          int8_bound, int8_encode,   int8_decode, NULL};
+const gcomp__vcoder gcomp__vcoder_int4 = {"int4",     GCOMP__V_INT4, int_params,  NINT_PARAMS,
+                                          int4_bound, int4_encode,   int4_decode, NULL};
 /* As a dense codec the keys are the codec's own (list-codecs shows them there), so the
  * fixed coder carries no table: the parser would otherwise list them twice. */
-static const gcomp__vcoder int8_dense = {"int8",     GCOMP__V_INT8, NULL,       0,
-                                         int8_bound, int8_encode,   int8_decode};
-static const gcomp__vcoder int4_dense = {"int4",     GCOMP__V_INT4, NULL,       0,
-                                         int4_bound, int4_encode,   int4_decode};
+static const gcomp__vcoder int8_dense = {"int8",     GCOMP__V_INT8, NULL,        0,
+                                         int8_bound, int8_encode,   int8_decode, NULL};
+static const gcomp__vcoder int4_dense = {"int4",     GCOMP__V_INT4, NULL,        0,
+                                         int4_bound, int4_encode,   int4_decode, NULL};
 
 const gcomp__codec gcomp__codec_int8 = {
     .info = {"int8", 16, GCOMP_CODEC_QUANTIZER | GCOMP_CODEC_STOCHASTIC,

@@ -123,9 +123,9 @@ static gcomp_status sign_decode(const uint8_t *src, size_t len, size_t nv, float
 }
 
 const gcomp__vcoder gcomp__vcoder_sign = {"sign",     GCOMP__V_SIGN, sign_params, NSIGN_PARAMS,
-                                          sign_bound, sign_encode,   sign_decode};
-static const gcomp__vcoder sign_dense = {"sign",     GCOMP__V_SIGN, NULL,       0,
-                                         sign_bound, sign_encode,   sign_decode};
+                                          sign_bound, sign_encode,   sign_decode, NULL};
+static const gcomp__vcoder sign_dense = {"sign",     GCOMP__V_SIGN, NULL,        0,
+                                         sign_bound, sign_encode,   sign_decode, NULL};
 
 const gcomp__codec gcomp__codec_sign = {
     .info = {"sign", 18, GCOMP_CODEC_QUANTIZER,

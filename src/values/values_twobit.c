@@ -353,11 +353,11 @@ static gcomp_status twobit_codec_encode(gcomp_compressor *c, const float *x, flo
     return GCOMP_OK;
 }
 
-const gcomp__vcoder gcomp__vcoder_twobit = {"twobit",       GCOMP__V_TWOBIT, twobit_params,
-                                            NTWOBIT_PARAMS, twobit_bound,    twobit_encode,
-                                            twobit_decode};
-static const gcomp__vcoder twobit_dense = {"twobit",     GCOMP__V_TWOBIT, NULL,         0,
-                                           twobit_bound, twobit_encode,   twobit_decode};
+const gcomp__vcoder gcomp__vcoder_twobit = {
+    "twobit",     GCOMP__V_TWOBIT, twobit_params, NTWOBIT_PARAMS,
+    twobit_bound, twobit_encode,   twobit_decode, NULL};
+static const gcomp__vcoder twobit_dense = {"twobit",     GCOMP__V_TWOBIT, NULL,          0,
+                                           twobit_bound, twobit_encode,   twobit_decode, NULL};
 
 const gcomp__codec gcomp__codec_twobit = {
     .info = {"twobit", 19, GCOMP_CODEC_QUANTIZER,
