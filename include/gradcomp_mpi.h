@@ -120,6 +120,22 @@
  *   compressors' residuals have advanced as if the step had been sent: at most one
  *   step's compressed content is lost (PowerSGD abandons the step instead: its state
  *   stays as before the call).
+ *   Overflow: when every rank's gradient is finite but their sum is not (finite values
+ *   near FLT_MAX; a diverging run or a loss scale too high), every strategy returns
+ *   GCOMP_E_NONFINITE on every rank for that call, naming the tensor - never Inf or NaN
+ *   as GCOMP_OK, and never a failure one step later from the next encode.  Where it is
+ *   found: allgather and allreduce check their output (all ranks hold the same summed
+ *   values, so all reach the same verdict; folded into the unpack pass for allreduce, one
+ *   read pass after decoding for allgather and the owner strategies); rsag and sparse
+ *   owners find it when they re-compress their region's sum (an owner's encode fails and
+ *   changes nothing in the owner residual); hierarchical with one node checks the node
+ *   sum; PowerSGD checks each summed factor before handing it back, so the step is
+ *   abandoned with its state unchanged.  State after it, as for any failed call: the
+ *   worker compressors' encode of that step stands - what each rank sent of the step is
+ *   dropped (the way mixed-precision training skips a step whose gradients overflowed)
+ *   and what its residual held back is kept, so with error feedback the held-back part
+ *   re-enters, and may overflow, the next sum; gcomp_state_reset on
+ *   gcomp_mpi_compressor(b, i) forgets it.  The data buffers hold no usable result.
  *
  * Threads
  *   The library never calls MPI_Init, MPI_Finalize or MPI_Abort, never prints, exits or
@@ -322,7 +338,8 @@ typedef enum gcomp_mpi_op {
  * gradient on entry) holds the sum or average of the decoded tensors of all ranks.
  * Equivalent to gcomp_mpi_start followed by gcomp_mpi_wait(timeout_s).
  * Returns GCOMP_OK or the first error: GCOMP_E_ARG, GCOMP_E_NONFINITE (a NaN/Inf
- * gradient on some rank: every rank returns it), GCOMP_E_CORRUPT, GCOMP_E_CHECKSUM,
+ * gradient on some rank, or finite gradients whose sum overflows float: every rank
+ * returns it, see "Overflow" at the top), GCOMP_E_CORRUPT, GCOMP_E_CHECKSUM,
  * GCOMP_E_MISMATCH (a message that does not belong: every rank that sees it, and the
  * owner strategies forward it to all), GCOMP_E_LIMIT (an exchange above 2 GiB),
  * GCOMP_E_NOMEM, GCOMP_E_PROTOCOL (already in flight), GCOMP_E_TIMEOUT, GCOMP_E_MPI,

@@ -99,6 +99,10 @@ static gcomp_status ag_decode(gcomp_mpi_bucket *b, gm_group *g) {
             g->pos[r] += len;
             if (st != GCOMP_OK) gm_group_shared_fail(b, g, st, (int)r, g->t0 + k);
         }
+        /* Every rank decoded the same messages in the same order: the same bits, so the
+         * same verdict everywhere. */
+        if (g->st == GCOMP_OK && !gm_finite(t->io, t->n))
+            gm_group_overflow(b, g, g->t0 + k, "sum of the decoded messages");
         t->call.codec_ns += gm_now_ns() - t0;
     }
     return GCOMP_OK;

@@ -100,13 +100,20 @@ static gcomp_status ar_decode(gcomp_mpi_bucket *b, gm_group *g) {
         uint64_t t0 = gm_now_ns();
         size_t width = t->vtype == 0 ? 4 : 2;
         const uint8_t *v = pack + t->pack_off * width;
+        uint32_t mx = 0; /* largest |bits| of the sum: Inf/NaN iff >= GM_INF_BITS */
         if (!t->seeded) {
             if (t->vtype == 0) {
                 const float *f = (const float *)(const void *)v;
-                for (size_t i = 0; i < t->n; i++) t->io[i] = b->scale * f[i];
+                for (size_t i = 0; i < t->n; i++) {
+                    float y = b->scale * f[i];
+                    uint32_t u = gm_abs_bits(y);
+                    t->io[i] = y;
+                    mx = u > mx ? u : mx;
+                }
             } else {
                 gm_halves_to_f32((const uint16_t *)(const void *)v, t->n, t->vtype == 2, b->scale,
                                  t->io);
+                if (t->vtype == 2 && !gm_finite(t->io, t->n)) mx = GM_INF_BITS; /* f16 saturates */
             }
         } else {
             uint32_t *pos = t->pos.p;
@@ -125,9 +132,15 @@ static gcomp_status ar_decode(gcomp_mpi_bucket *b, gm_group *g) {
                     memcpy(&h, v + 2 * j, 2);
                     x = t->vtype == 1 ? gm_f16_to_f32(h) : gm_bf16_to_f32(h);
                 }
-                t->io[pos[j]] = b->scale * x;
+                float y = b->scale * x;
+                uint32_t u = gm_abs_bits(y);
+                t->io[pos[j]] = y;
+                mx = u > mx ? u : mx;
             }
         }
+        /* Every rank holds the same summed values (the ring copies one sum around), so
+         * every rank reaches the same verdict from its own output. */
+        if (mx >= GM_INF_BITS) gm_group_overflow(b, g, g->t0 + k, "sum of the values");
         t->call.codec_ns += gm_now_ns() - t0;
     }
     return GCOMP_OK;

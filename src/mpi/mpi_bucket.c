@@ -72,6 +72,15 @@ void gm_group_shared_fail(gcomp_mpi_bucket *b, gm_group *g, gcomp_status st, int
                  gcomp_status_str(st));
 }
 
+void gm_group_overflow(gcomp_mpi_bucket *b, gm_group *g, size_t tensor, const char *where) {
+    if (g->st != GCOMP_OK) return;
+    g->st = GCOMP_E_NONFINITE;
+    snprintf(g->msg, sizeof g->msg,
+             "tensor '%s' (#%zu): %s: %s (every contribution was finite; their sum overflows "
+             "float: diverging, or a loss scale too high?)",
+             b->t[tensor].name, tensor, where, gcomp_status_str(GCOMP_E_NONFINITE));
+}
+
 bool gm_scan_markers(gcomp_mpi_bucket *b, gm_group *g, const uint64_t *w, size_t count,
                      size_t per_rank) {
     for (size_t i = 0; i < count; i++)

@@ -87,10 +87,8 @@ static void leader_status(gcomp_mpi_bucket *b, gm_group *g) {
         /* No codec saw the sum: check it here, or a NaN would pass silently. */
         for (size_t k = 0; k < g->nt && g->st == GCOMP_OK; k++) {
             const gm_tensor *t = &b->t[g->t0 + k];
-            const float *w = t->work.p;
-            float z = 0.0f;
-            for (size_t i = 0; i < t->n; i++) z += w[i] * 0.0f; /* NaN/Inf make z NaN */
-            if (z != z) gm_group_shared_fail(b, g, GCOMP_E_NONFINITE, -1, g->t0 + k);
+            if (!gm_finite(t->work.p, t->n)) /* a NaN/Inf input, or an overflowed sum */
+                gm_group_shared_fail(b, g, GCOMP_E_NONFINITE, -1, g->t0 + k);
         }
     }
     g->hstat = g->st != GCOMP_OK ? gm_marker(g->st, b->comm->node_index) : 0;

@@ -89,6 +89,15 @@ static inline gcomp_status gm_seeded_positions(uint64_t key, size_t n, size_t k,
  * once the wait is long. */
 void gm_backoff(unsigned *spins, uint64_t waited_ns);
 uint64_t gm_fnv1a(const void *p, size_t len, uint64_t h);
+/* Whether x[0..n) holds no Inf or NaN (one pass; integer max of |bits|, vectorised). */
+bool gm_finite(const float *x, size_t n);
+/* |bits| of a float, for checks folded into an existing loop: finite iff < GM_INF_BITS. */
+#define GM_INF_BITS 0x7f800000u
+static inline uint32_t gm_abs_bits(float x) {
+    uint32_t u;
+    memcpy(&u, &x, 4);
+    return u & 0x7fffffffu;
+}
 /* out[i] = scale * half(in[i]) for n values; bf16 selects the format. */
 void gm_halves_to_f32(const uint16_t *in, size_t n, int bf16, float scale, float *out);
 void gm_f32_to_halves(const float *in, size_t n, int bf16, uint16_t *out);
@@ -335,6 +344,10 @@ void gm_group_local_fail(gcomp_mpi_bucket *b, gm_group *g, gcomp_status st, size
                          const char *what);
 /* Scans size words (count of them) for markers; records the first as a shared failure;
  * returns true when one was found. */
+/* The reduced sum of tensor `tensor` is not finite although every contribution was (a sum
+ * of finite values overflowed float): GCOMP_E_NONFINITE for the group.  Every rank holds
+ * the same reduced values, so every rank finds it in its own output and all fail alike. */
+void gm_group_overflow(gcomp_mpi_bucket *b, gm_group *g, size_t tensor, const char *where);
 bool gm_scan_markers(gcomp_mpi_bucket *b, gm_group *g, const uint64_t *w, size_t count,
                      size_t per_rank);
 uint64_t gm_ring_bytes(size_t bytes, int p);

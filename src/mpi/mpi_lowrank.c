@@ -143,13 +143,23 @@ static gcomp_status lr_mid(gcomp_mpi_bucket *b, gm_group *g) {
     float *next = NULL;
     size_t len = 0;
     g->chk[0] = 0;
+    float *dst = g->phases == 1 ? t->io : g->cur;
+    size_t count = g->phases == 1 ? t->n : g->cur_len;
+    /* The protocol sums in place: the summed values go back into the compressor's buffer
+     * of this phase (or, on a dense step, the output) before the next call reads them. */
+    unpack_values(g, t, dst, count, g->phases == 1 ? b->scale : 1.0f);
+    if (!gm_finite(dst, count)) {
+        /* Finite factors whose sum overflowed: every rank holds the same sum, so all
+         * abandon the step here, before anything is committed. */
+        gm_group_overflow(b, g, g->t0, g->phases == 1 ? "dense sum" : "summed PowerSGD factor");
+        if (g->lr_started) gcomp_lowrank_abort(t->c);
+        g->lr_started = false;
+        t->call.codec_ns += gm_now_ns() - t0;
+        return GCOMP_OK;
+    }
     if (g->phases == 1) { /* dense step: the sum is the answer */
-        unpack_values(g, t, t->io, t->n, b->scale);
         st = gcomp_lowrank_finish(t->c, NULL, 0.0f);
     } else {
-        /* The protocol sums in place: the summed values go back into the compressor's
-         * buffer of this phase before the next call reads them. */
-        unpack_values(g, t, g->cur, g->cur_len, 1.0f);
         if (k % 2 == 0)
             st = gcomp_lowrank_after_p(t->c, &next, &len);
         else if (k + 1 < g->phases)

@@ -452,6 +452,10 @@ static gcomp_status ow_decode(gcomp_mpi_bucket *b, gm_group *g) {
                                                 lj, t->io + t->reg[j], b->scale);
             if (st != GCOMP_OK) gm_group_shared_fail(b, g, st, (int)j, g->t0 + k);
         }
+        /* An owner's sum that overflowed already failed its re-compression; this catches a
+         * decoder that overflows on finite values (same messages everywhere: same verdict). */
+        if (g->st == GCOMP_OK && !gm_finite(t->io, t->n))
+            gm_group_overflow(b, g, g->t0 + k, "decoded owner messages");
         t->call.codec_ns += gm_now_ns() - t0;
     }
     return GCOMP_OK;

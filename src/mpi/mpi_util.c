@@ -59,6 +59,15 @@ uint64_t gm_fnv1a(const void *p, size_t len, uint64_t h) {
 
 /* ---- half precision ------------------------------------------------------------------- */
 
+bool gm_finite(const float *x, size_t n) {
+    uint32_t mx = 0;
+    for (size_t i = 0; i < n; i++) {
+        uint32_t u = gm_abs_bits(x[i]);
+        mx = u > mx ? u : mx;
+    }
+    return mx < GM_INF_BITS;
+}
+
 void gm_halves_to_f32(const uint16_t *in, size_t n, int bf16, float scale, float *out) {
     size_t i = 0;
     if (bf16) {
