@@ -161,7 +161,7 @@ int main(int argc, char **argv) {
      * its own seed.  QSGD levels=4 is no contraction: fed back it diverged (NaN at step 18
      * on the MLP); at 16 levels it is one. */
     run(comm, "qsgd:levels=4,seed=5", 10 * 1024, 1024, false);
-    run(comm, "qsgd:levels=4,seed=5,feedback=ef", 10 * 1000 + 3, 1000, false);
+    /* (qsgd:levels=4,feedback=ef is refused at create since 965d23e: no contraction) */
     run(comm, "qsgd:levels=16,seed=5", 10 * 1000 + 3, 1000, true);
     run(comm, "ternary:seed=4", 10 * 1024, 1024, false);
     run(comm, "int4:rounding=stochastic,seed=6", 10 * 1024, 1024, true);

@@ -360,7 +360,6 @@ int main(int argc, char **argv) {
     } estimates[] = {
         {{"ternary:seed=4", GCOMP_MPI_RSAG, f32, -1}, {0, 1.0}},
         {{"qsgd:levels=4,seed=5", GCOMP_MPI_RSAG, f32, -1}, {0, 0.25}},
-        {{"qsgd:levels=4,seed=5,feedback=ef", GCOMP_MPI_RSAG, f32, -1}, {0, 0.25}},
         {{"qsgd:levels=4,seed=5", GCOMP_MPI_SPARSE, f32, -1}, {0, 0.25}},
         {{"bernoulli:density=0.1,seed=3", GCOMP_MPI_SPARSE, f32, -1}, {9.0, 0}},
     };
