@@ -10,8 +10,9 @@
  *
  * What belongs here: small pieces with no codec knowledge that both layers need - error
  * detail, the allocator and growable buffers, a clock, little-endian access, the
- * counter-based generator, half casts, LEB128 varints, and random-k positions (which the
- * MPI layer regenerates from a message's key, docs/FORMAT.md "Seeded entries").  Codec
+ * counter-based generator, half casts, LEB128 varints, CRC-32C and FNV-1a, and random-k
+ * positions (which the MPI layer regenerates from a message's key, docs/FORMAT.md "Seeded
+ * entries").  Codec
  * internals stay in core/internal.h; MPI internals in mpi/mpi_internal.h.
  */
 #ifndef GCOMP_COMMON_H
@@ -157,6 +158,17 @@ static inline size_t gcomp__varint_get(const uint8_t *p, size_t room, uint32_t *
     }
     return 0;
 }
+
+/* ---- checksums and hashing (checksum.c) ------------------------------------------------- */
+
+/* CRC-32C (Castagnoli) of data[0..len), continuing from crc (0 to start): hardware crc32
+ * in three streams where the CPU has it, else a byte table.  Message, state and MPI state
+ * blob checksums (docs/FORMAT.md). */
+uint32_t gcomp__crc32c(uint32_t crc, const void *data, size_t len);
+/* The byte-table CRC-32C alone: the reference the tests check the fast path against. */
+uint32_t gcomp__crc32c_portable(uint32_t crc, const void *data, size_t len);
+/* FNV-1a 64 of data[0..len) from the standard offset basis (spec fingerprints, names). */
+uint64_t gcomp__fnv1a64(const void *data, size_t len);
 
 /* ---- random-k positions (seeded.c) ------------------------------------------------------- */
 

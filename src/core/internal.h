@@ -60,10 +60,8 @@ GCOMP_API void gcomp__test_fail_alloc_after(size_t n);
 
 /* ---- checksums, hashing, random numbers --------------------------------------------------- */
 
-uint32_t gcomp__crc32c(uint32_t crc, const void *data, size_t len);
-uint64_t gcomp__fnv1a64(const void *data, size_t len);
-
-/* The counter-based generator (gcomp__mix64, gcomp__rand64) is in common.h. */
+/* CRC-32C (gcomp__crc32c) and FNV-1a 64 (gcomp__fnv1a64) are in common.h, as is the
+ * counter-based generator (gcomp__mix64, gcomp__rand64). */
 
 /* Uniform in [0, 1) with 24 bits. */
 static inline float gcomp__rand01(uint64_t key, uint64_t i) {

@@ -38,22 +38,6 @@
 #define ST_HDR 48
 #define ST_REC 48
 
-/* CRC-32C (Castagnoli, reflected 0x82F63B78) a nibble at a time: it only runs over the
- * frame (a few bytes per tensor), so no big table. */
-static uint32_t crc32c(uint32_t crc, const uint8_t *p, size_t n) {
-    static const uint32_t t[16] = {0x00000000, 0x105ec76f, 0x20bd8ede, 0x30e349b1,
-                                   0x417b1dbc, 0x5125dad3, 0x61c69362, 0x7198540d,
-                                   0x82f63b78, 0x92a8fc17, 0xa24bb5a6, 0xb21572c9,
-                                   0xc38d26c4, 0xd3d3e1ab, 0xe330a81a, 0xf36e6f75};
-    crc = ~crc;
-    for (size_t i = 0; i < n; i++) {
-        crc ^= p[i];
-        crc = (crc >> 4) ^ t[crc & 15];
-        crc = (crc >> 4) ^ t[crc & 15];
-    }
-    return ~crc;
-}
-
 static int nslots(const gm_tensor *t, const gcomp_mpi_comm *c) {
     return 2 + (t->strategy == GCOMP_MPI_RSAG ? (t->hier ? c->nnodes : c->size) : 0);
 }
@@ -97,7 +81,7 @@ static void put_header(const gcomp_mpi_bucket *b, uint8_t *p, uint64_t total) {
 static void put_record(const gcomp_mpi_bucket *b, size_t i, uint8_t *p) {
     const gm_tensor *t = &b->t[i];
     gcomp__put64(p, t->fp);
-    gcomp__put64(p + 8, gm_fnv1a(t->name, strlen(t->name), 0));
+    gcomp__put64(p + 8, gcomp__fnv1a64(t->name, strlen(t->name)));
     gcomp__put64(p + 16, t->n);
     gcomp__put64(p + 24, t->rows);
     gcomp__put64(p + 32, t->cols);
@@ -123,11 +107,11 @@ gcomp_status gcomp_mpi_bucket_save_state(gcomp_mpi_bucket *b, void *dst, size_t 
             if (b->t[i].lowrank && b->t[i].c) gcomp_lowrank_abort(b->t[i].c);
     uint8_t *p = dst, *q = p + ST_HDR;
     put_header(b, p, total);
-    uint32_t crc = crc32c(0, p, ST_HDR);
+    uint32_t crc = gcomp__crc32c(0, p, ST_HDR);
     for (size_t i = 0; i < b->nt; i++) {
         const gm_tensor *t = &b->t[i];
         put_record(b, i, q);
-        crc = crc32c(crc, q, ST_REC);
+        crc = gcomp__crc32c(crc, q, ST_REC);
         q += ST_REC;
         for (int k = 0; k < nslots(t, b->comm); k++) {
             gcomp_compressor *c = slot(t, k);
@@ -139,8 +123,8 @@ gcomp_status gcomp_mpi_bucket_save_state(gcomp_mpi_bucket *b, void *dst, size_t 
                                    gcomp_status_str(st));
             }
             gcomp__put32(q, (uint32_t)l);
-            crc = crc32c(crc, q, 4);
-            if (l) crc = crc32c(crc, q + 4 + l - 4, 4);
+            crc = gcomp__crc32c(crc, q, 4);
+            if (l) crc = gcomp__crc32c(crc, q + 4 + l - 4, 4);
             q += 4 + l;
         }
     }
@@ -174,22 +158,22 @@ static gcomp_status parse(const gcomp_mpi_bucket *b, const uint8_t *p, size_t le
                        (unsigned long long)total);
     if (total < len || version == 0 || gcomp__get32(p + 44) != 0)
         return gm_fail(err, GCOMP_E_STATE, "state: inconsistent header");
-    uint32_t crc = crc32c(0, p, ST_HDR), T = gcomp__get32(p + 40);
+    uint32_t crc = gcomp__crc32c(0, p, ST_HDR), T = gcomp__get32(p + 40);
     size_t off = ST_HDR, r = 0;
     /* Walk first (bounded by len at every step), compare after the CRC has passed: a
      * corrupt blob is CHECKSUM, not a misleading MISMATCH. */
     for (uint32_t i = 0; i < T; i++) {
         if (len - 4 - off < ST_REC) return gm_fail(err, GCOMP_E_STATE, "state: tensor %u cut", i);
-        crc = crc32c(crc, p + off, ST_REC);
+        crc = gcomp__crc32c(crc, p + off, ST_REC);
         uint32_t K = gcomp__get32(p + off + 44);
         off += ST_REC;
         for (uint32_t k = 0; k < K; k++) {
             if (len - 4 - off < 4) return gm_fail(err, GCOMP_E_STATE, "state: slot cut");
             size_t l = gcomp__get32(p + off);
-            crc = crc32c(crc, p + off, 4);
+            crc = gcomp__crc32c(crc, p + off, 4);
             if (len - 4 - off - 4 < l || (l && l < 4))
                 return gm_fail(err, GCOMP_E_STATE, "state: slot of %zu bytes past the end", l);
-            if (l) crc = crc32c(crc, p + off + 4 + l - 4, 4);
+            if (l) crc = gcomp__crc32c(crc, p + off + 4 + l - 4, 4);
             off += 4 + l;
         }
     }
