@@ -93,6 +93,20 @@
  *   every rank, naming the first tensor that differs: never wrong numbers.  At run time
  *   every message is checked again (fingerprint, size, checksums) before it is decoded.
  *
+ * Random draws
+ *   A codec whose random draws only round or sample values whose positions travel (qsgd,
+ *   ternary, int8/int4 rounding=stochastic, bernoulli, importance; allgather and sparse
+ *   strategies) draws on each rank from a seed of that rank's own, derived from the
+ *   spec's seed and the rank (on node leaders, the node), so the ranks' rounding errors
+ *   are independent and the variance of the average shrinks by P (with one seed on every
+ *   rank, ranks with similar gradients made the same draws and it did not shrink).  Each
+ *   rank's messages carry the fingerprint of its own spec; every rank knows all of them
+ *   and still rejects a message that is not the sender's.  The set-up check compares the
+ *   specs as given, so different seed= values across ranks are still GCOMP_E_MISMATCH.
+ *   Kept on the spec's seed: random-k (the positions come from it; allreduce sums by
+ *   position), PowerSGD (its starting Q must agree), the rsag workers' chunk compressors
+ *   (for now) and the owners (their own seed, see gcomp_mpi_owner_spec).
+ *
  * Errors, timeouts, failures
  *   Every blocking call takes `timeout_s` (seconds; <= 0 means the communicator's
  *   default from gcomp_mpi_options).  Waiting is an MPI_Test loop with a deadline (it
@@ -420,7 +434,8 @@ GCOMP_API const char *gcomp_mpi_owner_spec(const gcomp_mpi_bucket *b, size_t i);
 /**
  * The compressor holding tensor i's worker-side state for the strategies with one
  * compressor per tensor (allgather, sparse, allreduce; for hierarchical, on leaders),
- * e.g. to read its residual or statistics (PowerSGD: gcomp_lowrank_residual); NULL
+ * e.g. to read its residual or statistics (PowerSGD: gcomp_lowrank_residual; its spec
+ * may carry this rank's own seed, see "Random draws" at the top); NULL
  * otherwise (rsag has one per chunk).  Owned by the bucket; do not call its encode or
  * protocol functions yourself.
  */

@@ -93,9 +93,11 @@ static gcomp_status ag_decode(gcomp_mpi_bucket *b, gm_group *g) {
         uint64_t t0 = gm_now_ns();
         for (size_t r = 0; r < P; r++) {
             size_t len = (size_t)g->sz_recv[r * nt + k];
+            gcomp_compressor *dc = t->dec && t->dec[r] ? t->dec[r] : t->c;
+            uint64_t fp = t->rfp ? t->rfp[r] : t->fp;
             gcomp_status st = g->st != GCOMP_OK ? GCOMP_OK
-                                                : gm_decode_checked(t->c, recv + g->pos[r], len,
-                                                                    t->fp, t->n, t->io, b->scale);
+                                                : gm_decode_checked(dc, recv + g->pos[r], len, fp,
+                                                                    t->n, t->io, b->scale);
             g->pos[r] += len;
             if (st != GCOMP_OK) gm_group_shared_fail(b, g, st, (int)r, g->t0 + k);
         }

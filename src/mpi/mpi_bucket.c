@@ -97,6 +97,10 @@ bool gm_scan_markers(gcomp_mpi_bucket *b, gm_group *g, const uint64_t *w, size_t
 static void tensor_free(gm_tensor *t, int xsize) {
     free(t->name);
     gcomp_compressor_free(t->c);
+    if (t->dec)
+        for (int j = 0; j < xsize; j++) gcomp_compressor_free(t->dec[j]);
+    free(t->dec);
+    free(t->rfp);
     if (t->chunk)
         for (int j = 0; j < xsize; j++) gcomp_compressor_free(t->chunk[j]);
     free(t->chunk);
@@ -220,7 +224,34 @@ static gcomp_status tensor_setup(gcomp_mpi_bucket *b, size_t i, const gcomp_mpi_
             return GCOMP_OK;
         }
     }
-    st = gcomp_compressor_create(&t->c, t->spec, t->n, t->rows, t->cols, &e2);
+    char wspec[512];
+    bool own = false;
+    snprintf(wspec, sizeof wspec, "%s", t->spec);
+    if (t->strategy == GCOMP_MPI_ALLGATHER || t->strategy == GCOMP_MPI_SPARSE) {
+        /* Independent rounding per rank (gm_rank_spec); allgather decodes every rank's
+         * messages, so it learns each rank's fingerprint and keeps a decoder per rank
+         * (the core checks a message's fingerprint against its decoder's spec). */
+        uint64_t fp;
+        st = gm_rank_spec(t->spec, xrank, wspec, sizeof wspec, &fp, &own);
+        if (st != GCOMP_OK)
+            return gm_fail(err, st, "tensor '%s': no per-rank spec for '%s'", t->name, t->spec);
+    }
+    if (own && t->strategy == GCOMP_MPI_ALLGATHER) {
+        t->rfp = calloc((size_t)xsize, sizeof *t->rfp);
+        t->dec = calloc((size_t)xsize, sizeof *t->dec);
+        if (!t->rfp || !t->dec) return gm_fail(err, GCOMP_E_NOMEM, "out of memory");
+        for (int r = 0; r < xsize; r++) {
+            char rs[512];
+            bool o;
+            st = gm_rank_spec(t->spec, r, rs, sizeof rs, &t->rfp[r], &o);
+            if (st == GCOMP_OK && r != xrank)
+                st = gcomp_compressor_create(&t->dec[r], rs, t->n, t->rows, t->cols, &e2);
+            if (st != GCOMP_OK)
+                return gm_fail(err, st, "tensor '%s': decoder for rank %d: %s", t->name, r,
+                               gcomp_status_str(st));
+        }
+    }
+    st = gcomp_compressor_create(&t->c, wspec, t->n, t->rows, t->cols, &e2);
     if (st != GCOMP_OK) return gm_fail(err, st, "tensor '%s': %s", t->name, e2.message);
     if (t->strategy == GCOMP_MPI_SPARSE &&
         gm_reserve(&t->own, gcomp_encode_bound(t->c)) != GCOMP_OK)

@@ -214,6 +214,8 @@ typedef struct gm_tensor {
     int phases;     /* lowrank: 2 x iters reductions at most */
 
     gcomp_compressor *c;      /* allgather, sparse, allreduce */
+    gcomp_compressor **dec;   /* allgather with per-rank seeds: a decoder per other rank */
+    uint64_t *rfp;            /* allgather: the fingerprint of each rank's messages */
     gcomp_compressor **chunk; /* rsag: one per region (NULL when empty) */
     gcomp_compressor *owner;  /* rsag, sparse: this rank's region (NULL when empty) */
     char ospec[512];          /* rsag, sparse: the owner's canonical spec (gm_owner_spec) */
@@ -323,6 +325,10 @@ void gm_steps_owner(gm_group *g); /* rsag and sparse */
  * and the owner's canonical spec and fingerprint (mpi_owner.c). */
 gcomp_status gm_owner_feedback(const char *canon, bool *ef);
 gcomp_status gm_owner_spec(const char *canon, char *out, size_t cap, uint64_t *fp);
+/* Rank `rank`'s worker spec: its own seed for codecs whose draws only round (mpi_owner.c);
+ * *own false: the canonical spec itself. */
+gcomp_status gm_rank_spec(const char *canon, int rank, char *out, size_t cap, uint64_t *fp,
+                          bool *own);
 void gm_steps_lowrank(gm_group *g, int max_phases);
 gcomp_status gm_reserve_lowrank(gcomp_mpi_bucket *b, gm_group *g);
 void gm_steps_hier_prefix(gm_group *g, int node_size);

@@ -169,6 +169,40 @@ gcomp_status gm_owner_feedback(const char *canon, bool *ef) {
  *    workers drew for the same chunk, and its rounding is then not independent of (not
  *    unbiased for) an input that those numbers made.
  */
+/*
+ * The worker-side spec of rank `rank` (allgather, sparse): the tensor's canonical spec
+ * with a seed of that rank's own when the codec's random draws only round or sample
+ * values whose positions travel (qsgd, ternary, stochastic int8/int4, bernoulli,
+ * importance, dgc's sampling): with one seed on every rank, the ranks' rounding errors
+ * on similar gradients are the same draws and do not average out over the P ranks;
+ * with independent draws the variance of the mean shrinks by P.  Kept shared: random-k
+ * (the positions are drawn from the seed on every rank: allreduce sums values by
+ * position) and multi-phase codecs (PowerSGD's starting Q must agree).  Decoders never
+ * need the seed (a random-k message carries its key), so only the fingerprint each
+ * rank's messages carry changes; *own says whether it does.
+ */
+gcomp_status gm_rank_spec(const char *canon, int rank, char *out, size_t cap, uint64_t *fp,
+                          bool *own) {
+    char name[32];
+    snprintf(name, sizeof name, "%.*s", (int)strcspn(canon, ":"), canon);
+    const gcomp_codec_info *ci = gcomp_codec_find(name);
+    *own = spec_random(canon) && strcmp(name, "randomk") != 0 &&
+           !(ci && (ci->flags & GCOMP_CODEC_MULTIPHASE));
+    if (!*own) return gcomp_spec_canonical(canon, out, cap, fp, NULL);
+    const char *sp = strstr(canon, ",seed=");
+    if (!sp) return GCOMP_E_SPEC; /* every canonical spec has one */
+    char seed[32], spec[600];
+    spec_get(canon, "seed", seed, sizeof seed);
+    uint64_t rseed =
+        gm_mix(gm_mix(strtoull(seed, NULL, 10) ^ 0x72616e6bull /* "rank" */) + (uint64_t)rank) &
+        ((1ull << 53) - 1); /* the spec's seed range */
+    const char *rest = sp + 6 + strcspn(sp + 6, ",");
+    int w = snprintf(spec, sizeof spec, "%.*s,seed=%llu%s", (int)(sp - canon), canon,
+                     (unsigned long long)rseed, rest);
+    if (w <= 0 || (size_t)w >= sizeof spec) return GCOMP_E_LIMIT;
+    return gcomp_spec_canonical(spec, out, cap, fp, NULL);
+}
+
 gcomp_status gm_owner_spec(const char *canon, char *out, size_t cap, uint64_t *fp) {
     char seed[32];
     bool ef = true;
@@ -238,7 +272,8 @@ static gcomp_status sparse_encode(gcomp_mpi_bucket *b, gm_group *g) {
         if (st == GCOMP_OK) {
             /* This rank's contribution, as every decoder will see it. */
             memset(t->io, 0, t->n * sizeof(float));
-            st = gm_decode_checked(t->c, t->own.p, len, t->fp, t->n, t->io, 1.0f);
+            st = gm_decode_checked(t->c, t->own.p, len, gcomp_compressor_fingerprint(t->c), t->n,
+                                   t->io, 1.0f);
         }
         t->call.codec_ns += gm_now_ns() - t0;
         bad[k] = st;
