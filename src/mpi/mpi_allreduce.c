@@ -103,13 +103,7 @@ static gcomp_status ar_decode(gcomp_mpi_bucket *b, gm_group *g) {
         uint32_t mx = 0; /* largest |bits| of the sum: Inf/NaN iff >= GM_INF_BITS */
         if (!t->seeded) {
             if (t->vtype == 0) {
-                const float *f = (const float *)(const void *)v;
-                for (size_t i = 0; i < t->n; i++) {
-                    float y = b->scale * f[i];
-                    uint32_t u = gm_abs_bits(y);
-                    t->io[i] = y;
-                    mx = u > mx ? u : mx;
-                }
+                mx = gm_scale_max(t->io, (const float *)(const void *)v, t->n, b->scale);
             } else {
                 gm_halves_to_f32((const uint16_t *)(const void *)v, t->n, t->vtype == 2, b->scale,
                                  t->io);

@@ -89,8 +89,6 @@ static inline gcomp_status gm_seeded_positions(uint64_t key, size_t n, size_t k,
  * once the wait is long. */
 void gm_backoff(unsigned *spins, uint64_t waited_ns);
 uint64_t gm_fnv1a(const void *p, size_t len, uint64_t h);
-/* Whether x[0..n) holds no Inf or NaN (one pass; integer max of |bits|, vectorised). */
-bool gm_finite(const float *x, size_t n);
 /* |bits| of a float, for checks folded into an existing loop: finite iff < GM_INF_BITS. */
 #define GM_INF_BITS 0x7f800000u
 static inline uint32_t gm_abs_bits(float x) {
@@ -98,6 +96,11 @@ static inline uint32_t gm_abs_bits(float x) {
     memcpy(&u, &x, 4);
     return u & 0x7fffffffu;
 }
+/* Whether x[0..n) holds no Inf or NaN (one pass; integer max of |bits|, vectorised). */
+bool gm_finite(const float *x, size_t n);
+/* out[i] = scale * in[i], returning the largest |bits| written (>= GM_INF_BITS: Inf/NaN):
+ * the finiteness check folded into a copy pass. */
+uint32_t gm_scale_max(float *out, const float *in, size_t n, float scale);
 /* out[i] = scale * half(in[i]) for n values; bf16 selects the format. */
 void gm_halves_to_f32(const uint16_t *in, size_t n, int bf16, float scale, float *out);
 void gm_f32_to_halves(const float *in, size_t n, int bf16, uint16_t *out);

@@ -59,13 +59,43 @@ uint64_t gm_fnv1a(const void *p, size_t len, uint64_t h) {
 
 /* ---- half precision ------------------------------------------------------------------- */
 
+/* Eight running maxima: GCC 12 at -O2 vectorises this form (8 lanes: 0.32 ms for 4M
+ * floats with -march=native, faster than memcpy) but not a single running maximum
+ * (2.35 ms). */
 bool gm_finite(const float *x, size_t n) {
-    uint32_t mx = 0;
-    for (size_t i = 0; i < n; i++) {
+    uint32_t m[8] = {0}, mx = 0;
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int j = 0; j < 8; j++) {
+            uint32_t u = gm_abs_bits(x[i + (size_t)j]);
+            m[j] = u > m[j] ? u : m[j];
+        }
+    for (; i < n; i++) {
         uint32_t u = gm_abs_bits(x[i]);
         mx = u > mx ? u : mx;
     }
+    for (int j = 0; j < 8; j++) mx = m[j] > mx ? m[j] : mx;
     return mx < GM_INF_BITS;
+}
+
+uint32_t gm_scale_max(float *out, const float *in, size_t n, float scale) {
+    uint32_t m[8] = {0}, mx = 0;
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int j = 0; j < 8; j++) {
+            float y = scale * in[i + (size_t)j];
+            uint32_t u = gm_abs_bits(y);
+            out[i + (size_t)j] = y;
+            m[j] = u > m[j] ? u : m[j];
+        }
+    for (; i < n; i++) {
+        float y = scale * in[i];
+        uint32_t u = gm_abs_bits(y);
+        out[i] = y;
+        mx = u > mx ? u : mx;
+    }
+    for (int j = 0; j < 8; j++) mx = m[j] > mx ? m[j] : mx;
+    return mx;
 }
 
 void gm_halves_to_f32(const uint16_t *in, size_t n, int bf16, float scale, float *out) {
