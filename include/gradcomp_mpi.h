@@ -95,17 +95,18 @@
  *
  * Random draws
  *   A codec whose random draws only round or sample values whose positions travel (qsgd,
- *   ternary, int8/int4 rounding=stochastic, bernoulli, importance; allgather and sparse
- *   strategies) draws on each rank from a seed of that rank's own, derived from the
- *   spec's seed and the rank (on node leaders, the node), so the ranks' rounding errors
- *   are independent and the variance of the average shrinks by P (with one seed on every
- *   rank, ranks with similar gradients made the same draws and it did not shrink).  Each
+ *   ternary, int8/int4 rounding=stochastic, bernoulli, importance; allgather, sparse
+ *   and rsag workers) draws on each rank from a seed of that rank's own, derived from the
+ *   spec's seed and the rank (on node leaders, the node; gcomp_mpi_worker_spec), so the
+ *   ranks' rounding errors are independent and the variance of the average shrinks by P
+ *   (with one seed on every rank, ranks with similar gradients made the same draws and
+ *   it did not shrink).  Each
  *   rank's messages carry the fingerprint of its own spec; every rank knows all of them
  *   and still rejects a message that is not the sender's.  The set-up check compares the
  *   specs as given, so different seed= values across ranks are still GCOMP_E_MISMATCH.
  *   Kept on the spec's seed: random-k (the positions come from it; allreduce sums by
- *   position), PowerSGD (its starting Q must agree), the rsag workers' chunk compressors
- *   (for now) and the owners (their own seed, see gcomp_mpi_owner_spec).
+ *   position), PowerSGD (its starting Q must agree); the owners of rsag and sparse have
+ *   their own seed (gcomp_mpi_owner_spec).
  *
  * Errors, timeouts, failures
  *   Every blocking call takes `timeout_s` (seconds; <= 0 means the communicator's
@@ -430,6 +431,15 @@ GCOMP_API gcomp_status gcomp_mpi_owner_residual(const gcomp_mpi_bucket *b, size_
  * messages carry its fingerprint.  Owned by the bucket.  For references and tests.
  */
 GCOMP_API const char *gcomp_mpi_owner_spec(const gcomp_mpi_bucket *b, size_t i);
+
+/**
+ * The canonical spec this rank's worker compressors of tensor i encode with: the
+ * tensor's spec, with a seed of this rank's own for codecs whose draws only round (see
+ * "Random draws" at the top), else the spec itself; its messages carry its fingerprint.
+ * NULL for ranks that compress nothing (hierarchical, not a leader).  Owned by the
+ * bucket.  For references and tests.
+ */
+GCOMP_API const char *gcomp_mpi_worker_spec(const gcomp_mpi_bucket *b, size_t i);
 
 /**
  * The compressor holding tensor i's worker-side state for the strategies with one

@@ -196,6 +196,39 @@ static gcomp_status tensor_setup(gcomp_mpi_bucket *b, size_t i, const gcomp_mpi_
         return gm_fail(err, GCOMP_E_NOMEM, "tensor '%s': out of memory", t->name);
     if (!exchange) return GCOMP_OK; /* no compressor here */
 
+    bool own = false;
+    snprintf(t->wspec, sizeof t->wspec, "%s", t->spec);
+    if (t->strategy != GCOMP_MPI_ALLREDUCE) {
+        /* Independent rounding per rank (gm_rank_spec).  Whoever decodes other ranks'
+         * worker messages (allgather: everyone, rsag: the owner of the region) learns each
+         * rank's fingerprint and keeps a decoder per rank: the core checks a message's
+         * fingerprint against its decoder's spec. */
+        uint64_t fp;
+        st = gm_rank_spec(t->spec, xrank, t->wspec, sizeof t->wspec, &fp, &own);
+        if (st != GCOMP_OK)
+            return gm_fail(err, st, "tensor '%s': no per-rank spec for '%s'", t->name, t->spec);
+    }
+    size_t dec_n = t->n;
+    if (t->strategy == GCOMP_MPI_RSAG)
+        dec_n = (size_t)(((unsigned __int128)t->n * (unsigned)(xrank + 1)) / (unsigned)xsize) -
+                (size_t)(((unsigned __int128)t->n * (unsigned)xrank) / (unsigned)xsize);
+    if (own && t->strategy != GCOMP_MPI_SPARSE) {
+        t->rfp = calloc((size_t)xsize, sizeof *t->rfp);
+        t->dec = calloc((size_t)xsize, sizeof *t->dec);
+        if (!t->rfp || !t->dec) return gm_fail(err, GCOMP_E_NOMEM, "out of memory");
+        for (int r = 0; r < xsize; r++) {
+            char rs[512];
+            bool o;
+            st = gm_rank_spec(t->spec, r, rs, sizeof rs, &t->rfp[r], &o);
+            if (st == GCOMP_OK && r != xrank && dec_n)
+                st = gcomp_compressor_create(&t->dec[r], rs, dec_n,
+                                             t->strategy == GCOMP_MPI_RSAG ? 0 : t->rows,
+                                             t->strategy == GCOMP_MPI_RSAG ? 0 : t->cols, &e2);
+            if (st != GCOMP_OK)
+                return gm_fail(err, st, "tensor '%s': decoder for rank %d: %s", t->name, r,
+                               gcomp_status_str(st));
+        }
+    }
     if (t->strategy == GCOMP_MPI_RSAG || t->strategy == GCOMP_MPI_SPARSE) {
         t->reg = calloc((size_t)xsize + 1, sizeof *t->reg);
         if (!t->reg) return gm_fail(err, GCOMP_E_NOMEM, "out of memory");
@@ -216,7 +249,7 @@ static gcomp_status tensor_setup(gcomp_mpi_bucket *b, size_t i, const gcomp_mpi_
             for (int j = 0; j < xsize; j++) {
                 size_t len = t->reg[j + 1] - t->reg[j];
                 if (!len) continue;
-                st = gcomp_compressor_create(&t->chunk[j], t->spec, len, 0, 0, &e2);
+                st = gcomp_compressor_create(&t->chunk[j], t->wspec, len, 0, 0, &e2);
                 if (st != GCOMP_OK)
                     return gm_fail(err, st, "tensor '%s': chunk compressor: %s", t->name,
                                    e2.message);
@@ -224,34 +257,7 @@ static gcomp_status tensor_setup(gcomp_mpi_bucket *b, size_t i, const gcomp_mpi_
             return GCOMP_OK;
         }
     }
-    char wspec[512];
-    bool own = false;
-    snprintf(wspec, sizeof wspec, "%s", t->spec);
-    if (t->strategy == GCOMP_MPI_ALLGATHER || t->strategy == GCOMP_MPI_SPARSE) {
-        /* Independent rounding per rank (gm_rank_spec); allgather decodes every rank's
-         * messages, so it learns each rank's fingerprint and keeps a decoder per rank
-         * (the core checks a message's fingerprint against its decoder's spec). */
-        uint64_t fp;
-        st = gm_rank_spec(t->spec, xrank, wspec, sizeof wspec, &fp, &own);
-        if (st != GCOMP_OK)
-            return gm_fail(err, st, "tensor '%s': no per-rank spec for '%s'", t->name, t->spec);
-    }
-    if (own && t->strategy == GCOMP_MPI_ALLGATHER) {
-        t->rfp = calloc((size_t)xsize, sizeof *t->rfp);
-        t->dec = calloc((size_t)xsize, sizeof *t->dec);
-        if (!t->rfp || !t->dec) return gm_fail(err, GCOMP_E_NOMEM, "out of memory");
-        for (int r = 0; r < xsize; r++) {
-            char rs[512];
-            bool o;
-            st = gm_rank_spec(t->spec, r, rs, sizeof rs, &t->rfp[r], &o);
-            if (st == GCOMP_OK && r != xrank)
-                st = gcomp_compressor_create(&t->dec[r], rs, t->n, t->rows, t->cols, &e2);
-            if (st != GCOMP_OK)
-                return gm_fail(err, st, "tensor '%s': decoder for rank %d: %s", t->name, r,
-                               gcomp_status_str(st));
-        }
-    }
-    st = gcomp_compressor_create(&t->c, wspec, t->n, t->rows, t->cols, &e2);
+    st = gcomp_compressor_create(&t->c, t->wspec, t->n, t->rows, t->cols, &e2);
     if (st != GCOMP_OK) return gm_fail(err, st, "tensor '%s': %s", t->name, e2.message);
     if (t->strategy == GCOMP_MPI_SPARSE &&
         gm_reserve(&t->own, gcomp_encode_bound(t->c)) != GCOMP_OK)
@@ -944,6 +950,11 @@ gcomp_status gcomp_mpi_owner_residual(const gcomp_mpi_bucket *b, size_t i, const
     if (offset) *offset = t->reg[me];
     if (count) *count = t->reg[me + 1] - t->reg[me];
     return GCOMP_OK;
+}
+
+const char *gcomp_mpi_worker_spec(const gcomp_mpi_bucket *b, size_t i) {
+    if (!b || i >= b->nt || !b->t[i].wspec[0]) return NULL;
+    return b->t[i].wspec;
 }
 
 const char *gcomp_mpi_owner_spec(const gcomp_mpi_bucket *b, size_t i) {

@@ -217,11 +217,13 @@ typedef struct gm_tensor {
     int phases;     /* lowrank: 2 x iters reductions at most */
 
     gcomp_compressor *c;      /* allgather, sparse, allreduce */
-    gcomp_compressor **dec;   /* allgather with per-rank seeds: a decoder per other rank */
-    uint64_t *rfp;            /* allgather: the fingerprint of each rank's messages */
+    gcomp_compressor **dec;   /* per-rank seeds: a decoder per other rank (allgather: of n
+                                 elements; rsag: of this rank's region) */
+    uint64_t *rfp;            /* allgather, rsag: the fingerprint of each rank's messages */
     gcomp_compressor **chunk; /* rsag: one per region (NULL when empty) */
     gcomp_compressor *owner;  /* rsag, sparse: this rank's region (NULL when empty) */
     char ospec[512];          /* rsag, sparse: the owner's canonical spec (gm_owner_spec) */
+    char wspec[512];          /* this rank's worker spec (gm_rank_spec) */
     uint64_t owner_fp;
     size_t *reg;      /* rsag, sparse: xsize + 1 region boundaries */
     gm_buf work;      /* hierarchical: n floats, the node's partial sums */

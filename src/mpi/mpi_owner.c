@@ -155,23 +155,18 @@ gcomp_status gm_owner_feedback(const char *canon, bool *ef) {
     return GCOMP_OK;
 }
 
+/* Whether codec or value coder `name` draws random numbers (int8/int4 only when they
+ * round stochastically). */
+static bool draws(const char *name, const char *rounding) {
+    const gcomp_codec_info *ci = gcomp_codec_find(name);
+    if (!ci || !(ci->flags & GCOMP_CODEC_STOCHASTIC)) return false;
+    if (!strcmp(name, "int8") || !strcmp(name, "int4")) return strcmp(rounding, "nearest") != 0;
+    return true;
+}
+
 /*
- * The owner-side spec (rsag, sparse): the tensor's codec and parameters with
- *  - feedback=ef when the codec is a contraction (gm_owner_feedback): what the owner drops
- *    stays in its residual and nothing is lost, the server side of 1-bit Adam's error
- *    feedback; whatever the tensor's own feedback is (deterministic codecs would otherwise
- *    lose their rounding bias every step);
- *  - feedback=none otherwise: the re-compression of an unbiased codec stays unbiased on
- *    its own, where a residual would diverge.  Rejected: feedback always (that divergence),
- *    and the tensor's own feedback (feedback=none on sign or twobit loses what the second
- *    quantisation drops; feedback=ef on QSGD levels=4 diverges on the workers already);
- *  - a seed of its own: with the workers' seed the owner draws the random numbers the
- *    workers drew for the same chunk, and its rounding is then not independent of (not
- *    unbiased for) an input that those numbers made.
- */
-/*
- * The worker-side spec of rank `rank` (allgather, sparse): the tensor's canonical spec
- * with a seed of that rank's own when the codec's random draws only round or sample
+ * The worker-side spec of rank `rank` (allgather, sparse, rsag): the tensor's canonical
+ * spec with a seed of that rank's own when the codec's random draws only round or sample
  * values whose positions travel (qsgd, ternary, stochastic int8/int4, bernoulli,
  * importance, dgc's sampling): with one seed on every rank, the ranks' rounding errors
  * on similar gradients are the same draws and do not average out over the P ranks;
@@ -186,8 +181,11 @@ gcomp_status gm_rank_spec(const char *canon, int rank, char *out, size_t cap, ui
     char name[32];
     snprintf(name, sizeof name, "%.*s", (int)strcspn(canon, ":"), canon);
     const gcomp_codec_info *ci = gcomp_codec_find(name);
-    *own = spec_random(canon) && strcmp(name, "randomk") != 0 &&
-           !(ci && (ci->flags & GCOMP_CODEC_MULTIPHASE));
+    char rounding[16], values[32];
+    spec_get(canon, "rounding", rounding, sizeof rounding);
+    spec_get(canon, "values", values, sizeof values);
+    *own = (draws(name, rounding) || (values[0] && draws(values, rounding))) &&
+           strcmp(name, "randomk") != 0 && !(ci && (ci->flags & GCOMP_CODEC_MULTIPHASE));
     if (!*own) return gcomp_spec_canonical(canon, out, cap, fp, NULL);
     const char *sp = strstr(canon, ",seed=");
     if (!sp) return GCOMP_E_SPEC; /* every canonical spec has one */
@@ -203,6 +201,20 @@ gcomp_status gm_rank_spec(const char *canon, int rank, char *out, size_t cap, ui
     return gcomp_spec_canonical(spec, out, cap, fp, NULL);
 }
 
+/*
+ * The owner-side spec (rsag, sparse): the tensor's codec and parameters with
+ *  - feedback=ef when the codec is a contraction (gm_owner_feedback): what the owner drops
+ *    stays in its residual and nothing is lost, the server side of 1-bit Adam's error
+ *    feedback; whatever the tensor's own feedback is (deterministic codecs would otherwise
+ *    lose their rounding bias every step);
+ *  - feedback=none otherwise: the re-compression of an unbiased codec stays unbiased on
+ *    its own, where a residual would diverge.  Rejected: feedback always (that divergence),
+ *    and the tensor's own feedback (feedback=none on sign or twobit loses what the second
+ *    quantisation drops; feedback=ef on QSGD levels=4 diverges on the workers already);
+ *  - a seed of its own: with the workers' seed the owner draws the random numbers the
+ *    workers drew for the same chunk, and its rounding is then not independent of (not
+ *    unbiased for) an input that those numbers made.
+ */
 gcomp_status gm_owner_spec(const char *canon, char *out, size_t cap, uint64_t *fp) {
     char seed[32];
     bool ef = true;
@@ -371,7 +383,8 @@ static gcomp_status ow_owner(gcomp_mpi_bucket *b, gm_group *g) {
             g->pos[r] += len;
             if (st != GCOMP_OK || !mine) continue;
             if (g->strategy == GCOMP_MPI_RSAG) /* a chunk message from every rank */
-                st = len ? gm_decode_checked(t->chunk[me], m, len, t->fp, mine, acc, 1.0f)
+                st = len ? gm_decode_checked(t->dec && t->dec[r] ? t->dec[r] : t->chunk[me], m, len,
+                                             t->rfp ? t->rfp[r] : t->fp, mine, acc, 1.0f)
                          : GCOMP_E_CORRUPT;
             else if ((int)r != me) /* my own part is already in acc */
                 st = gm_slice_decode_add(m, len, mine, acc);

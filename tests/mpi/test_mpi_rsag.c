@@ -59,6 +59,12 @@ static void run(gcomp_mpi_comm *comm, const char *spec, size_t n, size_t cols, b
               ospec, wseed);
     CHECK_MSG((strstr(ospec, ",feedback=ef,") != NULL) == want_ef,
               "%s: owner spec '%s', wanted feedback=%s", spec, ospec, want_ef ? "ef" : "none");
+    /* Each rank's workers draw from a seed of its own (gcomp_mpi_worker_spec). */
+    char mine[512] = "", *wspecs = calloc((size_t)P, 512);
+    const char *w = gcomp_mpi_worker_spec(b, 0);
+    CHECK_MSG(w != NULL, "%s: no worker spec", spec);
+    snprintf(mine, sizeof mine, "%s", w ? w : spec);
+    MPI_Allgather(mine, 512, MPI_CHAR, wspecs, 512, MPI_CHAR, MPI_COMM_WORLD);
     size_t *reg = malloc((size_t)(P + 1) * sizeof *reg);
     for (int j = 0; j <= P; j++) reg[j] = n * (size_t)j / (size_t)P;
     gcomp_compressor **wk = calloc((size_t)P * (size_t)P, sizeof *wk);
@@ -68,7 +74,7 @@ static void run(gcomp_mpi_comm *comm, const char *spec, size_t n, size_t cols, b
         if (!lj) continue;
         CHECK_OK(gcomp_compressor_create(&ow[j], ospec, lj, 0, 0, NULL));
         for (int r = 0; r < P; r++)
-            CHECK_OK(gcomp_compressor_create(&wk[r * P + j], spec, lj, 0, 0, NULL));
+            CHECK_OK(gcomp_compressor_create(&wk[r * P + j], wspecs + 512 * r, lj, 0, 0, NULL));
     }
     size_t cap = 64;
     for (int j = 0; j < P; j++)
@@ -139,6 +145,7 @@ static void run(gcomp_mpi_comm *comm, const char *spec, size_t n, size_t cols, b
     free(wk);
     free(ow);
     free(reg);
+    free(wspecs);
     free(msg);
     free(x);
     free(g);

@@ -101,6 +101,27 @@ int main(int argc, char **argv) {
     if (average(comm, "randomk:density=0.1,seed=7", GCOMP_MPI_ALLREDUCE, &e1, &ep, &pos) ==
         GCOMP_OK)
         CHECK_MSG(agree(pos), "randomk (allreduce): positions differ across ranks");
+    /* Which worker specs are the rank's own: rounding-only randomness, per strategy. */
+    static const struct {
+        const char *spec;
+        int strategy, own;
+    } ws[] = {{"qsgd:levels=16,seed=5", GCOMP_MPI_RSAG, 1},
+              {"int4:rounding=stochastic,seed=6", GCOMP_MPI_RSAG, 1},
+              {"int8", GCOMP_MPI_RSAG, 0},
+              {"ternary:seed=4", GCOMP_MPI_SPARSE, 1},
+              {"randomk:density=0.1,seed=7", GCOMP_MPI_ALLGATHER, 0},
+              {"topk:density=0.1", GCOMP_MPI_ALLGATHER, 0}};
+    for (size_t c = 0; c < sizeof ws / sizeof ws[0]; c++) {
+        gcomp_mpi_tensor t = {"g", ws[c].spec, N, 0, 0, ws[c].strategy};
+        gcomp_mpi_bucket *b = NULL;
+        CHECK_OK(gcomp_mpi_bucket_create(&b, comm, &t, 1, NULL, 60.0, &err));
+        const char *w = gcomp_mpi_worker_spec(b, 0);
+        uint64_t h = 1469598103934665603ull;
+        for (const char *p = w ? w : ""; *p; p++) h = (h ^ (uint8_t)*p) * 1099511628211ull;
+        CHECK_MSG(w != NULL && agree(h) == !ws[c].own, "%s: worker spec '%s' %s across ranks",
+                  ws[c].spec, w ? w : "(null)", ws[c].own ? "agrees" : "differs");
+        gcomp_mpi_bucket_free(b);
+    }
     /* the user's seed itself must still agree */
     char spec[64];
     snprintf(spec, sizeof spec, "qsgd:levels=4,seed=%d", 10 + mc_rank);
