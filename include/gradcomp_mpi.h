@@ -54,8 +54,9 @@
  *               messages are allgathered.
  *               The owner's error feedback needs a codec that is a contraction,
  *               E|C(x)-x|^2 < |x|^2: deterministic codecs are (sign, twobit, nearest
- *               int8/int4, top-k, ...); a codec that draws random numbers is measured
- *               once on a Gaussian probe of 65536 values.  QSGD at few levels is not
+ *               int8/int4, top-k, ...); for a codec that draws random numbers the owner
+ *               asks the core, whose worst-case bound per codec refuses feedback=ef
+ *               around non-contractions (gcomp_compressor_create).  QSGD at few levels is not
  *               (levels=4, buckets of 512: 3.5), nor is ternary (1.6) or bernoulli
  *               (1/p - 1): fed back, the owner's residual grows by that factor each step
  *               (qsgd:levels=4 gave NaN at step 18 on a 4-rank MLP).  Their owners
@@ -214,7 +215,7 @@ GCOMP_API const char *gcomp_mpi_strategy_name(int strategy);
  * above; ternary and qsgd at few levels: an owner without feedback adds the codec's
  * variance a second time, 78.6 % against 85.0 % by allgather for qsgd:levels=4 on a
  * 4-rank MLP after one epoch, 80.0 % against 84.2 % for ternary).  Deciding that may
- * run the codec once on a probe of 65536 values (about a millisecond).
+ * create (and free) one compressor of 65536 elements.
  * `nranks` is the number of ranks that exchange (reserved for size-dependent choices;
  * today unused).
  * Returns GCOMP_OK, GCOMP_E_ARG, GCOMP_E_SPEC, GCOMP_E_UNKNOWN_CODEC or GCOMP_E_NOMEM.
