@@ -506,8 +506,8 @@ GCOMP_API gcomp_status gcomp_mpi_bucket_save_state(gcomp_mpi_bucket *b, void *ds
  *   *err names what and which tensor);
  *  GCOMP_E_NOMEM (the current state is kept aside while loading: as much memory again).
  */
-GCOMP_API gcomp_status gcomp_mpi_bucket_load_state(gcomp_mpi_bucket *b, const void *src,
-                                                   size_t len, gcomp_error *err);
+GCOMP_API gcomp_status gcomp_mpi_bucket_load_state(gcomp_mpi_bucket *b, const void *src, size_t len,
+                                                   gcomp_error *err);
 
 /* ---- statistics ------------------------------------------------------------------------ */
 
