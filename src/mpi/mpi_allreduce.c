@@ -58,15 +58,29 @@ static gcomp_status ar_encode(gcomp_mpi_bucket *b, gm_group *g) {
     return GCOMP_OK;
 }
 
+gcomp_status gm_start_pack_reduce(gcomp_mpi_bucket *b, gm_group *g, int vtype, int nchk,
+                                  const char *what) {
+    char msg[96];
+    int rc = MPI_Iallreduce(g->chk, g->chk_out, nchk, MPI_UINT64_T, MPI_MAX, g->xc, &g->req[0]);
+    if (rc != MPI_SUCCESS) {
+        snprintf(msg, sizeof msg, "MPI_Iallreduce (check words of the %s)", what);
+        return gm_issue_fail(b, rc, msg);
+    }
+    MPI_Datatype dt = vtype == 0 ? MPI_FLOAT : MPI_UINT16_T;
+    MPI_Op op = vtype == 0 ? MPI_SUM : vtype == 1 ? b->comm->op_f16 : b->comm->op_bf16;
+    rc = MPI_Iallreduce(MPI_IN_PLACE, g->pack.p, (int)g->pack_count, dt, op, g->xc, &g->req[1]);
+    if (rc != MPI_SUCCESS) {
+        snprintf(msg, sizeof msg, "MPI_Iallreduce (%s)", what);
+        return gm_issue_fail(b, rc, msg);
+    }
+    g->nreq = 2;
+    return GCOMP_OK;
+}
+
 static gcomp_status ar_reduce(gcomp_mpi_bucket *b, gm_group *g) {
     gm_tensor *t0 = &b->t[g->t0];
-    int rc = MPI_Iallreduce(g->chk, g->chk_out, 3, MPI_UINT64_T, MPI_MAX, g->xc, &g->req[0]);
-    if (rc != MPI_SUCCESS) return gm_issue_fail(b, rc, "MPI_Iallreduce (check words)");
-    MPI_Datatype dt = t0->vtype == 0 ? MPI_FLOAT : MPI_UINT16_T;
-    MPI_Op op = t0->vtype == 0 ? MPI_SUM : t0->vtype == 1 ? b->comm->op_f16 : b->comm->op_bf16;
-    rc = MPI_Iallreduce(MPI_IN_PLACE, g->pack.p, (int)g->pack_count, dt, op, g->xc, &g->req[1]);
-    if (rc != MPI_SUCCESS) return gm_issue_fail(b, rc, "MPI_Iallreduce (values)");
-    g->nreq = 2;
+    gcomp_status st = gm_start_pack_reduce(b, g, t0->vtype, 3, "values");
+    if (st != GCOMP_OK) return st;
     size_t width = t0->vtype == 0 ? 4 : 2;
     uint64_t v = gm_ring_bytes(g->pack_count * width + 24, g->xsize);
     g->bytes_sent += v;

@@ -344,6 +344,12 @@ gcomp_status gm_reserve_owner(gcomp_mpi_bucket *b, gm_group *g);
 
 /* Shared step helpers (mpi_bucket.c). */
 gcomp_status gm_issue_fail(gcomp_mpi_bucket *b, int rc, const char *what);
+/* Starts a pack's two reductions, the ones every allreduce-shaped exchange issues: the
+ * first nchk u64 check words of g->chk, MAX into g->chk_out, and g->pack_count values of
+ * vtype (0 f32, 1 f16, 2 bf16) summed in place in g->pack; g->nreq = 2.  `what` names the
+ * pair in errors ("values", "PowerSGD factors"). */
+gcomp_status gm_start_pack_reduce(gcomp_mpi_bucket *b, gm_group *g, int vtype, int nchk,
+                                  const char *what);
 /* Counts one exchange of a u64 size word per tensor with every peer (group and tensors). */
 void gm_count_size_words(gcomp_mpi_bucket *b, gm_group *g);
 /* Makes room for k requests in g->req. */

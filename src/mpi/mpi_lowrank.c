@@ -103,13 +103,8 @@ static gcomp_status lr_reduce(gcomp_mpi_bucket *b, gm_group *g) {
     if (g->st != GCOMP_OK || g->phase >= g->phases) return GCOMP_OK; /* all ranks skip */
     gm_tensor *t = &b->t[g->t0];
     int nchk = g->phase == 0 ? 3 : 1;
-    int rc = MPI_Iallreduce(g->chk, g->chk_out, nchk, MPI_UINT64_T, MPI_MAX, g->xc, &g->req[0]);
-    if (rc != MPI_SUCCESS) return gm_issue_fail(b, rc, "MPI_Iallreduce (PowerSGD check)");
-    MPI_Datatype dt = t->vtype == 0 ? MPI_FLOAT : MPI_UINT16_T;
-    MPI_Op op = t->vtype == 0 ? MPI_SUM : t->vtype == 1 ? b->comm->op_f16 : b->comm->op_bf16;
-    rc = MPI_Iallreduce(MPI_IN_PLACE, g->pack.p, (int)g->pack_count, dt, op, g->xc, &g->req[1]);
-    if (rc != MPI_SUCCESS) return gm_issue_fail(b, rc, "MPI_Iallreduce (PowerSGD factors)");
-    g->nreq = 2;
+    gcomp_status st = gm_start_pack_reduce(b, g, t->vtype, nchk, "PowerSGD factors");
+    if (st != GCOMP_OK) return st;
     uint64_t v = gm_ring_bytes(g->pack_count * (size_t)width_of(t) + 8 * (size_t)nchk, g->xsize);
     g->bytes_sent += v;
     g->bytes_recv += v;
