@@ -162,6 +162,144 @@ GCOMP_API const gcomp_param_info *gcomp_common_params(size_t *count);
 GCOMP_API gcomp_status gcomp_spec_canonical(const char *spec, char *out, size_t out_cap,
                                             uint64_t *fingerprint, gcomp_error *err);
 
+/* ---- what a whole spec is: for transports and bindings, which must not parse specs ---- */
+
+/**
+ * Properties of a whole spec: its codec, value coder and feedback together (bit flags in
+ * gcomp_spec_info.flags).  Each stage states its own in the registry (src/core, the
+ * codec's file); gcomp_spec_describe combines them, so a transport decides on flags and
+ * never on codec names.
+ */
+enum {
+    /** Sends a subset of the elements (indices travel, or are drawn from the seed). */
+    GCOMP_SPEC_SPARSE = 1u << 0,
+    /** Every rank's message has the same positions (all of them, or drawn from the shared
+     *  seed and the step) and float values of `value_type`, so messages sum by a dense
+     *  allreduce of their values: `none` and `randomk` with f32/f16/bf16 values. */
+    GCOMP_SPEC_LINEAR = 1u << 1,
+    /** Positions come from seed= and the step (random-k): ranks must share the seed. */
+    GCOMP_SPEC_SEEDED_POSITIONS = 1u << 2,
+    /** Draws random numbers only to round or sample values whose positions travel (qsgd,
+     *  ternary, int8/int4 with rounding=stochastic, natural, bernoulli, importance, the
+     *  sample of `sampled`): each rank should use a seed of its own, so that the ranks'
+     *  errors are independent and average out.  When GCOMP_SPEC_SHARED_DRAWS is set too
+     *  (randomk with values=qsgd), the shared seed wins. */
+    GCOMP_SPEC_PRIVATE_DRAWS = 1u << 3,
+    /** Draws that every rank must make alike (random-k positions, PowerSGD's starting and
+     *  replacement Q columns): seed= must be equal on all ranks. */
+    GCOMP_SPEC_SHARED_DRAWS = 1u << 4,
+    /** Runs the gcomp_lowrank_* protocol: at most `phases` reductions per step. */
+    GCOMP_SPEC_MULTIPHASE = 1u << 5,
+    /** Uses the tensor's matrix shape (rows, cols, powersgd). */
+    GCOMP_SPEC_NEEDS_SHAPE = 1u << 6,
+    /** Dense, every element travels, in a value coding that is not a plain float (int8,
+     *  int4, sign, twobit, ternary, qsgd, natural; `none:values=int8` too).  Dense plain
+     *  floats (`none:values=f16`) are GCOMP_SPEC_LINEAR instead. */
+    GCOMP_SPEC_QUANTIZER = 1u << 7,
+    /** Error feedback around it converges, so this spec with feedback=ef is accepted by
+     *  gcomp_compressor_create for a tensor of `n` elements (exactly then, for specs whose
+     *  feedback can be set): a contraction, E|C(x) - x|^2 < |x|^2 (top-k, random-k,
+     *  sign, int8/int4, qsgd and ternary where their worst-case bound is below 1), or an
+     *  error bounded per element whatever the input (threshold, twobit: below t).  Not:
+     *  the 1/p-scaled selectors (bernoulli, importance, randomk:unbiased=1), qsgd/ternary
+     *  whose bound reaches 1 at that size, and powersgd (its remainder after projection is
+     *  at most |x|^2, not less for every input; it keeps its own residual anyway). */
+    GCOMP_SPEC_CONTRACTION = 1u << 8,
+    /** A value travels as at most a fixed magnitude (twobit's +-t): a message cannot carry
+     *  more than t per element, so re-compressing the sum of P gradients falls behind. */
+    GCOMP_SPEC_SATURATING = 1u << 9,
+    /** Keeps a residual between steps: feedback=ef or dgc, or a codec's own (powersgd). */
+    GCOMP_SPEC_FEEDBACK = 1u << 10,
+    /** Keeps the optimizer's momentum (DGC's momentum correction): apply no momentum of
+     *  your own to this tensor (see gcomp_compressor_set_epoch). */
+    GCOMP_SPEC_MOMENTUM = 1u << 11,
+    /** The feedback is part of the method (twobit: ef, dgc: dgc, powersgd: its own) and
+     *  cannot be set: gcomp_spec_set refuses another feedback=. */
+    GCOMP_SPEC_FIXED_FEEDBACK = 1u << 12,
+    /** E[decode(C(x))] = x: exact (none with f32) or unbiased by construction (randomk with
+     *  unbiased=1, bernoulli, importance, qsgd, ternary without clip, natural, int8/int4
+     *  with rounding=stochastic), selection and value coding both.  About the codec C on
+     *  its input: feedback, which changes the input, is not considered. */
+    GCOMP_SPEC_UNBIASED = 1u << 13
+};
+
+/** Wire type of values that travel as plain floats. */
+typedef enum gcomp_value_type {
+    GCOMP_VALUES_OTHER = 0, /**< not a plain float (a quantizer's coding), or no values */
+    GCOMP_VALUES_F32 = 1,
+    GCOMP_VALUES_F16 = 2,
+    GCOMP_VALUES_BF16 = 3
+} gcomp_value_type;
+
+/** A spec described (gcomp_spec_describe).  Every pointer is static: valid for ever. */
+typedef struct gcomp_spec_info {
+    const gcomp_codec_info *codec;
+    /** Value coder name ("f16", "int8", ...; powersgd: "f32" or "f16", its factors'); ""
+     *  when the codec has none. */
+    const char *values;
+    const char *feedback; /**< "none", "ef" or "dgc" */
+    unsigned flags;       /**< GCOMP_SPEC_* */
+    /** The values' plain-float wire type (PowerSGD's factors' too), else OTHER. */
+    gcomp_value_type value_type;
+    /** Nominal bits per value sent, per-bucket scales and indices excluded: 32, 16, 8, 4,
+     *  2 (twobit, ternary), 1 (sign), 1 + bitlen(levels) (qsgd), 9 (natural). */
+    double value_bits;
+    /** Nominal fraction of the elements sent per step in the steady state:
+     *  ceil(density * n) / n for fixed-count selectors when n is given, else density=; its
+     *  expectation for bernoulli and importance; 1 for dense codecs, low rank (every
+     *  element is approximated) and threshold (data-dependent: at most all).  Bytes per
+     *  step: gcomp_spec_bytes_estimate. */
+    double density;
+    /** GCOMP_SPEC_MULTIPHASE: reductions per step at most (PowerSGD: 2 * iters); else 0. */
+    unsigned phases;
+    uint64_t seed;        /**< seed= */
+    uint64_t fingerprint; /**< of the canonical spec, as gcomp_spec_canonical gives it */
+} gcomp_spec_info;
+
+/**
+ * Describes `spec` for a tensor of `n` elements.  n = 0 asks for the worst case over every
+ * size (GCOMP_SPEC_CONTRACTION only when it holds at any size; density is density=).
+ * For codecs that need a shape, n is taken as a bound on the values they send.
+ * Does not allocate the tensor's state (a codec's own small per-tensor tables may be
+ * built and freed to size the selection).  Thread-safe.
+ * Returns GCOMP_OK, GCOMP_E_ARG (NULL), GCOMP_E_SPEC, GCOMP_E_UNKNOWN_CODEC, GCOMP_E_LIMIT
+ * (n above 2^32-1) or GCOMP_E_NOMEM.  On failure *out is zeroed.
+ */
+GCOMP_API gcomp_status gcomp_spec_describe(const char *spec, size_t n, gcomp_spec_info *out,
+                                           gcomp_error *err);
+
+/**
+ * Writes the value of parameter `key` of `spec` (given, or its default) into `out`
+ * (NUL-terminated), as the canonical form writes it: e.g. gcomp_spec_get("topk", "density")
+ * gives "0.01", ("int8", "rounding") gives "nearest".
+ * Returns GCOMP_OK, GCOMP_E_ARG (NULL), GCOMP_E_SPEC (a bad spec, or `key` is not a
+ * parameter of this spec: the message lists the allowed keys), GCOMP_E_UNKNOWN_CODEC or
+ * GCOMP_E_DST_SIZE (cap too small; nothing written).
+ */
+GCOMP_API gcomp_status gcomp_spec_get(const char *spec, const char *key, char *out, size_t cap,
+                                      gcomp_error *err);
+
+/**
+ * As gcomp_spec_get, as a number: INT and FLOAT parameters their value, BOOL 0 or 1, ENUM
+ * the index of the choice in gcomp_param_info.choices (values=f16 of "f32|f16|..." is 1).
+ */
+GCOMP_API gcomp_status gcomp_spec_get_number(const char *spec, const char *key, double *out,
+                                             gcomp_error *err);
+
+/**
+ * Writes the canonical form of `spec` with `key` set to `value` into `out` (what a
+ * transport does to derive one spec from another: a rank's own seed, a retuned density).
+ * `key` must be a parameter of `spec` (GCOMP_E_SPEC otherwise, listing the allowed keys);
+ * the result is checked as any spec is (a value out of range is GCOMP_E_SPEC).  values=
+ * and feedback= change which keys exist: keys of the old value coder or feedback that the
+ * new one also has keep their values, the others are dropped, and the new one's other
+ * keys take their defaults.  A codec with GCOMP_SPEC_FIXED_FEEDBACK accepts only its own
+ * feedback= (a no-op).  `out` may be the same buffer as `spec`.
+ * Returns GCOMP_OK, GCOMP_E_ARG, GCOMP_E_SPEC, GCOMP_E_UNKNOWN_CODEC or GCOMP_E_DST_SIZE.
+ */
+GCOMP_API gcomp_status gcomp_spec_set(const char *spec, const char *key, const char *value,
+                                      char *out, size_t cap, gcomp_error *err);
+
 /* ------------------------------------------------------------------------------------- */
 /* Compressor: one per tensor, holds the tensor's state between steps                      */
 

@@ -42,11 +42,15 @@ from .core import (  # noqa: F401
     codec_names,
     common_params,
     decode_add,
+    describe,
     inspect,
     library_version,
     list_codecs,
     spec_bytes_estimate,
     spec_fingerprint,
+    spec_get,
+    spec_get_number,
+    spec_set,
     status_name,
 )
 

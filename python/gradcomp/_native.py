@@ -78,6 +78,23 @@ class MessageInfo(ctypes.Structure):
     ]
 
 
+class SpecInfo(ctypes.Structure):
+    """gcomp_spec_info."""
+
+    _fields_ = [
+        ("codec", ctypes.POINTER(CodecInfo)),
+        ("values", ctypes.c_char_p),
+        ("feedback", ctypes.c_char_p),
+        ("flags", ctypes.c_uint),
+        ("value_type", ctypes.c_int),
+        ("value_bits", ctypes.c_double),
+        ("density", ctypes.c_double),
+        ("phases", ctypes.c_uint),
+        ("seed", ctypes.c_uint64),
+        ("fingerprint", ctypes.c_uint64),
+    ]
+
+
 class Stats(ctypes.Structure):
     """gcomp_stats."""
 
@@ -134,6 +151,16 @@ PROTOTYPES = {
         _I,
         [ctypes.c_char_p, ctypes.c_char_p, _S, ctypes.POINTER(ctypes.c_uint64), ctypes.POINTER(ErrorInfo)],
     ),
+    "gcomp_spec_describe": (_I, [ctypes.c_char_p, _S, ctypes.POINTER(SpecInfo), ctypes.POINTER(ErrorInfo)]),
+    "gcomp_spec_get": (_I, [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, _S, ctypes.POINTER(ErrorInfo)]),
+    "gcomp_spec_get_number": (
+        _I,
+        [ctypes.c_char_p, ctypes.c_char_p, ctypes.POINTER(ctypes.c_double), ctypes.POINTER(ErrorInfo)],
+    ),
+    "gcomp_spec_set": (
+        _I,
+        [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, _S, ctypes.POINTER(ErrorInfo)],
+    ),
     "gcomp_compressor_create": (
         _I,
         [ctypes.POINTER(_P), ctypes.c_char_p, _S, _S, _S, ctypes.POINTER(ErrorInfo)],
@@ -172,6 +199,10 @@ PROTOTYPES = {
     "gcomp_lowrank_residual": (_I, [_P, _P]),
 }
 OPTIONAL = {
+    "gcomp_spec_describe",
+    "gcomp_spec_get",
+    "gcomp_spec_get_number",
+    "gcomp_spec_set",
     "gcomp_policy_create",
     "gcomp_policy_free",
     "gcomp_policy_choose",

@@ -29,6 +29,24 @@ FLAG_NAMES = {
     1 << 4: "multiphase",
     1 << 5: "needs_shape",
 }
+# Spec property bits (gcomp_spec_info.flags, GCOMP_SPEC_*), from include/gradcomp.h.
+SPEC_FLAG_NAMES = {
+    1 << 0: "sparse",
+    1 << 1: "linear",
+    1 << 2: "seeded_positions",
+    1 << 3: "private_draws",
+    1 << 4: "shared_draws",
+    1 << 5: "multiphase",
+    1 << 6: "needs_shape",
+    1 << 7: "quantizer",
+    1 << 8: "contraction",
+    1 << 9: "saturating",
+    1 << 10: "feedback",
+    1 << 11: "momentum",
+    1 << 12: "fixed_feedback",
+    1 << 13: "unbiased",
+}
+_VALUE_TYPES = {0: None, 1: "f32", 2: "f16", 3: "bf16"}
 _PARAM_TYPES = {0: "int", 1: "float", 2: "enum", 3: "bool"}
 HEADER_SIZE = 40  # GCOMP_HEADER_SIZE: the message header in wire format version 1
 
@@ -210,6 +228,76 @@ def canonical(spec):
 def spec_fingerprint(spec):
     """The 64-bit fingerprint that every message made with `spec` carries."""
     return _canonical(spec)[1]
+
+
+def _needs(name):
+    fn = getattr(_lib, name, None)
+    if fn is None:
+        raise _err.UnsupportedError(f"{LIBRARY_PATH} lacks {name}", status=_err.E_UNSUPPORTED)
+    return fn
+
+
+def describe(spec, n=0):
+    """What `spec` is, for a tensor of `n` elements (0: the worst case over every size), as
+    gcomp_spec_describe says: {"codec", "values", "feedback", "flags", "properties"
+    (["sparse", "linear", "contraction", ...]), "value_type" ("f32", "f16", "bf16" or
+    None), "value_bits", "density", "phases", "seed", "fingerprint"}.  Decide on these
+    instead of on codec names or spec text.  Raises SpecError."""
+    info = _native.SpecInfo()
+    err = _native.ErrorInfo()
+    st = _needs("gcomp_spec_describe")(_spec_bytes(spec), int(n), ctypes.byref(info), ctypes.byref(err))
+    _check(st, f"spec {spec!r}", err)
+    return {
+        "codec": _s(info.codec.contents.name),
+        "values": _s(info.values),
+        "feedback": _s(info.feedback),
+        "flags": info.flags,
+        "properties": [name for bit, name in SPEC_FLAG_NAMES.items() if info.flags & bit],
+        "value_type": _VALUE_TYPES.get(info.value_type),
+        "value_bits": info.value_bits,
+        "density": info.density,
+        "phases": info.phases,
+        "seed": info.seed,
+        "fingerprint": info.fingerprint,
+    }
+
+
+def spec_get(spec, key):
+    """The value of parameter `key` of `spec` (given or default) as the canonical form writes
+    it, e.g. spec_get("topk", "density") == "0.01".  Raises SpecError when `key` is not a
+    parameter of this spec (the message lists those that are)."""
+    out = ctypes.create_string_buffer(128)
+    err = _native.ErrorInfo()
+    st = _needs("gcomp_spec_get")(_spec_bytes(spec), _spec_bytes(key), out, len(out), ctypes.byref(err))
+    _check(st, f"spec {spec!r}", err)
+    return _s(out.value)
+
+
+def spec_get_number(spec, key):
+    """As spec_get, as a float: ENUM parameters give the index of the choice, BOOL 0 or 1."""
+    out = ctypes.c_double()
+    err = _native.ErrorInfo()
+    st = _needs("gcomp_spec_get_number")(_spec_bytes(spec), _spec_bytes(key), ctypes.byref(out), ctypes.byref(err))
+    _check(st, f"spec {spec!r}", err)
+    return out.value
+
+
+def spec_set(spec, key, value):
+    """The canonical form of `spec` with `key` set to `value` (a str, or a number or bool
+    written as the spec grammar takes it).  values= and feedback= bring their own keys (and
+    drop the old ones the new coder or feedback lacks).  Raises SpecError."""
+    if isinstance(value, bool):
+        value = "1" if value else "0"
+    elif isinstance(value, float):
+        value = repr(value)
+    cap = 1024
+    out = ctypes.create_string_buffer(cap)
+    err = _native.ErrorInfo()
+    st = _needs("gcomp_spec_set")(
+        _spec_bytes(spec), _spec_bytes(key), _spec_bytes(str(value)), out, cap, ctypes.byref(err)
+    )
+    _check(st, f"spec {spec!r}", err)
+    return _s(out.value)
 
 
 def _params(ptr, count):

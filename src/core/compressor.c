@@ -31,34 +31,6 @@ void gcomp_compressor_free(gcomp_compressor *c) {
     gcomp__free(c);
 }
 
-/* Error feedback (e += g; c = C(e); e -= decode(c)) converges only when the codec is a
- * contraction, E|C(x) - x|^2 < |x|^2 (Stich et al. 2018, Karimireddy et al. 2019): the
- * residual then keeps less than it was given.  A random quantizer whose error can exceed
- * its input (QSGD at few levels for its bucket, ternary) lets the residual grow instead:
- * by hand on Gaussian gradients of 4096 values, |e|^2 reached 1.3e6 |g|^2 after 30 steps
- * with qsgd:levels=4 and 1.9e18 after 700 with levels=8 (the MPI layer's 4-rank MLP with
- * levels=4: NaN at step 18); ternary levels off near 70 |g|^2, eight gradients' worth of
- * stale update, with no guarantee.  The value coder states a bound over every input
- * (ef_ratio); a bound of 1 or more refuses the spec at create, deterministically, as the
- * 1/p-scaled selectors refuse feedback (select_random.c).  The bound is the worst case,
- * not an average on some probe: the decision must not depend on the data, and so the
- * same spec is accepted or refused everywhere.  It is taken at the largest number of
- * values the codec can hand the coder (max_values, set by the codec's init). */
-static gcomp_status refuse_divergent_feedback(const gcomp_compressor *c, gcomp_error *err) {
-    const gcomp__vcoder *vc = c->spec.vcoder;
-    if (c->spec.feedback == &gcomp__feedback_none || !vc || !vc->ef_ratio) return GCOMP_OK;
-    char fix[160];
-    fix[0] = 0;
-    double r = vc->ef_ratio(&c->vp, c->max_values, fix, sizeof fix);
-    if (r < 1.0) return GCOMP_OK;
-    return gcomp__fail(err, GCOMP_E_SPEC,
-                       "%s: feedback=%s needs a contraction, error below |x|^2, or the residual "
-                       "can grow without bound; values=%s errs by up to %.3g|x|^2: use "
-                       "feedback=none (%s is unbiased)%s%s",
-                       c->codec->info.name, c->spec.feedback->name, vc->name, r, vc->name,
-                       fix[0] ? ", or " : "", fix);
-}
-
 gcomp_status gcomp__compressor_build(gcomp_compressor **out, const gcomp__spec *parsed, size_t n,
                                      size_t rows, size_t cols, gcomp_error *err) {
     *out = NULL;
@@ -96,9 +68,14 @@ gcomp_status gcomp__compressor_build(gcomp_compressor **out, const gcomp__spec *
             return gcomp__fail(err, st, "%s: %s", parsed->codec->info.name, gcomp_status_str(st));
         }
     }
-    if ((st = refuse_divergent_feedback(c, err)) != GCOMP_OK) {
-        gcomp_compressor_free(c);
-        return st;
+    if (fb != &gcomp__feedback_none) {
+        gcomp_error why;
+        st = gcomp__ef_refusal(&c->spec, &c->vp, c->max_values, fb->name, why.message,
+                               sizeof why.message);
+        if (st != GCOMP_OK) {
+            gcomp_compressor_free(c);
+            return gcomp__fail(err, st, "%s", why.message);
+        }
     }
     *out = c;
     return GCOMP_OK;

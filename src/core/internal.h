@@ -31,8 +31,29 @@
 /* ---- parsed spec ---------------------------------------------------------------------- */
 
 typedef struct gcomp__vcoder gcomp__vcoder;
+
+/* What a stage says about itself, combined by gcomp_spec_describe (spec_info.c). */
+typedef struct gcomp__desc {
+    unsigned traits; /* GCOMP_SPEC_* bits, and GCOMP__T_* below */
+    double bits;     /* value coder: nominal bits per value */
+    unsigned phases; /* multi-phase codec: reductions per step at most */
+} gcomp__desc;
+/* Codec trait: E|C(x) - x|^2 may reach |x|^2 whatever the value coder: the 1/p-scaled
+ * selectors (feedback is refused at create, gcomp__ef_refusal) and low rank. */
+#define GCOMP__T_NOT_CONTRACTION (1u << 31)
+
+/* How many elements a codec's message carries (gcomp_spec_info.density). */
+typedef enum gcomp__count {
+    GCOMP__COUNT_ALL = 0,  /* every element (dense codecs, low rank) */
+    GCOMP__COUNT_FIXED,    /* ceil(density * units), exactly: max_values at init */
+    GCOMP__COUNT_EXPECTED, /* density= on average or within a tolerance */
+    GCOMP__COUNT_DATA      /* depends on the data (threshold): at most all */
+} gcomp__count;
 typedef struct gcomp__codec gcomp__codec;
 typedef struct gcomp__feedback gcomp__feedback;
+
+/* The parameter tables of a spec, in canonical order. */
+enum { GCOMP__TABLE_CODEC, GCOMP__TABLE_VALUES, GCOMP__TABLE_COMMON, GCOMP__TABLE_FEEDBACK };
 
 typedef struct gcomp__spec {
     const gcomp__codec *codec;
@@ -42,6 +63,7 @@ typedef struct gcomp__spec {
     struct {
         const gcomp_param_info *p;
         double v;
+        unsigned table; /* whose key: GCOMP__TABLE_* */
     } items[GCOMP__MAX_ITEMS];
     char canonical[GCOMP__SPEC_MAX];
     uint64_t fingerprint;
@@ -116,6 +138,16 @@ struct gcomp__vcoder {
      * instead.  NULL: a contraction by construction (deterministic, or error within a
      * fraction of the bucket's range). */
     double (*ef_ratio)(const gcomp__vparams *p, size_t nv, char *fix, size_t fixcap);
+
+    /* What the coding is (gcomp_spec_describe): the plain-float wire type, or OTHER; the
+     * nominal bits per value; GCOMP_SPEC_UNBIASED (E[decoded] = v), _PRIVATE_DRAWS,
+     * _SATURATING as they hold at the default parameters. */
+    gcomp_value_type type;
+    double bits;
+    unsigned traits;
+    /* Optional: corrects bits and traits for the spec's parameters (int8's rounding=,
+     * qsgd's levels=). */
+    void (*describe)(const gcomp__vparams *p, gcomp__desc *d);
 };
 
 const gcomp__vcoder *gcomp__vcoder_find(const char *name);
@@ -208,6 +240,17 @@ struct gcomp__codec {
     /* Feedback this codec implies and does not let the spec change (MXNet 2-bit keeps a
      * residual by definition: "ef"; the dgc codec: "dgc").  NULL: the spec chooses. */
     const char *fixed_feedback;
+
+    /* What the codec is, with an exact value coder (gcomp_spec_describe): GCOMP_SPEC_*
+     * traits of its selection -- _SEEDED_POSITIONS, _SHARED_DRAWS, _PRIVATE_DRAWS,
+     * _UNBIASED (the dense selection is exact: unbiased), _FEEDBACK (a residual of its
+     * own) -- and GCOMP__T_NOT_CONTRACTION; how many elements it sends.  SPARSE, LINEAR
+     * (positions alike on every rank), MULTIPHASE and NEEDS_SHAPE are info.flags. */
+    unsigned traits;
+    gcomp__count count;
+    /* Optional: corrects traits (and phases) for the spec's parameters (randomk's
+     * unbiased=, powersgd's iters=). */
+    void (*describe)(const gcomp__spec *s, gcomp__desc *d);
 };
 
 const gcomp__codec *gcomp__codec_find(const char *name);
@@ -254,6 +297,7 @@ struct gcomp__feedback {
     gcomp_status (*state_load)(gcomp_compressor *c, const uint8_t *src, size_t len);
     void (*state_reset)(gcomp_compressor *c);
     const float *(*residual)(const gcomp_compressor *c);
+    unsigned traits; /* GCOMP_SPEC_FEEDBACK, _MOMENTUM (gcomp_spec_describe) */
 };
 const gcomp__feedback *gcomp__feedback_find(const char *name);
 extern const gcomp__feedback gcomp__feedback_none;
@@ -293,6 +337,13 @@ struct gcomp_compressor {
  * feedback and codec state.  The policy's size estimate builds one with feedback none. */
 gcomp_status gcomp__compressor_build(gcomp_compressor **out, const gcomp__spec *parsed, size_t n,
                                      size_t rows, size_t cols, gcomp_error *err);
+
+/* Whether error feedback around the codec of `s` converges when the codec hands the value
+ * coder at most `max_values` values (SIZE_MAX: any number): GCOMP_OK, or GCOMP_E_SPEC with
+ * the reason and what to change in `msg`.  The one rule behind both the refusal at create
+ * and GCOMP_SPEC_CONTRACTION. */
+gcomp_status gcomp__ef_refusal(const gcomp__spec *s, const gcomp__vparams *vp, size_t max_values,
+                               const char *feedback, char *msg, size_t cap);
 
 /* Grows the selection buffers to hold k index entries and nv values. */
 gcomp_status gcomp__sel_reserve(gcomp_compressor *c, size_t k, size_t nv, gcomp__selection *sel);

@@ -142,6 +142,7 @@ static int parse_value(const gcomp_param_info *p, const char *text, size_t len, 
 typedef struct table {
     const gcomp_param_info *p;
     size_t n;
+    unsigned kind; /* GCOMP__TABLE_* */
 } table;
 
 static void list_keys(const table *t, size_t nt, char *out, size_t cap) {
@@ -281,10 +282,11 @@ gcomp_status gcomp__spec_parse(const char *text, gcomp__spec *out, gcomp_error *
 
     table tabs[4];
     size_t nt = 0;
-    tabs[nt++] = (table){codec->info.params, codec->info.nparams};
-    if (vc && vc->nparams) tabs[nt++] = (table){vc->params, vc->nparams};
-    tabs[nt++] = (table){common_params, sizeof common_params / sizeof common_params[0]};
-    if (fb && fb->nparams) tabs[nt++] = (table){fb->params, fb->nparams};
+    tabs[nt++] = (table){codec->info.params, codec->info.nparams, GCOMP__TABLE_CODEC};
+    if (vc && vc->nparams) tabs[nt++] = (table){vc->params, vc->nparams, GCOMP__TABLE_VALUES};
+    tabs[nt++] =
+        (table){common_params, sizeof common_params / sizeof common_params[0], GCOMP__TABLE_COMMON};
+    if (fb && fb->nparams) tabs[nt++] = (table){fb->params, fb->nparams, GCOMP__TABLE_FEEDBACK};
 
     /* Every parameter of every table, given or default, in table order. */
     int w = snprintf(out->canonical, sizeof out->canonical, "%s", codec->info.name);
@@ -315,6 +317,7 @@ gcomp_status gcomp__spec_parse(const char *text, gcomp__spec *out, gcomp_error *
             if (given) given->used = true;
             out->items[out->count].p = p;
             out->items[out->count].v = v;
+            out->items[out->count].table = tabs[t].kind;
             out->count++;
             char vbuf[64];
             format_value(p, v, vbuf, sizeof vbuf);
@@ -350,5 +353,122 @@ gcomp_status gcomp_spec_canonical(const char *spec, char *out, size_t out_cap,
         memcpy(out, s.canonical, len + 1);
     }
     if (fingerprint) *fingerprint = s.fingerprint;
+    return GCOMP_OK;
+}
+
+/* ---- one parameter of a spec: read it, set it ----------------------------------------------- */
+
+/* Index of `key` among the parsed items, or -1 (then err says which keys there are). */
+static int find_key(const gcomp__spec *s, const char *key, gcomp_error *err) {
+    for (size_t i = 0; i < s->count; i++)
+        if (!strcmp(s->items[i].p->name, key)) return (int)i;
+    char listing[400];
+    size_t used = 0;
+    listing[0] = 0;
+    for (size_t i = 0; i < s->count; i++) {
+        int w = snprintf(listing + used, sizeof listing - used, "%s%s", used ? ", " : "",
+                         s->items[i].p->name);
+        if (w < 0 || (size_t)w >= sizeof listing - used) break;
+        used += (size_t)w;
+    }
+    gcomp__fail(err, GCOMP_E_SPEC, "%s: '%s' is not a parameter of this spec; allowed: %s",
+                s->codec->info.name, key, listing);
+    return -1;
+}
+
+gcomp_status gcomp_spec_get(const char *spec, const char *key, char *out, size_t cap,
+                            gcomp_error *err) {
+    if (!spec || !key || !out)
+        return gcomp__fail(err, GCOMP_E_ARG, "spec_get: spec, key and out must not be NULL");
+    gcomp__spec s;
+    gcomp_status st = gcomp__spec_parse(spec, &s, err);
+    if (st != GCOMP_OK) return st;
+    int i = find_key(&s, key, err);
+    if (i < 0) return GCOMP_E_SPEC;
+    char v[64];
+    format_value(s.items[i].p, s.items[i].v, v, sizeof v);
+    size_t len = strlen(v);
+    if (cap <= len)
+        return gcomp__fail(err, GCOMP_E_DST_SIZE, "%s=%s needs %zu bytes", key, v, len + 1);
+    memcpy(out, v, len + 1);
+    return GCOMP_OK;
+}
+
+gcomp_status gcomp_spec_get_number(const char *spec, const char *key, double *out,
+                                   gcomp_error *err) {
+    if (!spec || !key || !out)
+        return gcomp__fail(err, GCOMP_E_ARG, "spec_get_number: spec, key and out must not be NULL");
+    gcomp__spec s;
+    gcomp_status st = gcomp__spec_parse(spec, &s, err);
+    if (st != GCOMP_OK) return st;
+    int i = find_key(&s, key, err);
+    if (i < 0) return GCOMP_E_SPEC;
+    *out = s.items[i].v;
+    return GCOMP_OK;
+}
+
+/* Whether `table` (n entries) has a parameter called `name`. */
+static bool table_has(const gcomp_param_info *tab, size_t n, const char *name) {
+    for (size_t j = 0; j < n; j++)
+        if (!strcmp(tab[j].name, name)) return true;
+    return false;
+}
+
+/*
+ * The spec is rewritten from its parsed items (every key, defaults included) with the one
+ * value replaced, and parsed again: the parser stays the only judge of what is valid.
+ * values= and feedback= choose a table of keys, so their old table's keys are carried over
+ * only where the new table has the same key.
+ */
+gcomp_status gcomp_spec_set(const char *spec, const char *key, const char *value, char *out,
+                            size_t cap, gcomp_error *err) {
+    if (!spec || !key || !value || !out)
+        return gcomp__fail(err, GCOMP_E_ARG, "spec_set: spec, key, value and out must not be NULL");
+    gcomp__spec s;
+    gcomp_status st = gcomp__spec_parse(spec, &s, err);
+    if (st != GCOMP_OK) return st;
+    int at = find_key(&s, key, err);
+    if (at < 0) return GCOMP_E_SPEC;
+    if (strlen(value) > 64 || strpbrk(value, ",:="))
+        return gcomp__fail(err, GCOMP_E_SPEC, "%s: %s=%s is not a value", s.codec->info.name, key,
+                           value);
+    /* Which table the new value brings (NULL: the old one goes and nothing replaces it). */
+    unsigned swapped = 0; /* GCOMP__TABLE_* whose keys are replaced, or 0 */
+    const gcomp_param_info *ntab = NULL;
+    size_t nn = 0;
+    if (s.items[at].table == GCOMP__TABLE_CODEC && !strcmp(key, "values")) {
+        const gcomp__vcoder *vc = gcomp__vcoder_find(value);
+        swapped = GCOMP__TABLE_VALUES;
+        if (vc) ntab = vc->params, nn = vc->nparams;
+    } else if (s.items[at].table == GCOMP__TABLE_COMMON && !strcmp(key, "feedback")) {
+        const gcomp__feedback *fb = gcomp__feedback_find(value);
+        swapped = GCOMP__TABLE_FEEDBACK;
+        if (fb) ntab = fb->params, nn = fb->nparams;
+    }
+    char text[2 * GCOMP__SPEC_MAX];
+    int w = snprintf(text, sizeof text, "%s", s.codec->info.name);
+    size_t used = (size_t)w;
+    char sep = ':';
+    for (size_t i = 0; i < s.count; i++) {
+        const gcomp_param_info *p = s.items[i].p;
+        char v[64];
+        if ((int)i == at) {
+            snprintf(v, sizeof v, "%s", value);
+        } else {
+            if (swapped && s.items[i].table == swapped && !table_has(ntab, nn, p->name)) continue;
+            format_value(p, s.items[i].v, v, sizeof v);
+        }
+        w = snprintf(text + used, sizeof text - used, "%c%s=%s", sep, p->name, v);
+        if (w < 0 || (size_t)w >= sizeof text - used)
+            return gcomp__fail(err, GCOMP_E_SPEC, "%s: spec too long", s.codec->info.name);
+        used += (size_t)w;
+        sep = ',';
+    }
+    gcomp__spec t;
+    if ((st = gcomp__spec_parse(text, &t, err)) != GCOMP_OK) return st;
+    size_t len = strlen(t.canonical);
+    if (cap <= len)
+        return gcomp__fail(err, GCOMP_E_DST_SIZE, "canonical spec needs %zu bytes", len + 1);
+    memcpy(out, t.canonical, len + 1);
     return GCOMP_OK;
 }

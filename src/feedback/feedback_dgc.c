@@ -259,6 +259,7 @@ const gcomp__feedback gcomp__feedback_dgc = {
     .state_load = dgc_state_load,
     .state_reset = dgc_state_reset,
     .residual = dgc_residual,
+    .traits = GCOMP_SPEC_FEEDBACK | GCOMP_SPEC_MOMENTUM,
 };
 
 /* ---- the `dgc` codec: exact top-k with the dgc feedback built in ---------------------- */
@@ -293,4 +294,5 @@ const gcomp__codec gcomp__codec_dgc = {
     .select = dgc_select,
     .init = dgc_codec_init,
     .fixed_feedback = "dgc",
+    .count = GCOMP__COUNT_FIXED,
 };

@@ -119,4 +119,5 @@ const gcomp__feedback gcomp__feedback_ef = {
     .state_load = ef_state_load,
     .state_reset = ef_state_reset,
     .residual = ef_residual,
+    .traits = GCOMP_SPEC_FEEDBACK,
 };

@@ -1020,6 +1020,11 @@ static void psgd_state_reset(gcomp_compressor *c) {
     s->w_zero = true;
 }
 
+/* Each power iteration is two reductions (P, then Q). */
+static void psgd_describe(const gcomp__spec *s, gcomp__desc *d) {
+    d->phases = 2u * (unsigned)gcomp__spec_num(s, "iters", 1);
+}
+
 const gcomp__codec gcomp__codec_powersgd = {
     .info = {"powersgd", CODEC_ID,
              GCOMP_CODEC_MULTIPHASE | GCOMP_CODEC_NEEDS_SHAPE | GCOMP_CODEC_STOCHASTIC,
@@ -1037,4 +1042,8 @@ const gcomp__codec gcomp__codec_powersgd = {
     .state_load = psgd_state_load,
     .state_reset = psgd_state_reset,
     .fixed_feedback = "none",
+    /* Its starting and replacement Q columns come from the shared seed; it keeps its own
+     * residual; the remainder of a projection is at most |x|^2, not less for every x. */
+    .traits = GCOMP_SPEC_SHARED_DRAWS | GCOMP_SPEC_FEEDBACK | GCOMP__T_NOT_CONTRACTION,
+    .describe = psgd_describe,
 };

@@ -257,6 +257,7 @@ const gcomp__codec gcomp__codec_block = {
     .select = block_select,
     .init = block_init,
     .fini = block_fini,
+    .count = GCOMP__COUNT_FIXED,
 };
 
 const gcomp__codec gcomp__codec_rows = {
@@ -266,6 +267,7 @@ const gcomp__codec gcomp__codec_rows = {
     .select = block_select,
     .init = rows_init,
     .fini = block_fini,
+    .count = GCOMP__COUNT_FIXED,
 };
 
 const gcomp__codec gcomp__codec_cols = {
@@ -275,4 +277,5 @@ const gcomp__codec gcomp__codec_cols = {
     .select = block_select,
     .init = cols_init,
     .fini = block_fini,
+    .count = GCOMP__COUNT_FIXED,
 };

@@ -28,21 +28,19 @@ static void elem(gcomp__selection *sel, size_t k) {
 }
 
 /* A 1/p-scaled (unbiased) estimator is not a contraction: with a residual, every kept
- * element multiplies it by 1 - 1/p, and the residual diverges.  Refuse the combination. */
-static gcomp_status refuse_feedback(gcomp_compressor *c, gcomp_error *err) {
-    if (c->spec.feedback == &gcomp__feedback_none) return GCOMP_OK;
-    return gcomp__fail(err, GCOMP_E_SPEC,
-                       "%s: feedback=%s would diverge with an unbiased (1/p-scaled) estimate; use "
-                       "feedback=none, or a biased selector (topk, randomk without unbiased=1) "
-                       "with feedback",
-                       c->codec->info.name, c->spec.feedback->name);
-}
-
+ * element multiplies it by 1 - 1/p, and the residual diverges.  The codecs say so
+ * (GCOMP__T_NOT_CONTRACTION) and gcomp__ef_refusal refuses feedback around them at
+ * create, the same rule that clears GCOMP_SPEC_CONTRACTION. */
 static gcomp_status randomk_init(gcomp_compressor *c, gcomp_error *err) {
-    if (gcomp__spec_num(&c->spec, "unbiased", 0) != 0 && refuse_feedback(c, err) != GCOMP_OK)
-        return GCOMP_E_SPEC;
+    (void)err;
     c->max_entries = c->max_values = gcomp__density_k(c);
     return GCOMP_OK;
+}
+
+/* unbiased=1 scales by n/k: unbiased, and no longer a contraction. */
+static void randomk_describe(const gcomp__spec *s, gcomp__desc *d) {
+    if (gcomp__spec_num(s, "unbiased", 0) != 0)
+        d->traits |= GCOMP_SPEC_UNBIASED | GCOMP__T_NOT_CONTRACTION;
 }
 
 static gcomp_status randomk_select(gcomp_compressor *c, const float *x, gcomp__selection *sel) {
@@ -186,7 +184,7 @@ static gcomp_status importance_select(gcomp_compressor *c, const float *x, gcomp
 }
 
 static gcomp_status any_k_init(gcomp_compressor *c, gcomp_error *err) {
-    if (refuse_feedback(c, err) != GCOMP_OK) return GCOMP_E_SPEC;
+    (void)err;
     c->max_entries = c->max_values = c->n;
     return GCOMP_OK;
 }
@@ -214,6 +212,10 @@ const gcomp__codec gcomp__codec_randomk = {
              randomk_params, 3},
     .select = randomk_select,
     .init = randomk_init,
+    /* Positions from (seed, step): every rank must draw the same. */
+    .traits = GCOMP_SPEC_SEEDED_POSITIONS | GCOMP_SPEC_SHARED_DRAWS,
+    .count = GCOMP__COUNT_FIXED,
+    .describe = randomk_describe,
 };
 
 const gcomp__codec gcomp__codec_bernoulli = {
@@ -221,6 +223,8 @@ const gcomp__codec gcomp__codec_bernoulli = {
              "keep each element with probability p, scaled by 1/p (unbiased)", bernoulli_params, 2},
     .select = bernoulli_select,
     .init = any_k_init,
+    .traits = GCOMP_SPEC_PRIVATE_DRAWS | GCOMP_SPEC_UNBIASED | GCOMP__T_NOT_CONTRACTION,
+    .count = GCOMP__COUNT_EXPECTED,
 };
 
 const gcomp__codec gcomp__codec_importance = {
@@ -229,4 +233,6 @@ const gcomp__codec gcomp__codec_importance = {
              importance_params, 2},
     .select = importance_select,
     .init = any_k_init,
+    .traits = GCOMP_SPEC_PRIVATE_DRAWS | GCOMP_SPEC_UNBIASED | GCOMP__T_NOT_CONTRACTION,
+    .count = GCOMP__COUNT_EXPECTED,
 };

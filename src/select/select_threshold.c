@@ -139,6 +139,7 @@ const gcomp__codec gcomp__codec_threshold = {
     .info = {"threshold", 3, GCOMP_CODEC_SPARSE, "every element with |g| >= threshold",
              threshold_params, 2},
     .select = threshold_select,
+    .count = GCOMP__COUNT_DATA,
 };
 
 const gcomp__codec gcomp__codec_sampled = {
@@ -147,4 +148,7 @@ const gcomp__codec gcomp__codec_sampled = {
              sampled_params, 4},
     .select = sampled_select,
     .init = sampled_init,
+    /* The threshold is estimated from a sample drawn from the seed; the positions travel. */
+    .traits = GCOMP_SPEC_PRIVATE_DRAWS,
+    .count = GCOMP__COUNT_EXPECTED,
 };

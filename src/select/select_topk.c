@@ -42,6 +42,7 @@ const gcomp__codec gcomp__codec_none = {
     .info = {"none", 1, GCOMP_CODEC_LINEAR,
              "dense baseline: every element, as f32 or cast (f16, bf16) by values=", none_params,
              1},
+    .traits = GCOMP_SPEC_UNBIASED, /* every element: exact with f32 */
 };
 
 const gcomp__codec gcomp__codec_topk = {
@@ -50,4 +51,5 @@ const gcomp__codec gcomp__codec_topk = {
              topk_params, 2},
     .select = topk_select,
     .init = topk_init,
+    .count = GCOMP__COUNT_FIXED,
 };

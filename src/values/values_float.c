@@ -142,9 +142,26 @@ static gcomp_status bf16_decode(const uint8_t *src, size_t len, size_t nv, float
     return GCOMP_OK;
 }
 
-const gcomp__vcoder gcomp__vcoder_f32 = {"f32",  GCOMP__V_F32, NULL,       0,
-                                         bound4, f32_encode,   f32_decode, NULL};
-const gcomp__vcoder gcomp__vcoder_f16 = {"f16",  GCOMP__V_F16, NULL,       0,
-                                         bound2, f16_encode,   f16_decode, NULL};
-const gcomp__vcoder gcomp__vcoder_bf16 = {"bf16", GCOMP__V_BF16, NULL,        0,
-                                          bound2, bf16_encode,   bf16_decode, NULL};
+/* f32 is exact (unbiased, trivially); f16 and bf16 round to nearest. */
+const gcomp__vcoder gcomp__vcoder_f32 = {.name = "f32",
+                                         .id = GCOMP__V_F32,
+                                         .bound = bound4,
+                                         .encode = f32_encode,
+                                         .decode = f32_decode,
+                                         .type = GCOMP_VALUES_F32,
+                                         .bits = 32,
+                                         .traits = GCOMP_SPEC_UNBIASED};
+const gcomp__vcoder gcomp__vcoder_f16 = {.name = "f16",
+                                         .id = GCOMP__V_F16,
+                                         .bound = bound2,
+                                         .encode = f16_encode,
+                                         .decode = f16_decode,
+                                         .type = GCOMP_VALUES_F16,
+                                         .bits = 16};
+const gcomp__vcoder gcomp__vcoder_bf16 = {.name = "bf16",
+                                          .id = GCOMP__V_BF16,
+                                          .bound = bound2,
+                                          .encode = bf16_encode,
+                                          .decode = bf16_decode,
+                                          .type = GCOMP_VALUES_BF16,
+                                          .bits = 16};

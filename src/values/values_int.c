@@ -262,26 +262,38 @@ static gcomp_status int4_decode(const uint8_t *src, size_t len, size_t nv, float
 /* No ef_ratio: either rounding errs by less than one step, scale = (max - min)/(2^b - 1)
  * <= 2 max|v| / (2^b - 1), so a residual fed back shrinks in the max norm by 2/15 (int4)
  * or 2/255 (int8) every step and stays bounded: error feedback converges. */
-const gcomp__vcoder gcomp__vcoder_int8 = {"int8",     GCOMP__V_INT8, int_params,  NINT_PARAMS,
-                                          int8_bound, int8_encode,   int8_decode, NULL};
-const gcomp__vcoder gcomp__vcoder_int4 = {"int4",     GCOMP__V_INT4, int_params,  NINT_PARAMS,
-                                          int4_bound, int4_encode,   int4_decode, NULL};
+/* rounding=stochastic draws from the seed and is unbiased; nearest is neither. */
+static void int_describe(const gcomp__vparams *p, gcomp__desc *d) {
+    if (gcomp__spec_num(p->spec, "rounding", 0) == 1)
+        d->traits |= GCOMP_SPEC_UNBIASED | GCOMP_SPEC_PRIVATE_DRAWS;
+}
+
+#define INT_CODER(bits_, name_, id_, params_, nparams_)                                            \
+    {                                                                                              \
+        .name = name_, .id = id_, .params = params_, .nparams = nparams_,                          \
+        .bound = int##bits_##_bound, .encode = int##bits_##_encode, .decode = int##bits_##_decode, \
+        .type = GCOMP_VALUES_OTHER, .bits = bits_, .describe = int_describe                        \
+    }
+const gcomp__vcoder gcomp__vcoder_int8 =
+    INT_CODER(8, "int8", GCOMP__V_INT8, int_params, NINT_PARAMS);
+const gcomp__vcoder gcomp__vcoder_int4 =
+    INT_CODER(4, "int4", GCOMP__V_INT4, int_params, NINT_PARAMS);
 /* As a dense codec the keys are the codec's own (list-codecs shows them there), so the
  * fixed coder carries no table: the parser would otherwise list them twice. */
-static const gcomp__vcoder int8_dense = {"int8",     GCOMP__V_INT8, NULL,        0,
-                                         int8_bound, int8_encode,   int8_decode, NULL};
-static const gcomp__vcoder int4_dense = {"int4",     GCOMP__V_INT4, NULL,        0,
-                                         int4_bound, int4_encode,   int4_decode, NULL};
+static const gcomp__vcoder int8_dense = INT_CODER(8, "int8", GCOMP__V_INT8, NULL, 0);
+static const gcomp__vcoder int4_dense = INT_CODER(4, "int4", GCOMP__V_INT4, NULL, 0);
 
 const gcomp__codec gcomp__codec_int8 = {
     .info = {"int8", 16, GCOMP_CODEC_QUANTIZER | GCOMP_CODEC_STOCHASTIC,
              "8-bit linear quantization, min and scale per bucket (~3.9x); usable as values=",
              int_params, NINT_PARAMS},
     .fixed_values = &int8_dense,
+    .traits = GCOMP_SPEC_UNBIASED, /* the dense selection: every element */
 };
 const gcomp__codec gcomp__codec_int4 = {
     .info = {"int4", 17, GCOMP_CODEC_QUANTIZER | GCOMP_CODEC_STOCHASTIC,
              "4-bit linear quantization, min and scale per bucket (~7.8x); usable as values=",
              int_params, NINT_PARAMS},
     .fixed_values = &int4_dense,
+    .traits = GCOMP_SPEC_UNBIASED, /* the dense selection: every element */
 };

@@ -580,10 +580,20 @@ static double qsgd_ef_ratio(const gcomp__vparams *p, size_t nv, char *fix, size_
     return r;
 }
 
-const gcomp__vcoder gcomp__vcoder_qsgd = {"qsgd",     GCOMP__V_QSGD, qsgd_params, NQSGD_PARAMS,
-                                          qsgd_bound, qsgd_encode,   qsgd_decode, qsgd_ef_ratio};
-static const gcomp__vcoder qsgd_dense = {"qsgd",     GCOMP__V_QSGD, NULL,        0,
-                                         qsgd_bound, qsgd_encode,   qsgd_decode, qsgd_ef_ratio};
+/* Nominal bits: the fixed coding's field (Elias coding is usually shorter). */
+static void qsgd_describe(const gcomp__vparams *p, gcomp__desc *d) {
+    d->bits = field_bits((uint32_t)gcomp__spec_num(p->spec, "levels", 16));
+}
+
+#define QSGD_CODER(params_, nparams_)                                                              \
+    {                                                                                              \
+        .name = "qsgd", .id = GCOMP__V_QSGD, .params = params_, .nparams = nparams_,               \
+        .bound = qsgd_bound, .encode = qsgd_encode, .decode = qsgd_decode,                         \
+        .ef_ratio = qsgd_ef_ratio, .bits = 6,                                                      \
+        .traits = GCOMP_SPEC_UNBIASED | GCOMP_SPEC_PRIVATE_DRAWS, .describe = qsgd_describe        \
+    }
+const gcomp__vcoder gcomp__vcoder_qsgd = QSGD_CODER(qsgd_params, NQSGD_PARAMS);
+static const gcomp__vcoder qsgd_dense = QSGD_CODER(NULL, 0);
 
 const gcomp__codec gcomp__codec_qsgd = {
     .info = {"qsgd", 21, GCOMP_CODEC_QUANTIZER | GCOMP_CODEC_STOCHASTIC,
@@ -591,4 +601,5 @@ const gcomp__codec gcomp__codec_qsgd = {
              "the fewest bits or Elias-coded (~5.3x at s=16)",
              qsgd_params, NQSGD_PARAMS},
     .fixed_values = &qsgd_dense,
+    .traits = GCOMP_SPEC_UNBIASED, /* the dense selection: every element */
 };

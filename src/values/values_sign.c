@@ -122,14 +122,25 @@ static gcomp_status sign_decode(const uint8_t *src, size_t len, size_t nv, float
     return GCOMP_OK;
 }
 
-const gcomp__vcoder gcomp__vcoder_sign = {"sign",     GCOMP__V_SIGN, sign_params, NSIGN_PARAMS,
-                                          sign_bound, sign_encode,   sign_decode, NULL};
-static const gcomp__vcoder sign_dense = {"sign",     GCOMP__V_SIGN, NULL,        0,
-                                         sign_bound, sign_encode,   sign_decode, NULL};
+const gcomp__vcoder gcomp__vcoder_sign = {.name = "sign",
+                                          .id = GCOMP__V_SIGN,
+                                          .params = sign_params,
+                                          .nparams = NSIGN_PARAMS,
+                                          .bound = sign_bound,
+                                          .encode = sign_encode,
+                                          .decode = sign_decode,
+                                          .bits = 1};
+static const gcomp__vcoder sign_dense = {.name = "sign",
+                                         .id = GCOMP__V_SIGN,
+                                         .bound = sign_bound,
+                                         .encode = sign_encode,
+                                         .decode = sign_decode,
+                                         .bits = 1};
 
 const gcomp__codec gcomp__codec_sign = {
     .info = {"sign", 18, GCOMP_CODEC_QUANTIZER,
              "1 bit per value and a scale per bucket (~30x): signSGD, EF-signSGD with feedback=ef",
              sign_params, NSIGN_PARAMS},
     .fixed_values = &sign_dense,
+    .traits = GCOMP_SPEC_UNBIASED, /* the dense selection: every element */
 };

@@ -199,16 +199,25 @@ static double ternary_ef_ratio(const gcomp__vparams *p, size_t nv, char *fix, si
     return r;
 }
 
-const gcomp__vcoder gcomp__vcoder_ternary = {"ternary",       GCOMP__V_TERNARY, ternary_params,
-                                             NTERNARY_PARAMS, ternary_bound,    ternary_encode,
-                                             ternary_decode,  ternary_ef_ratio};
-static const gcomp__vcoder ternary_dense = {
-    "ternary",     GCOMP__V_TERNARY, NULL,           0,
-    ternary_bound, ternary_encode,   ternary_decode, ternary_ef_ratio};
+/* Clipping makes it biased on purpose (see the top). */
+static void ternary_describe(const gcomp__vparams *p, gcomp__desc *d) {
+    if (gcomp__spec_num(p->spec, "clip", 0) > 0) d->traits &= ~GCOMP_SPEC_UNBIASED;
+}
+
+#define TERNARY_CODER(params_, nparams_)                                                           \
+    {                                                                                              \
+        .name = "ternary", .id = GCOMP__V_TERNARY, .params = params_, .nparams = nparams_,         \
+        .bound = ternary_bound, .encode = ternary_encode, .decode = ternary_decode,                \
+        .ef_ratio = ternary_ef_ratio, .bits = 2,                                                   \
+        .traits = GCOMP_SPEC_UNBIASED | GCOMP_SPEC_PRIVATE_DRAWS, .describe = ternary_describe     \
+    }
+const gcomp__vcoder gcomp__vcoder_ternary = TERNARY_CODER(ternary_params, NTERNARY_PARAMS);
+static const gcomp__vcoder ternary_dense = TERNARY_CODER(NULL, 0);
 
 const gcomp__codec gcomp__codec_ternary = {
     .info = {"ternary", 20, GCOMP_CODEC_QUANTIZER | GCOMP_CODEC_STOCHASTIC,
              "TernGrad: {-1,0,+1} * max|x| per bucket, stochastic and unbiased (~15x)",
              ternary_params, NTERNARY_PARAMS},
     .fixed_values = &ternary_dense,
+    .traits = GCOMP_SPEC_UNBIASED, /* the dense selection: every element */
 };

@@ -308,6 +308,7 @@ static const gcomp__feedback twobit_ef = {
     .state_load = tbef_state_load,
     .state_reset = tbef_state_reset,
     .residual = tbef_residual,
+    .traits = GCOMP_SPEC_FEEDBACK,
 };
 
 static gcomp_status twobit_codec_init(gcomp_compressor *c, gcomp_error *err) {
@@ -353,11 +354,23 @@ static gcomp_status twobit_codec_encode(gcomp_compressor *c, const float *x, flo
     return GCOMP_OK;
 }
 
-const gcomp__vcoder gcomp__vcoder_twobit = {
-    "twobit",     GCOMP__V_TWOBIT, twobit_params, NTWOBIT_PARAMS,
-    twobit_bound, twobit_encode,   twobit_decode, NULL};
-static const gcomp__vcoder twobit_dense = {"twobit",     GCOMP__V_TWOBIT, NULL,          0,
-                                           twobit_bound, twobit_encode,   twobit_decode, NULL};
+/* At most t per element whatever the input: saturating. */
+const gcomp__vcoder gcomp__vcoder_twobit = {.name = "twobit",
+                                            .id = GCOMP__V_TWOBIT,
+                                            .params = twobit_params,
+                                            .nparams = NTWOBIT_PARAMS,
+                                            .bound = twobit_bound,
+                                            .encode = twobit_encode,
+                                            .decode = twobit_decode,
+                                            .bits = 2,
+                                            .traits = GCOMP_SPEC_SATURATING};
+static const gcomp__vcoder twobit_dense = {.name = "twobit",
+                                           .id = GCOMP__V_TWOBIT,
+                                           .bound = twobit_bound,
+                                           .encode = twobit_encode,
+                                           .decode = twobit_decode,
+                                           .bits = 2,
+                                           .traits = GCOMP_SPEC_SATURATING};
 
 const gcomp__codec gcomp__codec_twobit = {
     .info = {"twobit", 19, GCOMP_CODEC_QUANTIZER,
@@ -368,4 +381,5 @@ const gcomp__codec gcomp__codec_twobit = {
     .init = twobit_codec_init,
     .encode = twobit_codec_encode,
     .fixed_feedback = "ef",
+    .traits = GCOMP_SPEC_UNBIASED, /* the dense selection: every element */
 };

@@ -122,6 +122,9 @@ int main(void) {
   S(gcomp_tensor_desc); F(gcomp_tensor_desc, n); F(gcomp_tensor_desc, cols);
   S(gcomp_layer_plan); F(gcomp_layer_plan, rule); F(gcomp_layer_plan, reason); F(gcomp_layer_plan, pattern);
   F(gcomp_layer_plan, bytes); F(gcomp_layer_plan, dense_bytes);
+  S(gcomp_spec_info); F(gcomp_spec_info, values); F(gcomp_spec_info, flags); F(gcomp_spec_info, value_type);
+  F(gcomp_spec_info, value_bits); F(gcomp_spec_info, density); F(gcomp_spec_info, phases);
+  F(gcomp_spec_info, seed); F(gcomp_spec_info, fingerprint);
   return 0;
 }
 """
@@ -137,7 +140,8 @@ int main(void) {
 
     types = {"gcomp_param_info": nat.ParamInfo, "gcomp_codec_info": nat.CodecInfo,
              "gcomp_error": nat.ErrorInfo, "gcomp_message_info": nat.MessageInfo, "gcomp_stats": nat.Stats,
-             "gcomp_tensor_desc": nat.TensorDesc, "gcomp_layer_plan": nat.LayerPlan}
+             "gcomp_tensor_desc": nat.TensorDesc, "gcomp_layer_plan": nat.LayerPlan,
+             "gcomp_spec_info": nat.SpecInfo}
     checked = 0
     for line in filter(None, lines):
         what, val = line.split()
@@ -147,10 +151,36 @@ int main(void) {
         else:
             assert ctypes.sizeof(types[what]) == int(val), what
         checked += 1
-    assert checked > 28
+    assert checked > 37
 
 
 # ---- specs -----------------------------------------------------------------------------
+
+
+def test_describe_spec_get_set():
+    d = gradcomp.describe("randomk:density=0.01,values=f16,seed=5")
+    assert d["codec"] == "randomk" and d["values"] == "f16" and d["feedback"] == "none"
+    assert {"sparse", "linear", "seeded_positions", "shared_draws", "contraction"} == set(d["properties"])
+    assert d["value_type"] == "f16" and d["value_bits"] == 16 and d["seed"] == 5
+    assert d["fingerprint"] == gradcomp.spec_fingerprint("randomk:density=0.01,values=f16,seed=5")
+    p = gradcomp.describe("powersgd:iters=2")
+    assert "multiphase" in p["properties"] and p["phases"] == 4
+    assert "contraction" not in gradcomp.describe("qsgd:levels=4")["properties"]
+    assert "contraction" in gradcomp.describe("qsgd:levels=4", n=16)["properties"]
+    assert "momentum" in gradcomp.describe("dgc")["properties"]
+    assert gradcomp.describe("topk", n=150)["density"] == 2 / 150
+    assert gradcomp.spec_get("topk", "density") == "0.01"
+    assert gradcomp.spec_get_number("int8:rounding=stochastic", "rounding") == 1
+    s = gradcomp.spec_set("topk:values=qsgd,levels=4", "values", "int8")
+    assert s == gradcomp.canonical("topk:values=int8")
+    assert gradcomp.spec_set("topk", "density", 0.5) == gradcomp.canonical("topk:density=0.5")
+    assert gradcomp.spec_set("randomk", "unbiased", True) == gradcomp.canonical("randomk:unbiased=1")
+    with pytest.raises(gradcomp.SpecError, match="density"):
+        gradcomp.spec_get("topk", "levels")
+    with pytest.raises(gradcomp.SpecError):
+        gradcomp.spec_set("dgc", "feedback", "ef")
+    with pytest.raises(gradcomp.SpecError):
+        gradcomp.describe("topk:densty=1")
 
 
 def test_canonical_and_fingerprint():
