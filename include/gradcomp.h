@@ -527,6 +527,281 @@ GCOMP_API gcomp_status gcomp_spec_bytes_estimate(const char *spec, size_t n, siz
                                                  size_t cols, size_t *bytes, gcomp_error *err);
 
 /* ------------------------------------------------------------------------------------- */
+/* Cost model: predicted step time of compressed data-parallel training (src/adapt/cost*.c) */
+
+/*
+ * Will compression pay on this link, for this model, at this many workers?  The model
+ * (after Agarwal et al., "On the utility of gradient compression in distributed training
+ * systems", MLSys 2022) predicts one training step as
+ *
+ *     step = compute + codec + exposed communication
+ *
+ *  compute   forward, backward and optimizer time, given by the caller (measured on one
+ *            worker: it does not depend on the method).  The backward time is spread over
+ *            the tensors in proportion to their elements, last tensor first (the order in
+ *            which a backward pass makes gradients final).
+ *  codec     encode and decode time per tensor, from a calibration measured on this
+ *            machine (gcomp_cost_calibrate_codec, `gradcomp plan --calibrate`), times the
+ *            number of encodes and decodes the tensor's strategy runs (allgather decodes P
+ *            messages, rsag encodes at the worker and again at the owner, ...).
+ *  comm      an alpha-beta model (a message costs latency + bytes / bandwidth) of each
+ *            strategy's traffic law, with the message size from gcomp_spec_bytes_estimate
+ *            (this library's own formats: never re-derived here):
+ *              allreduce   2(P-1)/P x the values (ring; recursive doubling below 256 KiB)
+ *              powersgd    two allreduces per power iteration, of rows*r and cols*r values
+ *              allgather   (P-1) x one message: grows with P
+ *              sparse      2(P-1)/P x one message, each region's slice re-coded as
+ *                          (gap, value) pairs and sent dense once that is smaller (fill-in)
+ *              rsag        2(P-1)/P x the compressed tensor, chunk messages with their
+ *                          headers, plus the owner's re-compression
+ *              ps          push the message to S servers, pull the result (the parameter
+ *                          server's law; the MPI layer has no ps strategy yet)
+ *              hierarchical  a dense float32 binomial-tree reduce and broadcast inside each
+ *                          node on the intra-node link, the strategy between node leaders
+ *  exposed   the part of the communication not hidden behind the backward pass: each
+ *            tensor is encoded when its gradient is final, sent when the link is free
+ *            (tensor i+1 is compressed while tensor i is on the wire), and decoded after;
+ *            `overlap` says how much of the remaining backward time a transfer can use.
+ *
+ * Byte counts follow gcomp_mpi_stats.bytes_sent exactly for the deterministic sizes (what
+ * one rank hands to MPI for its peers, size words included), so a run's own counters
+ * check the model; tests/mpi checks them for every strategy.  Times are seconds, sizes
+ * bytes, bandwidths bytes per second of payload (goodput: a 1 Gbit/s Ethernet link
+ * carries at most 1448/1514 of 125 MB/s of TCP payload).
+ *
+ * Strategy: the core library does not link MPI, so the caller names each tensor's
+ * strategy; the values are those of gcomp_mpi_strategy (gradcomp_mpi.h), and
+ * gcomp_mpi_strategy_auto(spec) gives the one an MPI bucket would use.
+ *
+ * Evaluation (gcomp_cost_eval) is a pure function of the model, the network and the
+ * compute description: plain double arithmetic, no allocation, no clock, no randomness,
+ * O(tensors).  Ranks that evaluate the same inputs (the same calibration: broadcast rank
+ * 0's) get the same bits and so take the same decision, which a controller that retunes
+ * compression at run time needs.  Objects follow the library's threading rule; a model is
+ * immutable after create, so several threads may evaluate one model at once.
+ */
+
+/** Strategy values for the cost model; the same numbers as gcomp_mpi_strategy. */
+typedef enum gcomp_cost_strategy {
+    GCOMP_COST_ALLGATHER = 1, /**< gather every rank's message; (P-1) x message */
+    GCOMP_COST_SPARSE = 2,    /**< sparse allreduce: regions, owners, allgather */
+    GCOMP_COST_ALLREDUCE = 3, /**< dense allreduce of linear values (and PowerSGD's factors) */
+    GCOMP_COST_RSAG = 4,      /**< reduce-scatter + allgather with owner re-compression */
+    GCOMP_COST_PS = 5,        /**< parameter server: push the message to S servers, pull the
+                                   dense f32 sum (MXNet dist_sync; issue #13) */
+    GCOMP_COST_PS_COMPRESSED = 6 /**< parameter server whose servers re-compress: pull a
+                                      message (BytePS's compressed pull) */
+} gcomp_cost_strategy;
+
+/** Or'ed into a strategy: dense reduce inside each node, the strategy between nodes. */
+#define GCOMP_COST_HIERARCHICAL 0x100
+
+/** Version of the calibration text format gcomp_cost_calibration_format writes. */
+#define GCOMP_COST_CALIBRATION_VERSION 1
+
+/** One link: latency (alpha) and payload bandwidth (1 / beta). */
+typedef struct gcomp_cost_link {
+    double bandwidth; /**< bytes per second of payload, each direction (full duplex); > 0 */
+    double latency;   /**< seconds per message (one-way, software included); >= 0 */
+} gcomp_cost_link;
+
+/** The network and the job's shape. */
+typedef struct gcomp_cost_net {
+    int workers;           /**< P, ranks that exchange gradients (>= 1) */
+    int nodes;             /**< nodes the workers are spread over (1..P; P/nodes per node,
+                                rounded up); 1 with one worker per "host" on netsim too */
+    gcomp_cost_link inter; /**< each node's link to the others (NIC) */
+    gcomp_cost_link intra; /**< between ranks of one node (shared memory, NVLink) */
+    int servers;           /**< ps: parameter servers S (0: one per node) */
+} gcomp_cost_net;
+
+/** Fills *net: P = nodes = 1, 1 Gbit/s Ethernet goodput and 25 us between nodes,
+ *  10 GB/s and 1 us inside a node, one server per node. */
+GCOMP_API void gcomp_cost_net_default(gcomp_cost_net *net);
+
+/** The compute side of one step (seconds on one worker; the same for every method). */
+typedef struct gcomp_cost_compute {
+    double forward_s;   /**< forward pass (and data loading): nothing to overlap with */
+    double backward_s;  /**< backward pass: gradients become final during it */
+    double optimizer_s; /**< after the exchange */
+    double overlap;     /**< 0..1: share of the backward time still to run after a tensor's
+                             gradient is final during which its transfer progresses (1:
+                             transfers run beside compute, as with NCCL or an MPI progress
+                             thread; 0: they move only while the worker waits) */
+} gcomp_cost_compute;
+
+/** Measured codec speed for one spec: t(n) = fixed + per_elem * n. */
+typedef struct gcomp_cost_codec_rate {
+    char spec[512];         /**< canonical spec it was measured with (seed= removed) */
+    double encode_fixed_s;  /**< per encode */
+    double encode_per_elem; /**< seconds per element of the tensor */
+    double decode_fixed_s;  /**< per decode-add of one message */
+    double decode_per_elem; /**< seconds per element of the tensor */
+} gcomp_cost_codec_rate;
+
+/** Measured network: alpha and beta of the links the calibration ran on. */
+typedef struct gcomp_cost_net_rate {
+    char label[64];       /**< what was measured: "inter" or "intra" (or a user's name) */
+    int ranks;            /**< ranks of the job that measured it */
+    double latency;       /**< alpha: half the round trip of a small ping-pong, seconds */
+    double bandwidth;     /**< 1/beta: bytes/s of a large one-way transfer */
+    double ring_bandwidth;/**< bytes/s a ring allreduce reached (2(P-1)/P n / time); 0 if not
+                               measured */
+} gcomp_cost_net_rate;
+
+/** A set of measurements: codec rates and network rates.  Opaque. */
+typedef struct gcomp_cost_calibration gcomp_cost_calibration;
+
+/** Creates an empty calibration.  Returns GCOMP_OK, GCOMP_E_ARG or GCOMP_E_NOMEM. */
+GCOMP_API gcomp_status gcomp_cost_calibration_create(gcomp_cost_calibration **out);
+/** Frees a calibration; NULL is a no-op. */
+GCOMP_API void gcomp_cost_calibration_free(gcomp_cost_calibration *cal);
+
+/**
+ * Parses the text form (written by gcomp_cost_calibration_format; docs/COST_MODEL.md):
+ * a first line `gradcomp-calibration VERSION`, then `#` comments, `codec SPEC KEY=VALUE...`
+ * lines (encode_fixed_s, encode_per_elem, decode_fixed_s, decode_per_elem), `net LABEL
+ * KEY=VALUE...` lines (ranks, latency, bandwidth, ring_bandwidth) and `info KEY VALUE`
+ * lines (kept, not interpreted).  Unknown keys are errors (a typo must not go unnoticed).
+ * Returns GCOMP_OK; GCOMP_E_ARG (NULL); GCOMP_E_BAD_MAGIC (not a calibration);
+ * GCOMP_E_VERSION (newer format); GCOMP_E_CORRUPT (a bad line: *err names its number);
+ * GCOMP_E_NOMEM.  On failure *out is NULL.
+ */
+GCOMP_API gcomp_status gcomp_cost_calibration_parse(gcomp_cost_calibration **out, const char *text,
+                                                    size_t len, gcomp_error *err);
+
+/**
+ * Writes the text form into `out` (NUL-terminated) and its length, without the NUL, into
+ * *len (may be NULL).  With out == NULL or a too small `cap`, *len receives the size needed
+ * and GCOMP_E_DST_SIZE is returned.  Values are written with 17 significant digits, so
+ * parse(format(c)) evaluates bit for bit as c.
+ */
+GCOMP_API gcomp_status gcomp_cost_calibration_format(const gcomp_cost_calibration *cal, char *out,
+                                                     size_t cap, size_t *len);
+
+/**
+ * Adds a codec rate, replacing one for the same (seedless canonical) spec.  The spec is
+ * canonicalised here.  Returns GCOMP_OK, GCOMP_E_ARG (negative or non-finite times),
+ * GCOMP_E_SPEC, GCOMP_E_UNKNOWN_CODEC, GCOMP_E_NOMEM.
+ */
+GCOMP_API gcomp_status gcomp_cost_calibration_add_codec(gcomp_cost_calibration *cal,
+                                                        const gcomp_cost_codec_rate *rate,
+                                                        gcomp_error *err);
+/** Adds (or replaces, by label) a network rate.  GCOMP_OK, GCOMP_E_ARG, GCOMP_E_NOMEM. */
+GCOMP_API gcomp_status gcomp_cost_calibration_add_net(gcomp_cost_calibration *cal,
+                                                      const gcomp_cost_net_rate *rate);
+/** Number of codec rates / network rates, and the i-th one (NULL when out of range). */
+GCOMP_API size_t gcomp_cost_calibration_codecs(const gcomp_cost_calibration *cal);
+GCOMP_API const gcomp_cost_codec_rate *gcomp_cost_calibration_codec(const gcomp_cost_calibration *cal,
+                                                                    size_t i);
+/** The network rate with this label, NULL if none. */
+GCOMP_API const gcomp_cost_net_rate *gcomp_cost_calibration_net(const gcomp_cost_calibration *cal,
+                                                                const char *label);
+
+/**
+ * Measures one spec's encode and decode-add speed on this machine: a tensor of `n`
+ * elements (shape rows x cols, or 0 x 0), a synthetic gradient, buffers touched (and
+ * asked for huge pages) before timing, `runs` timed encodes and decodes after one
+ * untimed; the median, then fitted with a second size of n/8 into fixed + per_elem * n.
+ * PowerSGD's encode is its whole local protocol (both products, the orthogonalisation
+ * and the reconstruction).  Takes about runs x 2 x (encode + decode) of n elements.
+ * Returns GCOMP_OK or the compressor's status (GCOMP_E_SPEC, GCOMP_E_ARG, GCOMP_E_NOMEM).
+ */
+GCOMP_API gcomp_status gcomp_cost_calibrate_codec(const char *spec, size_t n, size_t rows,
+                                                  size_t cols, unsigned runs,
+                                                  gcomp_cost_codec_rate *out, gcomp_error *err);
+
+/** One tensor of a model, as the model is told it. */
+typedef struct gcomp_cost_tensor {
+    const char *name;  /**< may be NULL; copied */
+    const char *spec;  /**< the method for this tensor ("none" for dense f32); copied */
+    size_t n;          /**< elements */
+    size_t rows, cols; /**< matrix shape, or 0 x 0 */
+    int strategy;      /**< a gcomp_cost_strategy, optionally | GCOMP_COST_HIERARCHICAL;
+                            never 0 (auto): gcomp_mpi_strategy_auto gives it */
+} gcomp_cost_tensor;
+
+/** A model: tensors in forward order, their message sizes and codec rates.  Opaque. */
+typedef struct gcomp_cost_model gcomp_cost_model;
+
+/**
+ * Creates a model: validates every tensor, estimates its message bytes
+ * (gcomp_spec_bytes_estimate) and, for rsag, the chunk messages, and looks up its codec
+ * rate in `cal` (may be NULL): the rate of the same seedless canonical spec, else of the
+ * same codec with its other parameters (scaled by density or rank where they set the
+ * work), else a default of 1 ns per element (marked uncalibrated in the result).  The
+ * bytes depend on P (chunks, regions) and the nodes (hierarchical), so `workers` and
+ * `nodes` (1..workers) are fixed here; gcomp_cost_eval takes the links.  `cal` is not
+ * kept.
+ * Returns GCOMP_OK; GCOMP_E_ARG (count 0, n 0, a shape that does not hold n, strategy 0
+ * or unknown, workers < 1, nodes outside 1..workers: *err names the tensor); the spec's status (GCOMP_E_SPEC,
+ * GCOMP_E_UNKNOWN_CODEC, GCOMP_E_LIMIT); GCOMP_E_UNSUPPORTED (allreduce for a codec that
+ * does not sum linearly); GCOMP_E_NOMEM.  On failure *out is NULL.
+ */
+GCOMP_API gcomp_status gcomp_cost_model_create(gcomp_cost_model **out,
+                                               const gcomp_cost_tensor *tensors, size_t count,
+                                               int workers, int nodes,
+                                               const gcomp_cost_calibration *cal,
+                                               gcomp_error *err);
+/** Frees a model; NULL is a no-op. */
+GCOMP_API void gcomp_cost_model_free(gcomp_cost_model *m);
+/** Tensor count, workers and nodes the model was made for (0 for NULL). */
+GCOMP_API size_t gcomp_cost_model_count(const gcomp_cost_model *m);
+GCOMP_API int gcomp_cost_model_workers(const gcomp_cost_model *m);
+GCOMP_API int gcomp_cost_model_nodes(const gcomp_cost_model *m);
+
+/** What the model predicts for one tensor (per rank, per step). */
+typedef struct gcomp_cost_tensor_result {
+    double message_bytes; /**< one message of the whole tensor (gcomp_spec_bytes_estimate);
+                               for allreduce the reduced values; powersgd one round's P+Q */
+    double bytes_sent;    /**< handed to MPI for other ranks, as gcomp_mpi_stats counts it */
+    double node_bytes;    /**< hierarchical: inside the node, sent + received */
+    double encode_s;      /**< worker and owner encodes */
+    double decode_s;      /**< every decode-add and unpack this rank runs */
+    double comm_s;        /**< alpha-beta time of its transfers alone */
+    double ready_s;       /**< when its gradient is final, from the start of the step */
+    double done_s;        /**< when its result is decoded */
+    int strategy;         /**< as given */
+    int calibrated;       /**< 2 exact spec, 1 same codec (scaled), 0 default rate */
+} gcomp_cost_tensor_result;
+
+/** The step as a whole. */
+typedef struct gcomp_cost_result {
+    double step_s;        /**< predicted step time */
+    double compute_s;     /**< forward + backward + optimizer */
+    double codec_s;       /**< encode + decode of every tensor */
+    double comm_s;        /**< alpha-beta time of every transfer, hidden or not */
+    double exposed_s;     /**< step - compute - codec: the communication not hidden */
+    double bytes_sent;    /**< per rank per step */
+    double node_bytes;    /**< hierarchical, inside nodes */
+    int calibrated;       /**< the smallest of the tensors' `calibrated` */
+} gcomp_cost_result;
+
+/**
+ * Predicts one step.  `per_tensor` may be NULL, else gcomp_cost_model_count entries.
+ * Returns GCOMP_OK or GCOMP_E_ARG (NULL model/net/compute/out, a net whose workers or
+ * nodes differ from the model's, a bandwidth <= 0 or not finite, a negative
+ * latency or compute time, overlap outside 0..1).  Pure and cheap: see above.
+ */
+GCOMP_API gcomp_status gcomp_cost_eval(const gcomp_cost_model *m, const gcomp_cost_net *net,
+                                       const gcomp_cost_compute *compute,
+                                       gcomp_cost_result *out, gcomp_cost_tensor_result *per_tensor);
+
+/**
+ * The break-even link speed: the inter-node bandwidth above which `m` (a compressed
+ * method) is no faster than `base` (e.g. dense f32 ring allreduce) for the same tensors;
+ * `tensor` = (size_t)-1 compares whole steps, otherwise that tensor alone (its codec and
+ * communication, no compute).  The two models must have the same tensor count and
+ * workers.  Searched by bisection on log(bandwidth) over [1e5, 1e13] bytes/s with the
+ * rest of `net` held fixed.  *bandwidth receives the speed; 0 when `m` is slower at every
+ * speed in that range, INFINITY when it is faster at every speed.
+ * Returns GCOMP_OK or GCOMP_E_ARG.
+ */
+GCOMP_API gcomp_status gcomp_cost_break_even(const gcomp_cost_model *m, const gcomp_cost_model *base,
+                                             size_t tensor, const gcomp_cost_net *net,
+                                             const gcomp_cost_compute *compute, double *bandwidth);
+
+/* ------------------------------------------------------------------------------------- */
 /* Low-rank (PowerSGD) multi-phase protocol: the transport runs the reductions             */
 
 /**

@@ -1,0 +1,408 @@
+/*
+ * cost_laws.c - each strategy's traffic law and codec work, one component per strategy in
+ * a const table (as the MPI layer's strategies are), turned at model creation into the
+ * bytes gcomp_mpi_stats counts, the transfer phases gcomp_cost_eval times and the codec
+ * seconds from the calibration.
+ *
+ * Bytes per rank and step, for a group of G ranks (G = P, or the nodes for hierarchical),
+ * m one message of the whole tensor (gcomp_spec_bytes_estimate), c_j the message of chunk
+ * j (elements [jn/G, (j+1)n/G)), 8-byte size words:
+ *   allreduce  2(G-1)/G x S, S the values summed: n x width for `none`, the message's value
+ *              section for random-k; packs under 256 KiB go through MPI_Iallreduce and
+ *              carry 24 check bytes; the time law is the ring's 2(G-1) steps above that,
+ *              recursive doubling's log2 G exchanges of S below (Thakur et al. 2005)
+ *   powersgd   per power iteration, allreduces of rows x r and cols x r values (+ check
+ *              words), or a dense allreduce on the dense steps the codec takes
+ *   allgather  8(G-1) + (G-1) m                                  (grows with G)
+ *   sparse     16(G-1) + (G-1) s + (G-1) o, s a region's slice: k/G (gap varint, value)
+ *              pairs, or the region dense once that is smaller (the fill-in), o the
+ *              owner's message of a region (Renggli et al. 2019; Li & Hoefler 2022)
+ *   rsag       16(G-1) + 2 (G-1)/G sum_j c_j  (on average over ranks; Tang et al. 2021)
+ *   ps         push m to S servers, pull 4n (or m): the worker NIC carries m and the pull,
+ *              each server's NIC P/S of every worker's (Li et al. 2014; Jiang et al. 2020)
+ *   hierarchical  a binomial tree inside the node (ceil(log2 L) rounds of 4n each way on
+ *              the leader), then the strategy between the node leaders
+ * Codec seconds per rank (e(x), d(x): encode and decode-add of x elements):
+ *   allreduce e(n) + d(n) (pack and unpack), powersgd e(n) (its whole local protocol),
+ *   allgather e(n) + G d(n), sparse e(n) + 2 d(n) + e(n/G) + G d(n/G),
+ *   rsag G e(n/G) + e(n/G) + 2G d(n/G), ps e(n) (+ d(n) when the pull is compressed).
+ */
+#include "cost_internal.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#define RING_MIN_BYTES (256.0 * 1024) /* src/mpi/mpi_allreduce.c: packs this big use the ring */
+#define GM_SLICE_HDR 8.0              /* src/mpi: a slice's header */
+#define SECTION_BYTES 24.0            /* docs/FORMAT.md: the sparse section header */
+
+typedef struct law_in {
+    const gcomp_cost_tensor *t;
+    const char *canon;
+    const gcomp_codec_info *ci;
+    int G;        /* ranks that exchange */
+    int leaders;  /* between node leaders */
+    double m;     /* one message of the whole tensor */
+    gcomp_cost_codec_rate rate;
+    gcomp_error *err;
+} law_in;
+
+static double ring_bytes(double bytes, int G) {
+    return G > 1 ? floor(2.0 * (G - 1) / G * bytes) : 0;
+}
+
+static int log2up(int G) {
+    int r = 0;
+    while ((1 << r) < G) r++;
+    return r;
+}
+
+static double enc(const law_in *in, double n) {
+    return n > 0 ? in->rate.encode_fixed_s + in->rate.encode_per_elem * n : 0;
+}
+
+static double dec(const law_in *in, double n) {
+    return n > 0 ? in->rate.decode_fixed_s + in->rate.decode_per_elem * n : 0;
+}
+
+static void add_phase(cost_tensor *ct, int kind, int group, double bytes, double steps,
+                      int leaders) {
+    if (ct->nphase == COST_MAX_PHASES || group < 2) return;
+    cost_phase *p = &ct->phase[ct->nphase++];
+    memset(p, 0, sizeof *p);
+    p->kind = (unsigned char)kind;
+    p->leaders = (unsigned char)leaders;
+    p->group = group;
+    p->bytes = bytes;
+    p->steps = steps;
+}
+
+static gcomp_status estimate(const law_in *in, size_t n, size_t rows, size_t cols, double *out) {
+    size_t b = 0;
+    gcomp_status st = gcomp_spec_bytes_estimate(in->t->spec, n, rows, cols, &b, in->err);
+    *out = (double)b;
+    return st;
+}
+
+/* An allreduce of S value bytes (+ check words below the ring's size): bytes and time. */
+static void allreduce_values(cost_tensor *ct, const law_in *in, double S, double check) {
+    int G = in->G;
+    if (G < 2) return;
+    if (S >= RING_MIN_BYTES) {
+        ct->bytes_sent += 2.0 * (G - 1) / G * S;
+        add_phase(ct, PH_RING, G, 2.0 * (G - 1) / G * S, 2.0 * (G - 1), in->leaders);
+    } else {
+        ct->bytes_sent += ring_bytes(S + check, G);
+        int r = log2up(G);
+        add_phase(ct, PH_RING, G, r * (S + check), r, in->leaders);
+    }
+}
+
+static double value_width(const char *canon) {
+    const char *v = strstr(canon, "values=");
+    if (v && (!strncmp(v + 7, "f16", 3) || !strncmp(v + 7, "bf16", 4))) return 2;
+    return 4;
+}
+
+static gcomp_status law_allreduce(cost_tensor *ct, const law_in *in) {
+    const gcomp_cost_tensor *t = in->t;
+    double w = value_width(in->canon), n = (double)t->n;
+    if (in->ci->flags & GCOMP_CODEC_MULTIPHASE) {
+        /* PowerSGD (src/lowrank/powersgd.c): dense steps for vectors and where the
+         * factors would not compress (rows+cols) r * min_compression_rate >= rows cols. */
+        double r = gcomp__cost_spec_num(in->canon, "rank", 1);
+        double iters = gcomp__cost_spec_num(in->canon, "iters", 1);
+        double mcr = gcomp__cost_spec_num(in->canon, "min_compression_rate", 2);
+        double R = (double)t->rows, C = (double)t->cols;
+        if (r > R) r = R;
+        if (r > C) r = C;
+        bool dense = t->rows == 0 || t->cols == 0 || (R + C) * r * mcr >= R * C;
+        if (dense) {
+            ct->message_bytes = n * w;
+            allreduce_values(ct, in, n * w, 24);
+            ct->encode_s = 0;
+            ct->decode_s = 0;
+            return GCOMP_OK;
+        }
+        ct->message_bytes = iters * (R + C) * r * w;
+        /* The factors go through MPI_Iallreduce whatever their size (mpi_lowrank.c). */
+        for (int k = 0; k < (int)iters; k++) {
+            double chk_p = k == 0 ? 24 : 8;
+            ct->bytes_sent += ring_bytes(R * r * w + chk_p, in->G) + ring_bytes(C * r * w + 8, in->G);
+            int lg = log2up(in->G);
+            if (in->G > 1) {
+                add_phase(ct, PH_RING, in->G, lg * (R * r * w + chk_p), lg, in->leaders);
+                add_phase(ct, PH_RING, in->G, lg * (C * r * w + 8), lg, in->leaders);
+            }
+        }
+        ct->encode_s = enc(in, n);
+        ct->decode_s = 0;
+        return GCOMP_OK;
+    }
+    if (!(in->ci->flags & GCOMP_CODEC_LINEAR))
+        return gcomp__fail(in->err, GCOMP_E_UNSUPPORTED,
+                           "cost model: tensor '%s': allreduce needs a codec that sums linearly "
+                           "(%s does not)",
+                           ct->name, in->ci->name);
+    /* The sum runs over the message's value section: the message less its header and
+     * section header (docs/FORMAT.md) and, for positions drawn from a seed, the key. */
+    double S = strcmp(in->ci->name, "none") == 0
+                   ? n * w
+                   : in->m - GCOMP_HEADER_SIZE - SECTION_BYTES -
+                         ((in->ci->flags & GCOMP_CODEC_SPARSE) ? 8 : 0);
+    if (S < 0) S = 0;
+    ct->message_bytes = S;
+    allreduce_values(ct, in, S, 24);
+    ct->encode_s = enc(in, n);
+    ct->decode_s = dec(in, n);
+    return GCOMP_OK;
+}
+
+static gcomp_status law_allgather(cost_tensor *ct, const law_in *in) {
+    int G = in->G;
+    double n = (double)in->t->n;
+    ct->message_bytes = in->m;
+    if (G > 1) {
+        ct->bytes_sent += 8.0 * (G - 1) + (G - 1) * in->m;
+        add_phase(ct, PH_SPREAD, G, 8.0 * (G - 1), log2up(G), in->leaders);
+        add_phase(ct, PH_SPREAD, G, (G - 1) * in->m, log2up(G), in->leaders);
+    }
+    ct->encode_s = enc(in, n);
+    ct->decode_s = G * dec(in, n);
+    return GCOMP_OK;
+}
+
+/* Expected bytes of a varint (7 bits a byte) of a gap between k uniformly scattered
+ * positions in n: the gap is geometric with p = k/n. */
+static double varint_bytes(double k, double n) {
+    if (k <= 0 || n <= 0) return 1;
+    double p = k / n < 1 ? k / n : 1, q = 1 - p, e = 1;
+    for (int b = 7; b <= 28; b += 7) e += pow(q, ldexp(1.0, b));
+    return e;
+}
+
+/* The elements a sparse codec keeps: k = density x n (dense codecs: all of them). */
+static double kept(const law_in *in) {
+    double n = (double)in->t->n;
+    if (!(in->ci->flags & GCOMP_CODEC_SPARSE)) return n;
+    double d = gcomp__cost_spec_num(in->canon, "density", 1);
+    double k = ceil(d * n);
+    return k < 1 ? 1 : k > n ? n : k;
+}
+
+static gcomp_status law_sparse(cost_tensor *ct, const law_in *in) {
+    int G = in->G;
+    double n = (double)in->t->n, k = kept(in);
+    ct->message_bytes = in->m;
+    double region = n / G, per = k / G;
+    double vw = value_width(in->canon);
+    double slice = fmin(GM_SLICE_HDR + per * (varint_bytes(k, n) + vw), GM_SLICE_HDR + 4 * region);
+    double owner = 0;
+    gcomp_status st = estimate(in, (size_t)ceil(region), 0, 0, &owner);
+    if (st != GCOMP_OK) return st;
+    if (G > 1) {
+        ct->bytes_sent += 16.0 * (G - 1) + (G - 1) * slice + (G - 1) * owner;
+        add_phase(ct, PH_SPREAD, G, 8.0 * (G - 1), 1, in->leaders);
+        add_phase(ct, PH_SPREAD, G, (G - 1) * slice, 1, in->leaders);
+        add_phase(ct, PH_SPREAD, G, 8.0 * (G - 1), log2up(G), in->leaders);
+        add_phase(ct, PH_SPREAD, G, (G - 1) * owner, log2up(G), in->leaders);
+    }
+    ct->encode_s = enc(in, n) + enc(in, region);
+    ct->decode_s = 2 * dec(in, n) + G * dec(in, region);
+    return GCOMP_OK;
+}
+
+static gcomp_status law_rsag(cost_tensor *ct, const law_in *in) {
+    int G = in->G;
+    size_t n = in->t->n, lo = n / (size_t)G, nhi = n % (size_t)G;
+    double c_lo = 0, c_hi = 0;
+    gcomp_status st = lo ? estimate(in, lo, 0, 0, &c_lo) : GCOMP_OK;
+    if (st == GCOMP_OK && nhi) st = estimate(in, lo + 1, 0, 0, &c_hi);
+    if (st != GCOMP_OK) return st;
+    /* Chunk j holds floor((j+1)n/G) - floor(jn/G) elements: n mod G of them one more. */
+    double sum = (double)((size_t)G - nhi) * c_lo + (double)nhi * c_hi;
+    ct->message_bytes = sum;
+    if (G > 1) {
+        double half = (G - 1.0) / G * sum;
+        ct->bytes_sent += 16.0 * (G - 1) + 2 * half;
+        add_phase(ct, PH_SPREAD, G, 8.0 * (G - 1), 1, in->leaders);
+        add_phase(ct, PH_SPREAD, G, half, 1, in->leaders);
+        add_phase(ct, PH_SPREAD, G, 8.0 * (G - 1), log2up(G), in->leaders);
+        add_phase(ct, PH_SPREAD, G, half, log2up(G), in->leaders);
+    }
+    double chunk = (double)n / G;
+    ct->encode_s = G * enc(in, chunk) + enc(in, chunk);
+    ct->decode_s = 2 * G * dec(in, chunk);
+    return GCOMP_OK;
+}
+
+/* The parameter server's law, for issue #13's strategy (not in the MPI layer yet, so no
+ * byte counter checks it): the worker pushes its message, split over the S servers, and
+ * pulls the result; a server receives P/S workers' shares and sends as much back. */
+static gcomp_status law_ps(cost_tensor *ct, const law_in *in, int pull_dense) {
+    double n = (double)in->t->n, pull = pull_dense ? 4 * n : in->m;
+    ct->message_bytes = in->m;
+    ct->bytes_sent = in->m;
+    if (ct->nphase < COST_MAX_PHASES && in->G > 1) {
+        cost_phase *p = &ct->phase[ct->nphase++];
+        memset(p, 0, sizeof *p);
+        p->kind = PH_PS;
+        p->group = in->G;
+        p->bytes = fmax(in->m, pull);
+        p->server_bytes = fmax(in->m, pull);
+        p->steps = 2;
+        p->leaders = (unsigned char)in->leaders;
+    }
+    ct->encode_s = enc(in, n);
+    ct->decode_s = pull_dense ? 0 : dec(in, n);
+    return GCOMP_OK;
+}
+
+static gcomp_status law_ps_dense(cost_tensor *ct, const law_in *in) {
+    return law_ps(ct, in, 1);
+}
+
+static gcomp_status law_ps_compressed(cost_tensor *ct, const law_in *in) {
+    return law_ps(ct, in, 0);
+}
+
+/* The strategy table: one line per strategy, numbered as gcomp_mpi_strategy. */
+typedef gcomp_status (*law_fn)(cost_tensor *, const law_in *);
+static const struct {
+    int id;
+    const char *name;
+    law_fn fn;
+} laws[] = {
+    {GCOMP_COST_ALLGATHER, "allgather", law_allgather},
+    {GCOMP_COST_SPARSE, "sparse", law_sparse},
+    {GCOMP_COST_ALLREDUCE, "allreduce", law_allreduce},
+    {GCOMP_COST_RSAG, "rsag", law_rsag},
+    {GCOMP_COST_PS, "ps", law_ps_dense},
+    {GCOMP_COST_PS_COMPRESSED, "ps-compressed", law_ps_compressed},
+};
+
+static bool known_strategy(int s) {
+    int base = s & ~GCOMP_COST_HIERARCHICAL;
+    if (s & ~(GCOMP_COST_HIERARCHICAL | 0xff)) return false;
+    for (size_t i = 0; i < sizeof laws / sizeof laws[0]; i++)
+        if (laws[i].id == base) return true;
+    return false;
+}
+
+static gcomp_status build_tensor(cost_tensor *ct, const gcomp_cost_tensor *t, size_t idx,
+                                 int P, int nodes,
+                                 const gcomp_cost_calibration *cal, gcomp_error *err) {
+    memset(ct, 0, sizeof *ct);
+    snprintf(ct->name, sizeof ct->name, "%s", t->name ? t->name : "");
+    if (!ct->name[0]) snprintf(ct->name, sizeof ct->name, "#%zu", idx);
+    if (!t->spec)
+        return gcomp__fail(err, GCOMP_E_ARG, "cost model: tensor '%s': NULL spec", ct->name);
+    if (t->n == 0)
+        return gcomp__fail(err, GCOMP_E_ARG, "cost model: tensor '%s' has 0 elements", ct->name);
+    if ((t->rows || t->cols) && (t->rows == 0 || t->cols == 0 || t->rows * t->cols != t->n))
+        return gcomp__fail(err, GCOMP_E_ARG,
+                           "cost model: tensor '%s': shape %zux%zu does not hold %zu elements",
+                           ct->name, t->rows, t->cols, t->n);
+    if (!known_strategy(t->strategy))
+        return gcomp__fail(err, GCOMP_E_ARG,
+                           "cost model: tensor '%s': strategy %d is not one of allgather (1), "
+                           "sparse (2), allreduce (3), rsag (4), ps (5), ps-compressed (6), optionally | "
+                           "hierarchical (0x100); auto (0) must be resolved first "
+                           "(gcomp_mpi_strategy_auto)",
+                           ct->name, t->strategy);
+    ct->n = t->n;
+    ct->rows = t->rows;
+    ct->cols = t->cols;
+    ct->strategy = t->strategy;
+    char canon[GCOMP__SPEC_MAX], name[64];
+    gcomp_error local = {0};
+    gcomp_status st = gcomp_spec_canonical(t->spec, canon, sizeof canon, NULL, &local);
+    if (st != GCOMP_OK)
+        return gcomp__fail(err, st, "cost model: tensor '%s': %s", ct->name, local.message);
+    snprintf(name, sizeof name, "%.*s", (int)strcspn(canon, ":"), canon);
+    law_in in = {0};
+    in.t = t;
+    in.canon = canon;
+    in.ci = gcomp_codec_find(name);
+    in.err = &local;
+    if (!in.ci) return gcomp__fail(err, GCOMP_E_UNKNOWN_CODEC, "cost model: codec '%s'", name);
+    size_t m = 0;
+    st = gcomp_spec_bytes_estimate(t->spec, t->n, t->rows, t->cols, &m, &local);
+    if (st != GCOMP_OK)
+        return gcomp__fail(err, st, "cost model: tensor '%s': %s", ct->name, local.message);
+    in.m = (double)m;
+    ct->calibrated = gcomp__cost_rate(cal, canon, &in.rate);
+
+    bool hier = (t->strategy & GCOMP_COST_HIERARCHICAL) != 0;
+    int L = (P + nodes - 1) / nodes, base = t->strategy & 0xff;
+    in.G = hier ? nodes : P;
+    in.leaders = hier;
+    double intra_add = 0;
+    if (hier && L > 1) {
+        /* The leader receives ceil(log2 L) partial sums and sends the result back down. */
+        int r = log2up(L);
+        double n = (double)t->n;
+        add_phase(ct, PH_INTRA, L, r * 4 * n, r, 0);
+        ct->node_bytes = 2.0 * r * 4 * n;
+        gcomp_cost_codec_rate none;
+        gcomp__cost_rate(cal, "none:values=f32", &none);
+        intra_add = r * (none.decode_per_elem * n);
+    }
+    if (hier && nodes == 1) { /* one node: the leader's dense sum is the result */
+        ct->message_bytes = (double)m;
+        if (L > 1) add_phase(ct, PH_INTRA, L, log2up(L) * 4.0 * (double)t->n, log2up(L), 0);
+        ct->decode_s = intra_add;
+        return GCOMP_OK;
+    }
+    for (size_t i = 0; i < sizeof laws / sizeof laws[0]; i++)
+            if (laws[i].id == base) st = laws[i].fn(ct, &in);
+    if (st != GCOMP_OK) {
+        if (st == GCOMP_E_UNSUPPORTED) return gcomp__fail(err, st, "%s", local.message);
+        return gcomp__fail(err, st, "cost model: tensor '%s': %s", ct->name, local.message);
+    }
+    if (hier && L > 1) {
+        add_phase(ct, PH_INTRA, L, log2up(L) * 4.0 * (double)t->n, log2up(L), 0);
+        ct->decode_s += intra_add;
+    }
+    return GCOMP_OK;
+}
+
+gcomp_status gcomp_cost_model_create(gcomp_cost_model **out, const gcomp_cost_tensor *tensors,
+                                     size_t count, int workers, int nodes,
+                                     const gcomp_cost_calibration *cal, gcomp_error *err) {
+    if (!out) return gcomp__fail(err, GCOMP_E_ARG, "cost model: out must not be NULL");
+    *out = NULL;
+    if (!tensors || count == 0)
+        return gcomp__fail(err, GCOMP_E_ARG, "cost model: no tensors");
+    if (workers < 1)
+        return gcomp__fail(err, GCOMP_E_ARG, "cost model: workers %d: must be >= 1", workers);
+    if (nodes < 1 || nodes > workers)
+        return gcomp__fail(err, GCOMP_E_ARG, "cost model: nodes %d: must be 1..workers (%d)",
+                           nodes, workers);
+    gcomp_cost_model *m = gcomp__calloc(sizeof *m);
+    cost_tensor *t = m ? gcomp__calloc(count * sizeof *t) : NULL;
+    if (!t) {
+        gcomp__free(m);
+        return gcomp__fail(err, GCOMP_E_NOMEM, "cost model: out of memory");
+    }
+    m->t = t;
+    m->count = count;
+    m->workers = workers;
+    m->nodes = nodes;
+    for (size_t i = 0; i < count; i++) {
+        gcomp_status st = build_tensor(&t[i], &tensors[i], i, workers, nodes, cal, err);
+        if (st != GCOMP_OK) {
+            gcomp_cost_model_free(m);
+            return st;
+        }
+    }
+    *out = m;
+    return GCOMP_OK;
+}
+
+void gcomp_cost_model_free(gcomp_cost_model *m) {
+    if (!m) return;
+    gcomp__free(m->t);
+    gcomp__free(m);
+}
