@@ -583,12 +583,12 @@ GCOMP_API gcomp_status gcomp_spec_bytes_estimate(const char *spec, size_t n, siz
 
 /** Strategy values for the cost model; the same numbers as gcomp_mpi_strategy. */
 typedef enum gcomp_cost_strategy {
-    GCOMP_COST_ALLGATHER = 1, /**< gather every rank's message; (P-1) x message */
-    GCOMP_COST_SPARSE = 2,    /**< sparse allreduce: regions, owners, allgather */
-    GCOMP_COST_ALLREDUCE = 3, /**< dense allreduce of linear values (and PowerSGD's factors) */
-    GCOMP_COST_RSAG = 4,      /**< reduce-scatter + allgather with owner re-compression */
-    GCOMP_COST_PS = 5,        /**< parameter server: push the message to S servers, pull the
-                                   dense f32 sum (MXNet dist_sync; issue #13) */
+    GCOMP_COST_ALLGATHER = 1,    /**< gather every rank's message; (P-1) x message */
+    GCOMP_COST_SPARSE = 2,       /**< sparse allreduce: regions, owners, allgather */
+    GCOMP_COST_ALLREDUCE = 3,    /**< dense allreduce of linear values (and PowerSGD's factors) */
+    GCOMP_COST_RSAG = 4,         /**< reduce-scatter + allgather with owner re-compression */
+    GCOMP_COST_PS = 5,           /**< parameter server: push the message to S servers, pull the
+                                      dense f32 sum (MXNet dist_sync; issue #13) */
     GCOMP_COST_PS_COMPRESSED = 6 /**< parameter server whose servers re-compress: pull a
                                       message (BytePS's compressed pull) */
 } gcomp_cost_strategy;
@@ -641,12 +641,12 @@ typedef struct gcomp_cost_codec_rate {
 
 /** Measured network: alpha and beta of the links the calibration ran on. */
 typedef struct gcomp_cost_net_rate {
-    char label[64];       /**< what was measured: "inter" or "intra" (or a user's name) */
-    int ranks;            /**< ranks of the job that measured it */
-    double latency;       /**< alpha: half the round trip of a small ping-pong, seconds */
-    double bandwidth;     /**< 1/beta: bytes/s of a large one-way transfer */
-    double ring_bandwidth;/**< bytes/s a ring allreduce reached (2(P-1)/P n / time); 0 if not
-                               measured */
+    char label[64];        /**< what was measured: "inter" or "intra" (or a user's name) */
+    int ranks;             /**< ranks of the job that measured it */
+    double latency;        /**< alpha: half the round trip of a small ping-pong, seconds */
+    double bandwidth;      /**< 1/beta: bytes/s of a large one-way transfer */
+    double ring_bandwidth; /**< bytes/s a ring allreduce reached (2(P-1)/P n / time); 0 if not
+                                measured */
 } gcomp_cost_net_rate;
 
 /** A set of measurements: codec rates and network rates.  Opaque. */
@@ -692,8 +692,8 @@ GCOMP_API gcomp_status gcomp_cost_calibration_add_net(gcomp_cost_calibration *ca
                                                       const gcomp_cost_net_rate *rate);
 /** Number of codec rates / network rates, and the i-th one (NULL when out of range). */
 GCOMP_API size_t gcomp_cost_calibration_codecs(const gcomp_cost_calibration *cal);
-GCOMP_API const gcomp_cost_codec_rate *gcomp_cost_calibration_codec(const gcomp_cost_calibration *cal,
-                                                                    size_t i);
+GCOMP_API const gcomp_cost_codec_rate *
+gcomp_cost_calibration_codec(const gcomp_cost_calibration *cal, size_t i);
 /** The network rate with this label, NULL if none. */
 GCOMP_API const gcomp_cost_net_rate *gcomp_cost_calibration_net(const gcomp_cost_calibration *cal,
                                                                 const char *label);
@@ -734,15 +734,14 @@ typedef struct gcomp_cost_model gcomp_cost_model;
  * `nodes` (1..workers) are fixed here; gcomp_cost_eval takes the links.  `cal` is not
  * kept.
  * Returns GCOMP_OK; GCOMP_E_ARG (count 0, n 0, a shape that does not hold n, strategy 0
- * or unknown, workers < 1, nodes outside 1..workers: *err names the tensor); the spec's status (GCOMP_E_SPEC,
- * GCOMP_E_UNKNOWN_CODEC, GCOMP_E_LIMIT); GCOMP_E_UNSUPPORTED (allreduce for a codec that
- * does not sum linearly); GCOMP_E_NOMEM.  On failure *out is NULL.
+ * or unknown, workers < 1, nodes outside 1..workers: *err names the tensor); the spec's status
+ * (GCOMP_E_SPEC, GCOMP_E_UNKNOWN_CODEC, GCOMP_E_LIMIT); GCOMP_E_UNSUPPORTED (allreduce for a codec
+ * that does not sum linearly); GCOMP_E_NOMEM.  On failure *out is NULL.
  */
 GCOMP_API gcomp_status gcomp_cost_model_create(gcomp_cost_model **out,
                                                const gcomp_cost_tensor *tensors, size_t count,
                                                int workers, int nodes,
-                                               const gcomp_cost_calibration *cal,
-                                               gcomp_error *err);
+                                               const gcomp_cost_calibration *cal, gcomp_error *err);
 /** Frees a model; NULL is a no-op. */
 GCOMP_API void gcomp_cost_model_free(gcomp_cost_model *m);
 /** Tensor count, workers and nodes the model was made for (0 for NULL). */
@@ -767,14 +766,14 @@ typedef struct gcomp_cost_tensor_result {
 
 /** The step as a whole. */
 typedef struct gcomp_cost_result {
-    double step_s;        /**< predicted step time */
-    double compute_s;     /**< forward + backward + optimizer */
-    double codec_s;       /**< encode + decode of every tensor */
-    double comm_s;        /**< alpha-beta time of every transfer, hidden or not */
-    double exposed_s;     /**< step - compute - codec: the communication not hidden */
-    double bytes_sent;    /**< per rank per step */
-    double node_bytes;    /**< hierarchical, inside nodes */
-    int calibrated;       /**< the smallest of the tensors' `calibrated` */
+    double step_s;     /**< predicted step time */
+    double compute_s;  /**< forward + backward + optimizer */
+    double codec_s;    /**< encode + decode of every tensor */
+    double comm_s;     /**< alpha-beta time of every transfer, hidden or not */
+    double exposed_s;  /**< step - compute - codec: the communication not hidden */
+    double bytes_sent; /**< per rank per step */
+    double node_bytes; /**< hierarchical, inside nodes */
+    int calibrated;    /**< the smallest of the tensors' `calibrated` */
 } gcomp_cost_result;
 
 /**
@@ -784,8 +783,8 @@ typedef struct gcomp_cost_result {
  * latency or compute time, overlap outside 0..1).  Pure and cheap: see above.
  */
 GCOMP_API gcomp_status gcomp_cost_eval(const gcomp_cost_model *m, const gcomp_cost_net *net,
-                                       const gcomp_cost_compute *compute,
-                                       gcomp_cost_result *out, gcomp_cost_tensor_result *per_tensor);
+                                       const gcomp_cost_compute *compute, gcomp_cost_result *out,
+                                       gcomp_cost_tensor_result *per_tensor);
 
 /**
  * The break-even link speed: the inter-node bandwidth above which `m` (a compressed
@@ -797,8 +796,9 @@ GCOMP_API gcomp_status gcomp_cost_eval(const gcomp_cost_model *m, const gcomp_co
  * speed in that range, INFINITY when it is faster at every speed.
  * Returns GCOMP_OK or GCOMP_E_ARG.
  */
-GCOMP_API gcomp_status gcomp_cost_break_even(const gcomp_cost_model *m, const gcomp_cost_model *base,
-                                             size_t tensor, const gcomp_cost_net *net,
+GCOMP_API gcomp_status gcomp_cost_break_even(const gcomp_cost_model *m,
+                                             const gcomp_cost_model *base, size_t tensor,
+                                             const gcomp_cost_net *net,
                                              const gcomp_cost_compute *compute, double *bandwidth);
 
 /* ------------------------------------------------------------------------------------- */

@@ -27,6 +27,7 @@ int cmd_state(int argc, char **argv);
 int cmd_list_codecs(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
 int cmd_plan_layers(int argc, char **argv);
+int cmd_plan(int argc, char **argv);
 
 /* Reads a whole file ("-" = stdin) into a malloc'd buffer.  Returns 0 or prints why. */
 int cli_read_file(const char *cmd, const char *path, uint8_t **data, size_t *len);

@@ -25,6 +25,9 @@ static const cli_command commands[] = {
     {"bench", cmd_bench, "bench -c SPEC -n N [--shape RxC] [--runs R] [--json]"},
     {"plan-layers", cmd_plan_layers,
      "plan-layers POLICY FILE [--json]   (spec per tensor, bytes/step)"},
+    {"plan", cmd_plan,
+     "plan [--model M|FILE] [--compare SPEC,...] [--workers P,...] [--link RATE] [--json] "
+     "[--plot F.png]  (predicted step time; --calibrate measures this machine)"},
 #ifdef GCOMP_CLI_MPI
     {"allreduce-bench", cmd_allreduce_bench,
      "allreduce-bench -c SPEC -n N [--shape RxC] [--strategy S] [--runs R] [--json]  (under "

@@ -171,8 +171,8 @@ static void put(sbuf *b, const char *fmt, ...) {
     if (w > 0) b->len += (size_t)w;
 }
 
-gcomp_status gcomp_cost_calibration_format(const gcomp_cost_calibration *cal, char *out,
-                                           size_t cap, size_t *len) {
+gcomp_status gcomp_cost_calibration_format(const gcomp_cost_calibration *cal, char *out, size_t cap,
+                                           size_t *len) {
     if (!cal) return GCOMP_E_ARG;
     sbuf b = {out, out ? cap : 0, 0};
     put(&b, "gradcomp-calibration %d\n", GCOMP_COST_CALIBRATION_VERSION);
@@ -390,8 +390,8 @@ static int cmp_u64(const void *a, const void *b) {
 static void *big_alloc(size_t bytes) {
     void *p = gcomp__alloc(bytes);
 #ifdef MADV_HUGEPAGE
-    if (p && bytes >= ((size_t)2 << 20)) madvise((void *)((uintptr_t)p & ~(uintptr_t)4095),
-                                                  bytes, MADV_HUGEPAGE);
+    if (p && bytes >= ((size_t)2 << 20))
+        madvise((void *)((uintptr_t)p & ~(uintptr_t)4095), bytes, MADV_HUGEPAGE);
 #endif
     if (p) memset(p, 0, bytes); /* fault every page in before timing */
     return p;
@@ -451,8 +451,7 @@ out:
 gcomp_status gcomp_cost_calibrate_codec(const char *spec, size_t n, size_t rows, size_t cols,
                                         unsigned runs, gcomp_cost_codec_rate *out,
                                         gcomp_error *err) {
-    if (!spec || !out || n < 8 || runs < 1 || runs > 1000 ||
-        ((rows || cols) && rows * cols != n))
+    if (!spec || !out || n < 8 || runs < 1 || runs > 1000 || ((rows || cols) && rows * cols != n))
         return gcomp__fail(err, GCOMP_E_ARG,
                            "calibration: needs a spec, n >= 8, runs 1..1000 and a shape that "
                            "holds n");

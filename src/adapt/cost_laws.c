@@ -41,9 +41,9 @@ typedef struct law_in {
     const gcomp_cost_tensor *t;
     const char *canon;
     const gcomp_codec_info *ci;
-    int G;        /* ranks that exchange */
-    int leaders;  /* between node leaders */
-    double m;     /* one message of the whole tensor */
+    int G;       /* ranks that exchange */
+    int leaders; /* between node leaders */
+    double m;    /* one message of the whole tensor */
     gcomp_cost_codec_rate rate;
     gcomp_error *err;
 } law_in;
@@ -129,7 +129,8 @@ static gcomp_status law_allreduce(cost_tensor *ct, const law_in *in) {
         /* The factors go through MPI_Iallreduce whatever their size (mpi_lowrank.c). */
         for (int k = 0; k < (int)iters; k++) {
             double chk_p = k == 0 ? 24 : 8;
-            ct->bytes_sent += ring_bytes(R * r * w + chk_p, in->G) + ring_bytes(C * r * w + 8, in->G);
+            ct->bytes_sent +=
+                ring_bytes(R * r * w + chk_p, in->G) + ring_bytes(C * r * w + 8, in->G);
             int lg = log2up(in->G);
             if (in->G > 1) {
                 add_phase(ct, PH_RING, in->G, lg * (R * r * w + chk_p), lg, in->leaders);
@@ -290,9 +291,8 @@ static bool known_strategy(int s) {
     return false;
 }
 
-static gcomp_status build_tensor(cost_tensor *ct, const gcomp_cost_tensor *t, size_t idx,
-                                 int P, int nodes,
-                                 const gcomp_cost_calibration *cal, gcomp_error *err) {
+static gcomp_status build_tensor(cost_tensor *ct, const gcomp_cost_tensor *t, size_t idx, int P,
+                                 int nodes, const gcomp_cost_calibration *cal, gcomp_error *err) {
     memset(ct, 0, sizeof *ct);
     snprintf(ct->name, sizeof ct->name, "%s", t->name ? t->name : "");
     if (!ct->name[0]) snprintf(ct->name, sizeof ct->name, "#%zu", idx);
@@ -305,12 +305,13 @@ static gcomp_status build_tensor(cost_tensor *ct, const gcomp_cost_tensor *t, si
                            "cost model: tensor '%s': shape %zux%zu does not hold %zu elements",
                            ct->name, t->rows, t->cols, t->n);
     if (!known_strategy(t->strategy))
-        return gcomp__fail(err, GCOMP_E_ARG,
-                           "cost model: tensor '%s': strategy %d is not one of allgather (1), "
-                           "sparse (2), allreduce (3), rsag (4), ps (5), ps-compressed (6), optionally | "
-                           "hierarchical (0x100); auto (0) must be resolved first "
-                           "(gcomp_mpi_strategy_auto)",
-                           ct->name, t->strategy);
+        return gcomp__fail(
+            err, GCOMP_E_ARG,
+            "cost model: tensor '%s': strategy %d is not one of allgather (1), "
+            "sparse (2), allreduce (3), rsag (4), ps (5), ps-compressed (6), optionally | "
+            "hierarchical (0x100); auto (0) must be resolved first "
+            "(gcomp_mpi_strategy_auto)",
+            ct->name, t->strategy);
     ct->n = t->n;
     ct->rows = t->rows;
     ct->cols = t->cols;
@@ -356,7 +357,7 @@ static gcomp_status build_tensor(cost_tensor *ct, const gcomp_cost_tensor *t, si
         return GCOMP_OK;
     }
     for (size_t i = 0; i < sizeof laws / sizeof laws[0]; i++)
-            if (laws[i].id == base) st = laws[i].fn(ct, &in);
+        if (laws[i].id == base) st = laws[i].fn(ct, &in);
     if (st != GCOMP_OK) {
         if (st == GCOMP_E_UNSUPPORTED) return gcomp__fail(err, st, "%s", local.message);
         return gcomp__fail(err, st, "cost model: tensor '%s': %s", ct->name, local.message);
@@ -373,13 +374,12 @@ gcomp_status gcomp_cost_model_create(gcomp_cost_model **out, const gcomp_cost_te
                                      const gcomp_cost_calibration *cal, gcomp_error *err) {
     if (!out) return gcomp__fail(err, GCOMP_E_ARG, "cost model: out must not be NULL");
     *out = NULL;
-    if (!tensors || count == 0)
-        return gcomp__fail(err, GCOMP_E_ARG, "cost model: no tensors");
+    if (!tensors || count == 0) return gcomp__fail(err, GCOMP_E_ARG, "cost model: no tensors");
     if (workers < 1)
         return gcomp__fail(err, GCOMP_E_ARG, "cost model: workers %d: must be >= 1", workers);
     if (nodes < 1 || nodes > workers)
-        return gcomp__fail(err, GCOMP_E_ARG, "cost model: nodes %d: must be 1..workers (%d)",
-                           nodes, workers);
+        return gcomp__fail(err, GCOMP_E_ARG, "cost model: nodes %d: must be 1..workers (%d)", nodes,
+                           workers);
     gcomp_cost_model *m = gcomp__calloc(sizeof *m);
     cost_tensor *t = m ? gcomp__calloc(count * sizeof *t) : NULL;
     if (!t) {
