@@ -39,6 +39,15 @@ int cli_parse_count(const char *s, size_t *out);
 int cli_parse_shape(const char *s, size_t *rows, size_t *cols);
 /* Prints "gradcomp CMD: message" to stderr; returns `code`. */
 int cli_fail(const char *cmd, int code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+/* A link rate as tc writes it ("100mbit", "1gbit", "2.5gbit", "10g", bare bit/s) -> bits
+ * per second; 0 when it is not one. */
+double cli_parse_rate(const char *s);
+/* The calibration file `gradcomp plan` and `train` read by default: $GRADCOMP_CALIBRATION,
+ * else $XDG_CACHE_HOME/gradcomp/calibration.txt, else ~/.cache/gradcomp/calibration.txt. */
+const char *cli_default_calibration(char *buf, size_t cap);
+/* Reads a calibration (*cal NULL when a default path does not exist); 0 or prints why. */
+int cli_load_calibration(const char *cmd, const char *path, bool explicit_path,
+                         gcomp_cost_calibration **cal);
 /* Seconds from a monotonic clock. */
 double cli_now(void);
 /* Seeded synthetic gradient: Gaussian with a heavy tail (every 97th element x20). */

@@ -4,6 +4,7 @@
  */
 #include "cli.h"
 
+#include <ctype.h>
 #include <errno.h>
 #include <math.h>
 #include <stdarg.h>
@@ -136,4 +137,60 @@ void cli_synthetic_gradient(float *x, size_t n, uint64_t seed, uint64_t step) {
         x[i] = (i % 97 == 0) ? 20.0f * g0 : g0;
         if (i + 1 < n) x[i + 1] = ((i + 1) % 97 == 0) ? 20.0f * g1 : g1;
     }
+}
+
+/* "1gbit", "100mbit", "2.5gbit", "10g", "1e9" (bit/s) -> bits per second; 0 on error. */
+double cli_parse_rate(const char *s) {
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (end == s || errno || !(v > 0) || !isfinite(v)) return 0;
+    static const struct {
+        const char *u;
+        double mul;
+    } units[] = {{"", 1},       {"bit", 1},     {"kbit", 1e3}, {"mbit", 1e6},
+                 {"gbit", 1e9}, {"tbit", 1e12}, {"k", 1e3},    {"m", 1e6},
+                 {"g", 1e9},    {"t", 1e12},    {"kbps", 1e3}, {"mbps", 1e6},
+                 {"gbps", 1e9}, {"gb/s", 1e9},  {"mb/s", 1e6}, {"tbps", 1e12}};
+    char low[16];
+    size_t i = 0;
+    for (; end[i] && i + 1 < sizeof low; i++) low[i] = (char)tolower((unsigned char)end[i]);
+    low[i] = 0;
+    if (end[i]) return 0;
+    for (size_t k = 0; k < sizeof units / sizeof units[0]; k++)
+        if (!strcmp(low, units[k].u)) return v * units[k].mul;
+    return 0;
+}
+
+const char *cli_default_calibration(char *buf, size_t cap) {
+    const char *env = getenv("GRADCOMP_CALIBRATION");
+    if (env && *env) return env;
+    const char *xdg = getenv("XDG_CACHE_HOME"), *home = getenv("HOME");
+    if (xdg && *xdg)
+        snprintf(buf, cap, "%s/gradcomp/calibration.txt", xdg);
+    else if (home && *home)
+        snprintf(buf, cap, "%s/.cache/gradcomp/calibration.txt", home);
+    else
+        snprintf(buf, cap, "gradcomp-calibration.txt");
+    return buf;
+}
+
+/* Loads the calibration; a missing default file is not an error (*cal stays NULL). */
+int cli_load_calibration(const char *cmd, const char *path, bool explicit_path,
+                         gcomp_cost_calibration **cal) {
+    *cal = NULL;
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        if (!explicit_path && errno == ENOENT) return 0;
+        return cli_fail(cmd, 2, "--calibration %s: %s", path, strerror(errno));
+    }
+    fclose(f);
+    uint8_t *data;
+    size_t len;
+    if (cli_read_file(cmd, path, &data, &len)) return 2;
+    gcomp_error e = {0};
+    gcomp_status st = gcomp_cost_calibration_parse(cal, (const char *)data, len, &e);
+    free(data);
+    if (st != GCOMP_OK) return cli_fail(cmd, 2, "%s: %s", path, e.message);
+    return 0;
 }

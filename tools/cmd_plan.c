@@ -95,29 +95,6 @@ static const char *usage_text =
 
 /* ---- parsing ------------------------------------------------------------------------------ */
 
-/* "1gbit", "100mbit", "2.5gbit", "10g", "1e9" (bit/s) -> bits per second; 0 on error. */
-static double parse_rate(const char *s) {
-    char *end;
-    errno = 0;
-    double v = strtod(s, &end);
-    if (end == s || errno || !(v > 0) || !isfinite(v)) return 0;
-    static const struct {
-        const char *u;
-        double mul;
-    } units[] = {{"", 1},       {"bit", 1},     {"kbit", 1e3}, {"mbit", 1e6},
-                 {"gbit", 1e9}, {"tbit", 1e12}, {"k", 1e3},    {"m", 1e6},
-                 {"g", 1e9},    {"t", 1e12},    {"kbps", 1e3}, {"mbps", 1e6},
-                 {"gbps", 1e9}, {"gb/s", 1e9},  {"mb/s", 1e6}, {"tbps", 1e12}};
-    char low[16];
-    size_t i = 0;
-    for (; end[i] && i + 1 < sizeof low; i++) low[i] = (char)tolower((unsigned char)end[i]);
-    low[i] = 0;
-    if (end[i]) return 0;
-    for (size_t k = 0; k < sizeof units / sizeof units[0]; k++)
-        if (!strcmp(low, units[k].u)) return v * units[k].mul;
-    return 0;
-}
-
 static int parse_double(const char *opt, const char *v, double lo, double *out) {
     char *end;
     errno = 0;
@@ -221,7 +198,7 @@ static int parse_args(int argc, char **argv, popts *o) {
                 return cli_fail(CMD, 2, "--nodes %s: must be >= 1", v);
             o->nodes = (int)cnt;
         } else if (!strcmp(a, "--link") || !strcmp(a, "--intra-link")) {
-            double r = parse_rate(v);
+            double r = cli_parse_rate(v);
             if (!(r > 0))
                 return cli_fail(CMD, 2,
                                 "%s %s: the link speed must be a rate > 0 (100mbit, 1gbit, "
@@ -539,38 +516,6 @@ static int plan_method(const popts *o, const char *method, const ptensor *pt, si
 
 /* ---- calibration file ------------------------------------------------------------------- */
 
-static const char *default_calibration(char *buf, size_t cap) {
-    const char *env = getenv("GRADCOMP_CALIBRATION");
-    if (env && *env) return env;
-    const char *xdg = getenv("XDG_CACHE_HOME"), *home = getenv("HOME");
-    if (xdg && *xdg)
-        snprintf(buf, cap, "%s/gradcomp/calibration.txt", xdg);
-    else if (home && *home)
-        snprintf(buf, cap, "%s/.cache/gradcomp/calibration.txt", home);
-    else
-        snprintf(buf, cap, "gradcomp-calibration.txt");
-    return buf;
-}
-
-/* Loads the calibration; a missing default file is not an error (*cal stays NULL). */
-static int load_calibration(const char *path, bool explicit_path, gcomp_cost_calibration **cal) {
-    *cal = NULL;
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        if (!explicit_path && errno == ENOENT) return 0;
-        return cli_fail(CMD, 2, "--calibration %s: %s", path, strerror(errno));
-    }
-    fclose(f);
-    uint8_t *data;
-    size_t len;
-    if (cli_read_file(CMD, path, &data, &len)) return 2;
-    gcomp_error e = {0};
-    gcomp_status st = gcomp_cost_calibration_parse(cal, (const char *)data, len, &e);
-    free(data);
-    if (st != GCOMP_OK) return cli_fail(CMD, 2, "%s: %s", path, e.message);
-    return 0;
-}
-
 static void mkdirs_for(const char *path) {
     char buf[PATH_MAX];
     snprintf(buf, sizeof buf, "%s", path);
@@ -586,7 +531,7 @@ static void mkdirs_for(const char *path) {
 static int calibrate(popts *o, const char *path) {
     gcomp_cost_calibration *cal = NULL;
     int rank = 0, size = 1;
-    if (load_calibration(path, false, &cal)) return 2;
+    if (cli_load_calibration(CMD, path, false, &cal)) return 2;
     if (!cal && gcomp_cost_calibration_create(&cal) != GCOMP_OK)
         return cli_fail(CMD, 1, "out of memory");
 #ifdef GCOMP_CLI_MPI
@@ -712,7 +657,7 @@ int cmd_plan(int argc, char **argv) {
     if (rc) return rc;
     char defpath[PATH_MAX];
     const char *calpath =
-        o.calibration ? o.calibration : default_calibration(defpath, sizeof defpath);
+        o.calibration ? o.calibration : cli_default_calibration(defpath, sizeof defpath);
     if (o.calibrate) {
         rc = calibrate(&o, calpath);
         for (int i = 0; i < o.nmethods; i++) free(o.methods[i]);
@@ -724,7 +669,7 @@ int cmd_plan(int argc, char **argv) {
     double fb_s = 0;
     method_plan *plans = NULL, base[2] = {{0}, {0}};
     gcomp_cost_model **models = NULL;
-    if (load_calibration(calpath, o.calibration != NULL, &cal)) return 2;
+    if (cli_load_calibration(CMD, calpath, o.calibration != NULL, &cal)) return 2;
     if (builtin_model(&o, &pt, &nt, &fb_s) != 0 && (rc = read_model_file(o.model, &pt, &nt)))
         goto out;
 

@@ -297,3 +297,17 @@ void gtrain_exchange_get_stats(const gtrain_exchange *ex, gtrain_exchange_stats 
     out->comm_s = ex->wait_s;
     out->msg_bytes = ex->msg_bytes;
 }
+
+void gtrain_exchange_cost_tensors(const gtrain_exchange *ex, gcomp_cost_tensor *out) {
+    for (size_t i = 0; i < ex->nt; i++) {
+        const gtrain_tensor *t = &ex->t[i];
+        size_t rows = t->is_bias || t->cols == 1 ? 0 : t->rows;
+        out[i] = (gcomp_cost_tensor){
+            t->name, ex->spec[i],        t->n,
+            rows,    rows ? t->cols : 0, gcomp_mpi_bucket_strategy(ex->b[i], 0)};
+    }
+}
+
+int gtrain_exchange_nodes(const gtrain_exchange *ex) {
+    return gcomp_mpi_comm_nodes(ex->comm);
+}

@@ -12,6 +12,8 @@
 
 #include "model.h"
 
+#include "gradcomp.h"
+
 typedef struct gtrain_exchange gtrain_exchange;
 
 typedef struct gtrain_exchange_stats {
@@ -41,5 +43,10 @@ int gtrain_exchange_finish(gtrain_exchange *ex);
 const char *gtrain_exchange_error(const gtrain_exchange *ex);
 double gtrain_exchange_bytes_sent(const gtrain_exchange *ex);
 void gtrain_exchange_get_stats(const gtrain_exchange *ex, gtrain_exchange_stats *out);
+/* The cost model's view of the exchange (gradcomp.h, "Cost model"): out[i] is tensor i with
+ * its spec and the strategy its bucket actually uses; the strings belong to ex.  Also the
+ * number of nodes the ranks are on. */
+void gtrain_exchange_cost_tensors(const gtrain_exchange *ex, gcomp_cost_tensor *out);
+int gtrain_exchange_nodes(const gtrain_exchange *ex);
 
 #endif

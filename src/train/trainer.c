@@ -86,6 +86,78 @@ static int evaluate(gtrain_model *m, const gtrain_data *test, int rank, int P, M
     return 0;
 }
 
+/* Median of 3 forward+backward passes (after one warm-up), the slowest rank's. */
+static double measure_compute(gtrain_model *m, const gtrain_data *train, size_t batch,
+                              MPI_Comm comm) {
+    float *xb = malloc(batch * train->dim * sizeof(float));
+    uint8_t *yb = malloc(batch);
+    double ts[3] = {0, 0, 0};
+    if (xb && yb) {
+        for (size_t i = 0; i < batch; i++) {
+            size_t j = i % train->n;
+            memcpy(xb + i * train->dim, train->x + j * train->dim, train->dim * sizeof(float));
+            yb[i] = train->y[j];
+        }
+        gtrain_model_forward_backward(m, xb, yb, batch, NULL);
+        for (int r = 0; r < 3; r++) {
+            double t0 = now_s();
+            gtrain_model_forward_backward(m, xb, yb, batch, NULL);
+            ts[r] = now_s() - t0;
+        }
+    }
+    free(xb);
+    free(yb);
+    double a = ts[0], b = ts[1], c = ts[2];
+    double med = a > b ? (b > c ? b : (a > c ? c : a)) : (a > c ? a : (b > c ? c : b));
+    MPI_Allreduce(MPI_IN_PLACE, &med, 1, MPI_DOUBLE, MPI_MAX, comm);
+    return med;
+}
+
+/* The cost model's prediction for this run (gradcomp.h, "Cost model"). */
+static void predict(const gtrain_config *cfg, const gtrain_exchange *ex, size_t nt, int P,
+                    double fb_s, double sgd_s, gtrain_result *out) {
+    const gcomp_cost_net_rate *inter = gcomp_cost_calibration_net(cfg->calibration, "inter"),
+                              *intra = gcomp_cost_calibration_net(cfg->calibration, "intra");
+    gcomp_cost_net net;
+    gcomp_cost_net_default(&net);
+    net.workers = P;
+    net.nodes = gtrain_exchange_nodes(ex);
+    if (net.nodes < 1 || net.nodes > P) return;
+    if (cfg->link_bps > 0) { /* a shaped link: TCP payload of Ethernet frames */
+        net.inter.bandwidth = cfg->link_bps / 8 * (1448.0 / 1514.0);
+        if (inter) net.inter.latency = inter->latency;
+    } else if (inter || (intra && net.nodes == 1)) {
+        net.inter.bandwidth = (inter ? inter : intra)->bandwidth;
+        net.inter.latency = (inter ? inter : intra)->latency;
+    } else {
+        return; /* nothing says how fast the network is */
+    }
+    if (intra) {
+        net.intra.bandwidth = intra->bandwidth;
+        net.intra.latency = intra->latency;
+    }
+    if (net.nodes == 1) net.intra = net.inter; /* one node: the measured link is the node's */
+    gcomp_cost_tensor *ct = malloc(nt * sizeof *ct);
+    gcomp_cost_model *cm = NULL;
+    gcomp_cost_result r;
+    gcomp_cost_compute c = {fb_s / 3, fb_s - fb_s / 3, sgd_s, 0};
+    if (ct) {
+        gtrain_exchange_cost_tensors(ex, ct);
+        if (gcomp_cost_model_create(&cm, ct, nt, P, net.nodes, cfg->calibration, NULL) ==
+                GCOMP_OK &&
+            gcomp_cost_eval(cm, &net, &c, &r, NULL) == GCOMP_OK) {
+            out->predicted = 1;
+            out->pred_step_ms = 1e3 * r.step_s;
+            out->pred_codec_ms = 1e3 * r.codec_s;
+            out->pred_exposed_ms = 1e3 * r.exposed_s;
+            out->pred_bytes_per_step = r.bytes_sent;
+            out->pure_compute_ms = 1e3 * fb_s;
+        }
+    }
+    gcomp_cost_model_free(cm);
+    free(ct);
+}
+
 typedef struct ready_ctx {
     gtrain_exchange *ex;
     int failed;
@@ -165,6 +237,9 @@ int gtrain_run(const gtrain_config *cfg, const char *method, const gtrain_data *
                   cfg->batch, train->n, P);
         goto done;
     }
+    /* The compute the cost model is given: forward+backward without any exchange, on the
+     * first batch (gradients are overwritten by the first real step; weights untouched). */
+    double fb_s = measure_compute(m, train, cfg->batch, comm);
     ready_ctx rctx = {ex, 0};
     gtrain_model_set_grad_ready(m, on_ready, &rctx);
 
@@ -258,6 +333,11 @@ int gtrain_run(const gtrain_config *cfg, const char *method, const gtrain_data *
     if (rc) goto done;
 
     out->weights_identical = same_weights(m, comm);
+    {
+        double sgd = sgd_s / (double)step;
+        MPI_Allreduce(MPI_IN_PLACE, &sgd, 1, MPI_DOUBLE, MPI_MAX, comm);
+        predict(cfg, ex, nt, P, fb_s, sgd, out);
+    }
 
     gtrain_exchange_stats xs;
     gtrain_exchange_get_stats(ex, &xs);
@@ -283,7 +363,6 @@ int gtrain_run(const gtrain_config *cfg, const char *method, const gtrain_data *
         out->best_acc =
             out->points[i].test_acc > out->best_acc ? out->points[i].test_acc : out->best_acc;
     (void)wait_s;
-    (void)sgd_s;
 done:
     gtrain_model_set_grad_ready(m, NULL, NULL);
     gtrain_exchange_free(ex);

@@ -23,6 +23,7 @@
 #include <mpi.h>
 
 #include "data.h"
+#include "gradcomp.h"
 
 enum { GTRAIN_LR_CONST = 0, GTRAIN_LR_COSINE = 1, GTRAIN_LR_STEP = 2 };
 
@@ -45,6 +46,12 @@ typedef struct gtrain_config {
     double max_steps_per_epoch; /* 0: all; else cap (smoke runs) */
     double time_budget_s;       /* 0: none; else stop at the first evaluation after this much
                                    training time (the slowest rank's) */
+    /* The cost model's prediction beside the measured step (gradcomp.h, "Cost model"):
+     * codec rates and the network from `calibration` (may be NULL: no prediction unless
+     * link_bps is given), the inter-node link `link_bps` bits/s of Ethernet (0: the
+     * calibration's measured one). */
+    const gcomp_cost_calibration *calibration;
+    double link_bps;
 } gtrain_config;
 
 typedef struct gtrain_point {
@@ -67,6 +74,12 @@ typedef struct gtrain_result {
                                     over the whole run, warm-up included */
     double traffic_ratio;        /* dense f32 ring allreduce bytes / bytes this method sent */
     double step_ms, codec_ms, comm_ms, compute_ms; /* per step, means over ranks */
+    /* The cost model's prediction for this run (predicted = 0: none could be made): step
+     * from the compute measured before training (forward+backward without exchange, max
+     * over ranks) and the run's optimizer time, codec from the calibration, communication
+     * from the link; no overlap (MPI moves data only inside MPI calls on this trainer). */
+    int predicted;
+    double pred_step_ms, pred_codec_ms, pred_exposed_ms, pred_bytes_per_step, pure_compute_ms;
     double wall_s;
     size_t steps;
     size_t params;

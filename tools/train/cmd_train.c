@@ -34,7 +34,7 @@
 typedef struct opts {
     gtrain_config cfg;
     int np;
-    const char *link, *out, *data;
+    const char *link, *out, *data, *calibration;
     double target;
     char *methods[MAX_METHODS];
     int nmethods;
@@ -47,7 +47,7 @@ static const char *usage_text =
     "                      [--data DIR|synthetic] [--seed S] [--evals N] [--min-elements N]\n"
     "                      [--dense-spec SPEC] [--strategy S] [--max-steps N] [--timeout SEC]\n"
     "                      [--lr-schedule const|cosine|step] [--loss mean|sum]\n"
-    "                      [--time-budget SEC] [--quiet]\n"
+    "                      [--time-budget SEC] [--calibration FILE] [--quiet]\n"
     "methods: dense, dense-f16, any spec (e.g. dgc:density=0.001, powersgd:rank=4,\n"
     "         twobit:threshold=0.5, sign:feedback=ef), or policy:<policy string>;\n"
     "         --compare splits on commas, and a piece without ':' but with '=' continues\n"
@@ -64,7 +64,10 @@ static const char *usage_text =
     "--loss:  the gradient the methods compress: of the batch's mean loss (default,\n"
     "         PyTorch's unit) or of its summed loss (MXNet's, where the optimizer divides by\n"
     "         the batch); dense training is the same, but absolute thresholds (twobit's,\n"
-    "         threshold's) mean B times less in the summed unit.\n";
+    "         threshold's) mean B times less in the summed unit.\n"
+    "--calibration: the cost model's calibration (gradcomp plan --calibrate; default\n"
+    "         $GRADCOMP_CALIBRATION or ~/.cache/gradcomp/calibration.txt): each method's\n"
+    "         predicted step time is recorded beside the measured one.\n";
 
 /* Splits a --compare list into methods (see usage_text). */
 static int split_methods(opts *o, const char *list) {
@@ -191,6 +194,8 @@ static int parse(int argc, char **argv, opts *o) {
             if (strcmp(v, "mean") && strcmp(v, "sum"))
                 return cli_fail("train", 2, "--loss %s: mean or sum", v);
             c->summed_loss = !strcmp(v, "sum");
+        } else if (!strcmp(a, "--calibration")) {
+            o->calibration = v;
         } else if (!strcmp(a, "--timeout"))
             c->timeout_s = strtod(v, NULL);
         else
@@ -357,6 +362,11 @@ static int write_outputs(const opts *o, gtrain_result *r, int nr, double target,
         json_num(f, "codec_ms", x->codec_ms);
         json_num(f, "comm_ms", x->comm_ms);
         json_num(f, "train_seconds", x->wall_s);
+        json_num(f, "predicted_step_ms", x->predicted ? x->pred_step_ms : NAN);
+        json_num(f, "predicted_codec_ms", x->predicted ? x->pred_codec_ms : NAN);
+        json_num(f, "predicted_exposed_comm_ms", x->predicted ? x->pred_exposed_ms : NAN);
+        json_num(f, "predicted_bytes_per_step", x->predicted ? x->pred_bytes_per_step : NAN);
+        json_num(f, "compute_only_ms", x->predicted ? x->pure_compute_ms : NAN);
         double tt = gtrain_time_to(x, target);
         json_num(f, "time_to_target_s", tt >= 0 ? tt : NAN);
         fprintf(f, ",\"stopped_by_budget\":%s", x->stopped_by_budget ? "true" : "false");
@@ -429,8 +439,9 @@ static void print_table(gtrain_result *r, int nr, double target) {
     double dense_acc = NAN;
     for (int i = 0; i < nr; i++)
         if (!strcmp(r[i].method, "dense")) dense_acc = r[i].final_acc;
-    printf("\n%-34s %8s %7s %12s %9s %8s %8s %8s %8s %10s\n", "method", "test acc", "Δ dense",
-           "bytes/step", "ratio", "traffic", "step ms", "codec ms", "comm ms", "t→target");
+    printf("\n%-34s %8s %7s %12s %9s %8s %8s %8s %8s %8s %10s\n", "method", "test acc", "Δ dense",
+           "bytes/step", "ratio", "traffic", "step ms", "pred ms", "codec ms", "comm ms",
+           "t→target");
     for (int i = 0; i < nr; i++) {
         double tt = gtrain_time_to(&r[i], target);
         char tts[32], delta[16];
@@ -442,9 +453,11 @@ static void print_table(gtrain_result *r, int nr, double target) {
             snprintf(delta, sizeof delta, "%+.2f", 100 * (r[i].final_acc - dense_acc));
         else
             snprintf(delta, sizeof delta, "-");
-        printf("%-34.34s %7.2f%% %7s %12.0f %8.1fx %7.1fx %8.2f %8.2f %8.2f %10s%s", r[i].method,
-               100 * r[i].final_acc, delta, r[i].bytes_per_step, r[i].ratio, r[i].traffic_ratio,
-               r[i].step_ms, r[i].codec_ms, r[i].comm_ms, tts,
+        char pred[16] = "-";
+        if (r[i].predicted) snprintf(pred, sizeof pred, "%.2f", r[i].pred_step_ms);
+        printf("%-34.34s %7.2f%% %7s %12.0f %8.1fx %7.1fx %8.2f %8s %8.2f %8.2f %10s%s",
+               r[i].method, 100 * r[i].final_acc, delta, r[i].bytes_per_step, r[i].ratio,
+               r[i].traffic_ratio, r[i].step_ms, pred, r[i].codec_ms, r[i].comm_ms, tts,
                !r[i].weights_identical  ? "  RANKS DIVERGED"
                : r[i].stopped_by_budget ? "  (time budget: stopped at epoch "
                                         : "");
@@ -455,7 +468,8 @@ static void print_table(gtrain_result *r, int nr, double target) {
     }
     printf("target accuracy %.2f%%%s\nbytes/step: sent per rank per step, all tensors (as the "
            "algorithm counts it); ratio: gradient bytes / compressed bytes over the whole run; "
-           "traffic: dense f32 ring allreduce bytes / bytes sent\n",
+           "traffic: dense f32 ring allreduce bytes / bytes sent; pred: the cost model's step "
+           "time (gradcomp plan)\n",
            100 * target, " (the dense run's final accuracy unless --target-acc)");
 }
 
@@ -500,6 +514,26 @@ int cmd_train(int argc, char **argv) {
             o.cfg.model, P, P > 1 ? "s" : "", o.cfg.epochs, o.cfg.epochs > 1 ? "s" : "",
             o.cfg.batch, train.n);
 
+    /* The cost model's calibration, on every rank (each predicts; rank 0 reports). */
+    gcomp_cost_calibration *cal = NULL;
+    {
+        char defpath[PATH_MAX];
+        const char *cp =
+            o.calibration ? o.calibration : cli_default_calibration(defpath, sizeof defpath);
+        if (cli_load_calibration("train", cp, o.calibration != NULL, &cal) && o.calibration)
+            bad = 1;
+    }
+    MPI_Allreduce(MPI_IN_PLACE, &bad, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+    if (bad) {
+        gcomp_cost_calibration_free(cal);
+        gtrain_data_free(&train);
+        gtrain_data_free(&test);
+        MPI_Finalize();
+        return 2;
+    }
+    o.cfg.calibration = cal;
+    o.cfg.link_bps = o.link && strcmp(o.link, "none") ? cli_parse_rate(o.link) : 0;
+
     gtrain_result res[MAX_METHODS];
     int nr = 0;
     for (int i = 0; i < o.nmethods; i++) {
@@ -531,6 +565,7 @@ int cmd_train(int argc, char **argv) {
     }
     for (int i = 0; i < nr; i++) gtrain_result_free(&res[i]);
     for (int i = 0; i < o.nmethods; i++) free(o.methods[i]);
+    gcomp_cost_calibration_free(cal);
     gtrain_data_free(&train);
     gtrain_data_free(&test);
     MPI_Allreduce(MPI_IN_PLACE, &rc, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
