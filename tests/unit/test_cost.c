@@ -1,0 +1,323 @@
+/*
+ * test_cost.c - the cost model (gradcomp.h, "Cost model") against values computed by
+ * hand: each strategy's traffic law, the alpha-beta time, the overlap with backward, the
+ * break-even bandwidth, the calibration's text form, and the errors.  The byte counts are
+ * checked against the MPI layer's own counters in tests/mpi/test_cost_bytes.sh.
+ */
+#include "check.h"
+
+#include "gradcomp.h"
+
+#include <math.h>
+#include <string.h>
+
+static double rel(double a, double b) {
+    return fabs(a - b) / (fabs(b) > 0 ? fabs(b) : 1);
+}
+
+/* One tensor: its model's bytes and result on a net with latency 0, bandwidth B. */
+static int one(const char *spec, size_t n, size_t rows, size_t cols, int strategy, int P,
+               double B, const gcomp_cost_calibration *cal, gcomp_cost_result *r,
+               gcomp_cost_tensor_result *tr) {
+    gcomp_cost_tensor t = {"t", spec, n, rows, cols, strategy};
+    gcomp_cost_model *m = NULL;
+    gcomp_error e = {0};
+    int st = gcomp_cost_model_create(&m, &t, 1, P, P, cal, &e);
+    if (st != GCOMP_OK) {
+        fprintf(stderr, "create %s: %s\n", spec, e.message);
+        return st;
+    }
+    gcomp_cost_net net;
+    gcomp_cost_net_default(&net);
+    net.workers = P;
+    net.nodes = P;
+    net.inter.bandwidth = B;
+    net.inter.latency = 0;
+    gcomp_cost_compute c = {0, 0, 0, 1};
+    st = gcomp_cost_eval(m, &net, &c, r, tr);
+    gcomp_cost_model_free(m);
+    return st;
+}
+
+static size_t est(const char *spec, size_t n) {
+    size_t b = 0;
+    gcomp_spec_bytes_estimate(spec, n, 0, 0, &b, NULL);
+    return b;
+}
+
+static void test_laws(void) {
+    gcomp_cost_result r;
+    gcomp_cost_tensor_result tr;
+    /* Ring allreduce of 1M f32 over 4 ranks: 2*3/4 * 4e6 = 6e6 bytes, 6e6 / 1e8 s. */
+    CHECK_OK(one("none", 1000000, 0, 0, GCOMP_COST_ALLREDUCE, 4, 1e8, NULL, &r, &tr));
+    CHECK_MSG(r.bytes_sent == 6e6, "%.17g", r.bytes_sent);
+    CHECK_MSG(rel(tr.comm_s, 0.06) < 1e-12, "%.17g", tr.comm_s);
+    /* f16: half of it. */
+    CHECK_OK(one("none:values=f16", 1000000, 0, 0, GCOMP_COST_ALLREDUCE, 4, 1e8, NULL, &r, &tr));
+    CHECK_MSG(r.bytes_sent == 3e6, "%.17g", r.bytes_sent);
+    /* Below 256 KiB: MPI_Iallreduce with 24 check bytes, floor(1.5 * 4024) = 6036; time
+     * by recursive doubling, log2(4) = 2 exchanges of the whole 4024 bytes. */
+    CHECK_OK(one("none", 1000, 0, 0, GCOMP_COST_ALLREDUCE, 4, 1e8, NULL, &r, &tr));
+    CHECK_EQ_INT(r.bytes_sent, 6036);
+    CHECK_MSG(rel(tr.comm_s, 2 * 4024 / 1e8) < 1e-12, "%.17g", tr.comm_s);
+    /* One rank: nothing travels. */
+    CHECK_OK(one("none", 1000, 0, 0, GCOMP_COST_ALLREDUCE, 1, 1e8, NULL, &r, &tr));
+    CHECK_EQ_INT(r.bytes_sent, 0);
+    CHECK(tr.comm_s == 0);
+
+    /* Allgather grows with P: 8(P-1) size words + (P-1) messages. */
+    const char *tk = "topk:density=0.01";
+    double m = (double)est(tk, 100000);
+    CHECK(m > 1000);
+    for (int P = 2; P <= 64; P *= 2) {
+        CHECK_OK(one(tk, 100000, 0, 0, GCOMP_COST_ALLGATHER, P, 1e8, NULL, &r, &tr));
+        CHECK_MSG(r.bytes_sent == 8.0 * (P - 1) + (P - 1) * m, "P=%d %.17g", P, r.bytes_sent);
+        CHECK(tr.message_bytes == m);
+    }
+
+    /* rsag: 16(P-1) + 2(P-1)/P * sum of the P chunk messages; 1000003 elements over 4:
+     * chunks of 250000, 250001, 250001, 250001 (floor((j+1)n/P) - floor(jn/P)). */
+    double c0 = (double)est("int8", 250000), c1 = (double)est("int8", 250001);
+    double sum = c0 + 3 * c1;
+    CHECK_OK(one("int8", 1000003, 0, 0, GCOMP_COST_RSAG, 4, 1e8, NULL, &r, &tr));
+    CHECK_MSG(rel(r.bytes_sent, 48 + 1.5 * sum) < 1e-15, "%.17g vs %.17g", r.bytes_sent,
+              48 + 1.5 * sum);
+
+    /* PowerSGD rank 4 on 1000x500, 4 ranks: per iteration floor(1.5 (1000*4*4 + 24)) +
+     * floor(1.5 (500*4*4 + 8)) = 24036 + 12012; iters=2 adds floor(1.5 (16000+8)) + 12012. */
+    CHECK_OK(one("powersgd:rank=4", 500000, 1000, 500, GCOMP_COST_ALLREDUCE, 4, 1e8, NULL, &r,
+                 &tr));
+    CHECK_EQ_INT(r.bytes_sent, 24036 + 12012);
+    CHECK_OK(one("powersgd:rank=4,iters=2", 500000, 1000, 500, GCOMP_COST_ALLREDUCE, 4, 1e8, NULL,
+                 &r, &tr));
+    CHECK_EQ_INT(r.bytes_sent, 24036 + 12012 + 24012 + 12012);
+    /* A vector goes dense: the f32 ring of 2e6 bytes. */
+    CHECK_OK(one("powersgd:rank=4", 500000, 0, 0, GCOMP_COST_ALLREDUCE, 4, 1e8, NULL, &r, &tr));
+    CHECK_MSG(r.bytes_sent == 1.5 * 2e6, "%.17g", r.bytes_sent);
+
+    /* Sparse allreduce stays bounded as P grows, where allgather grows linearly. */
+    gcomp_cost_result ra, rs;
+    CHECK_OK(one(tk, 1 << 20, 0, 0, GCOMP_COST_ALLGATHER, 64, 1e8, NULL, &ra, &tr));
+    CHECK_OK(one(tk, 1 << 20, 0, 0, GCOMP_COST_SPARSE, 64, 1e8, NULL, &rs, &tr));
+    CHECK_MSG(rs.bytes_sent < 3 * (double)est(tk, 1 << 20) && ra.bytes_sent > 10 * rs.bytes_sent,
+              "sparse %.0f allgather %.0f", rs.bytes_sent, ra.bytes_sent);
+    /* Fill-in: at density 0.9 every region's slice goes dense (8 + 4 * region). */
+    CHECK_OK(one("topk:density=0.9", 1 << 20, 0, 0, GCOMP_COST_SPARSE, 4, 1e8, NULL, &rs, &tr));
+    double own = (double)est("topk:density=0.9", 1 << 18);
+    CHECK_MSG(rel(rs.bytes_sent, 48 + 3 * (8 + 4.0 * (1 << 18)) + 3 * own) < 1e-12, "%.17g",
+              rs.bytes_sent);
+
+    /* Parameter server: the worker pushes its message and pulls the dense sum; the
+     * servers' NICs carry P/S of it. */
+    gcomp_cost_tensor t = {"t", tk, 100000, 0, 0, GCOMP_COST_PS};
+    gcomp_cost_model *pm;
+    CHECK_OK(gcomp_cost_model_create(&pm, &t, 1, 8, 8, NULL, NULL));
+    gcomp_cost_net net;
+    gcomp_cost_net_default(&net);
+    net.workers = net.nodes = 8;
+    net.inter.bandwidth = 1e8;
+    net.inter.latency = 0;
+    net.servers = 2;
+    gcomp_cost_compute c0c = {0, 0, 0, 1};
+    CHECK_OK(gcomp_cost_eval(pm, &net, &c0c, &r, &tr));
+    CHECK(r.bytes_sent == (double)est(tk, 100000));
+    CHECK_MSG(rel(tr.comm_s, 8.0 / 2 * 4e5 / 1e8) < 1e-12, "%.17g", tr.comm_s);
+    gcomp_cost_model_free(pm);
+}
+
+static void test_hierarchical(void) {
+    /* 8 ranks on 2 nodes: 2 rounds of 4n inside the node each way, then the allreduce
+     * between the 2 leaders: bytes 2*1/2*4n = 4n, node bytes 2*2*4n. */
+    size_t n = 1 << 20;
+    gcomp_cost_tensor t = {"t", "none", n, 0, 0, GCOMP_COST_ALLREDUCE | GCOMP_COST_HIERARCHICAL};
+    gcomp_cost_model *m;
+    CHECK_OK(gcomp_cost_model_create(&m, &t, 1, 8, 2, NULL, NULL));
+    gcomp_cost_net net;
+    gcomp_cost_net_default(&net);
+    net.workers = 8;
+    net.nodes = 2;
+    net.inter = (gcomp_cost_link){1e8, 0};
+    net.intra = (gcomp_cost_link){1e10, 0};
+    gcomp_cost_compute c = {0, 0, 0, 1};
+    gcomp_cost_result r;
+    CHECK_OK(gcomp_cost_eval(m, &net, &c, &r, NULL));
+    CHECK(r.bytes_sent == 4.0 * n);
+    CHECK(r.node_bytes == 16.0 * n);
+    double want = 4.0 * n / 1e8 + 2 * 2 * 4.0 * n / 1e10;
+    CHECK_MSG(rel(r.comm_s, want) < 1e-12, "%.17g vs %.17g", r.comm_s, want);
+    gcomp_cost_model_free(m);
+}
+
+/* Overlap: two equal tensors, backward 1 s; the later layer's gradient is final after
+ * 0.5 s and its 0.4 s transfer hides in the remaining 0.5 s; the first layer's does not. */
+static void test_overlap(void) {
+    gcomp_cost_tensor t[2] = {{"a", "none", 1 << 20, 0, 0, GCOMP_COST_ALLREDUCE},
+                              {"b", "none", 1 << 20, 0, 0, GCOMP_COST_ALLREDUCE}};
+    gcomp_cost_calibration *cal;
+    CHECK_OK(gcomp_cost_calibration_create(&cal));
+    gcomp_cost_codec_rate zero = {"none", 0, 0, 0, 0};
+    CHECK_OK(gcomp_cost_calibration_add_codec(cal, &zero, NULL));
+    gcomp_cost_model *m;
+    CHECK_OK(gcomp_cost_model_create(&m, t, 2, 2, 2, cal, NULL));
+    gcomp_cost_net net;
+    gcomp_cost_net_default(&net);
+    net.workers = net.nodes = 2;
+    double comm = 0.4, B = 4.0 * (1 << 20) / comm; /* 2 ranks: the ring sends 4n bytes */
+    net.inter = (gcomp_cost_link){B, 0};
+    gcomp_cost_compute c = {0.25, 1.0, 0.1, 1.0};
+    gcomp_cost_result r;
+    gcomp_cost_tensor_result tr[2];
+    CHECK_OK(gcomp_cost_eval(m, &net, &c, &r, tr));
+    CHECK(r.calibrated == 2);
+    /* b ready at 0.75, on the wire until 1.15, decoded once backward ends (1.25); a ready
+     * at 1.25, done 1.65; + optimizer 0.1 */
+    CHECK_MSG(rel(tr[1].ready_s, 0.75) < 1e-12 && rel(tr[1].done_s, 1.25) < 1e-12, "%.17g %.17g",
+              tr[1].ready_s, tr[1].done_s);
+    CHECK_MSG(rel(r.step_s, 1.75) < 1e-12, "%.17g", r.step_s);
+    CHECK_MSG(rel(r.exposed_s, 0.4) < 1e-12, "%.17g", r.exposed_s);
+    /* overlap 0: b's transfer waits for the worker: 1.25 + 0.8 + 0.1. */
+    c.overlap = 0;
+    CHECK_OK(gcomp_cost_eval(m, &net, &c, &r, NULL));
+    CHECK_MSG(rel(r.step_s, 2.15) < 1e-12, "%.17g", r.step_s);
+    /* Pure: the same inputs give the same bits. */
+    gcomp_cost_result r2;
+    CHECK_OK(gcomp_cost_eval(m, &net, &c, &r2, NULL));
+    CHECK(memcmp(&r, &r2, sizeof r) == 0);
+    gcomp_cost_model_free(m);
+    gcomp_cost_calibration_free(cal);
+}
+
+/* Break-even: dense f32 ring (2 ranks: 4n bytes, free codec) against top-k by allgather
+ * (8 + m bytes, encode 1 ns/elem): equal when 4n/B = 1e-9 n + (8 + m)/B. */
+static void test_break_even(void) {
+    size_t n = 1 << 22;
+    const char *tk = "topk:density=0.001";
+    gcomp_cost_calibration *cal;
+    CHECK_OK(gcomp_cost_calibration_create(&cal));
+    gcomp_cost_codec_rate zero = {"none", 0, 0, 0, 0}, topk = {"", 0, 1e-9, 0, 0};
+    snprintf(topk.spec, sizeof topk.spec, "%s", tk);
+    CHECK_OK(gcomp_cost_calibration_add_codec(cal, &zero, NULL));
+    CHECK_OK(gcomp_cost_calibration_add_codec(cal, &topk, NULL));
+    gcomp_cost_tensor td = {"t", "none", n, 0, 0, GCOMP_COST_ALLREDUCE},
+                      tc = {"t", tk, n, 0, 0, GCOMP_COST_ALLGATHER};
+    gcomp_cost_model *md, *mc;
+    CHECK_OK(gcomp_cost_model_create(&md, &td, 1, 2, 2, cal, NULL));
+    CHECK_OK(gcomp_cost_model_create(&mc, &tc, 1, 2, 2, cal, NULL));
+    gcomp_cost_net net;
+    gcomp_cost_net_default(&net);
+    net.workers = net.nodes = 2;
+    net.inter.latency = 0;
+    gcomp_cost_compute c = {0, 0, 0, 1};
+    double B = 0, want = (4.0 * n - 8 - (double)est(tk, n)) / (1e-9 * n);
+    CHECK_OK(gcomp_cost_break_even(mc, md, (size_t)-1, &net, &c, &B));
+    CHECK_MSG(rel(B, want) < 1e-6, "%.17g vs %.17g", B, want);
+    CHECK_OK(gcomp_cost_break_even(mc, md, 0, &net, &c, &B));
+    CHECK_MSG(rel(B, want) < 1e-6, "%.17g vs %.17g", B, want);
+    /* Against itself it never pays. */
+    CHECK_OK(gcomp_cost_break_even(md, md, (size_t)-1, &net, &c, &B));
+    CHECK(B == 0);
+    gcomp_cost_model_free(md);
+    gcomp_cost_model_free(mc);
+    gcomp_cost_calibration_free(cal);
+}
+
+static void test_calibration_text(void) {
+    gcomp_cost_calibration *cal, *back;
+    CHECK_OK(gcomp_cost_calibration_create(&cal));
+    gcomp_cost_codec_rate r = {"topk:density=0.01,seed=5", 1.5e-6, 3.25e-9, 2e-7, 1.0 / 3e9};
+    CHECK_OK(gcomp_cost_calibration_add_codec(cal, &r, NULL));
+    gcomp_cost_net_rate nr = {"inter", 4, 24.5e-6, 119e6, 110e6};
+    CHECK_OK(gcomp_cost_calibration_add_net(cal, &nr));
+    char a[4096], b[4096];
+    size_t la, lb;
+    CHECK_OK(gcomp_cost_calibration_format(cal, a, sizeof a, &la));
+    CHECK(strstr(a, "seed=") == NULL); /* the seed changes no speed */
+    CHECK(gcomp_cost_calibration_format(cal, b, 10, &lb) == GCOMP_E_DST_SIZE && lb == la);
+    gcomp_error e = {0};
+    CHECK_OK(gcomp_cost_calibration_parse(&back, a, la, &e));
+    CHECK_OK(gcomp_cost_calibration_format(back, b, sizeof b, &lb));
+    CHECK(la == lb && memcmp(a, b, la) == 0);
+    const gcomp_cost_codec_rate *g = gcomp_cost_calibration_codec(back, 0);
+    CHECK(g && g->decode_per_elem == 1.0 / 3e9 && g->encode_per_elem == 3.25e-9);
+    const gcomp_cost_net_rate *gn = gcomp_cost_calibration_net(back, "inter");
+    CHECK(gn && gn->ranks == 4 && gn->latency == 24.5e-6);
+    /* Lookup: same codec at another density is scaled (decode by density). */
+    gcomp_cost_tensor t = {"t", "topk:density=0.001", 1000000, 0, 0, GCOMP_COST_ALLGATHER};
+    gcomp_cost_model *m;
+    CHECK_OK(gcomp_cost_model_create(&m, &t, 1, 1, 1, back, NULL));
+    gcomp_cost_net net;
+    gcomp_cost_net_default(&net);
+    gcomp_cost_compute c = {0, 0, 0, 1};
+    gcomp_cost_result res;
+    gcomp_cost_tensor_result tr;
+    CHECK_OK(gcomp_cost_eval(m, &net, &c, &res, &tr));
+    CHECK(tr.calibrated == 1);
+    CHECK_MSG(rel(tr.decode_s, 2e-7 + 1e6 / 3e9 / 10) < 1e-12, "%.17g", tr.decode_s);
+    gcomp_cost_model_free(m);
+    gcomp_cost_calibration_free(back);
+
+    /* Errors: not a calibration, a newer version, a bad line named by its number. */
+    const char *bad1 = "hello\n", *bad2 = "gradcomp-calibration 99\n",
+               *bad3 = "gradcomp-calibration 1\n# ok\ncodec none encode_fixed_s=1 "
+                       "encode_per_elem=x decode_fixed_s=0 decode_per_elem=0\n",
+               *bad4 = "gradcomp-calibration 1\nnet inter ranks=2 latency=1e-5 bandwith=1e8\n";
+    CHECK(gcomp_cost_calibration_parse(&back, bad1, strlen(bad1), &e) == GCOMP_E_BAD_MAGIC);
+    CHECK(back == NULL);
+    CHECK(gcomp_cost_calibration_parse(&back, bad2, strlen(bad2), &e) == GCOMP_E_VERSION);
+    CHECK(gcomp_cost_calibration_parse(&back, bad3, strlen(bad3), &e) == GCOMP_E_CORRUPT);
+    CHECK_MSG(strstr(e.message, "line 3") != NULL, "%s", e.message);
+    CHECK(gcomp_cost_calibration_parse(&back, bad4, strlen(bad4), &e) == GCOMP_E_CORRUPT);
+    CHECK_MSG(strstr(e.message, "line 2") && strstr(e.message, "bandwith"), "%s", e.message);
+    gcomp_cost_calibration_free(cal);
+}
+
+static void test_errors(void) {
+    gcomp_cost_model *m = NULL;
+    gcomp_error e = {0};
+    gcomp_cost_tensor t = {"w", "topk:density=0.01", 1000, 0, 0, 0};
+    CHECK(gcomp_cost_model_create(&m, &t, 1, 4, 4, NULL, &e) == GCOMP_E_ARG);
+    CHECK_MSG(strstr(e.message, "'w'") && strstr(e.message, "auto"), "%s", e.message);
+    t.strategy = GCOMP_COST_ALLREDUCE; /* top-k does not sum */
+    CHECK(gcomp_cost_model_create(&m, &t, 1, 4, 4, NULL, &e) == GCOMP_E_UNSUPPORTED);
+    t.strategy = GCOMP_COST_ALLGATHER;
+    CHECK(gcomp_cost_model_create(&m, &t, 1, 0, 1, NULL, &e) == GCOMP_E_ARG);
+    CHECK(gcomp_cost_model_create(&m, &t, 1, 4, 5, NULL, &e) == GCOMP_E_ARG);
+    t.spec = "topk:densty=0.01";
+    CHECK(gcomp_cost_model_create(&m, &t, 1, 4, 4, NULL, &e) == GCOMP_E_SPEC);
+    t.spec = "nosuch";
+    CHECK(gcomp_cost_model_create(&m, &t, 1, 4, 4, NULL, &e) == GCOMP_E_UNKNOWN_CODEC);
+    t.spec = "topk:density=0.01";
+    t.rows = 7;
+    t.cols = 7;
+    CHECK(gcomp_cost_model_create(&m, &t, 1, 4, 4, NULL, &e) == GCOMP_E_ARG);
+    CHECK(m == NULL);
+    t.rows = t.cols = 0;
+    CHECK_OK(gcomp_cost_model_create(&m, &t, 1, 4, 4, NULL, &e));
+    gcomp_cost_net net;
+    gcomp_cost_net_default(&net);
+    net.workers = net.nodes = 4;
+    gcomp_cost_compute c = {0, 0, 0, 1};
+    gcomp_cost_result r;
+    CHECK_OK(gcomp_cost_eval(m, &net, &c, &r, NULL));
+    net.inter.bandwidth = 0;
+    CHECK(gcomp_cost_eval(m, &net, &c, &r, NULL) == GCOMP_E_ARG);
+    net.inter.bandwidth = 1e9;
+    net.workers = 8;
+    CHECK(gcomp_cost_eval(m, &net, &c, &r, NULL) == GCOMP_E_ARG);
+    net.workers = 4;
+    c.overlap = 1.5;
+    CHECK(gcomp_cost_eval(m, &net, &c, &r, NULL) == GCOMP_E_ARG);
+    gcomp_cost_model_free(m);
+    gcomp_cost_model_free(NULL);
+    gcomp_cost_calibration_free(NULL);
+}
+
+int main(void) {
+    test_laws();
+    test_hierarchical();
+    test_overlap();
+    test_break_even();
+    test_calibration_text();
+    test_errors();
+    return CHECK_DONE();
+}
