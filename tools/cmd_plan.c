@@ -111,7 +111,10 @@ static int split_methods(popts *o, const char *list) {
     for (char *p = strtok_r(copy, ",", &save); p; p = strtok_r(NULL, ",", &save)) {
         while (*p == ' ') p++;
         if (!*p) continue;
-        if (strchr(p, '=') && !strchr(p, ':') && o->nmethods > 0) { /* dgc:density=..,momentum=.. */
+        /* dgc:density=..,momentum=..: a piece whose text up to its first ';' is key=value
+         * without a codec name continues the previous spec. */
+        size_t head = strcspn(p, ";@");
+        if (memchr(p, '=', head) && !memchr(p, ':', head) && o->nmethods > 0) {
             char *prev = o->methods[o->nmethods - 1];
             size_t l = strlen(prev) + strlen(p) + 2;
             char *joined = malloc(l);

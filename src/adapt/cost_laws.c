@@ -7,8 +7,8 @@
  * Bytes per rank and step, for a group of G ranks (G = P, or the nodes for hierarchical),
  * m one message of the whole tensor (gcomp_spec_bytes_estimate), c_j the message of chunk
  * j (elements [jn/G, (j+1)n/G)), 8-byte size words:
- *   allreduce  2(G-1)/G x S, S the values summed: n x width for `none`, the message's value
- *              section for random-k; packs under 256 KiB go through MPI_Iallreduce and
+ *   allreduce  2(G-1)/G x S, S the values summed: n x width for `none`, k x width for
+ *              random-k; packs under 256 KiB go through MPI_Iallreduce and
  *              carry 24 check bytes; the time law is the ring's 2(G-1) steps above that,
  *              recursive doubling's log2 G exchanges of S below (Thakur et al. 2005)
  *   powersgd   per power iteration, allreduces of rows x r and cols x r values (+ check
@@ -35,7 +35,6 @@
 
 #define RING_MIN_BYTES (256.0 * 1024) /* src/mpi/mpi_allreduce.c: packs this big use the ring */
 #define GM_SLICE_HDR 8.0              /* src/mpi: a slice's header */
-#define SECTION_BYTES 24.0            /* docs/FORMAT.md: the sparse section header */
 
 typedef struct law_in {
     const gcomp_cost_tensor *t;
@@ -105,6 +104,24 @@ static double value_width(const char *canon) {
     return 4;
 }
 
+/* Expected bytes of a varint (7 bits a byte) of a gap between k uniformly scattered
+ * positions in n: the gap is geometric with p = k/n. */
+static double varint_bytes(double k, double n) {
+    if (k <= 0 || n <= 0) return 1;
+    double p = k / n < 1 ? k / n : 1, q = 1 - p, e = 1;
+    for (int b = 7; b <= 28; b += 7) e += pow(q, ldexp(1.0, b));
+    return e;
+}
+
+/* The elements a sparse codec keeps: k = density x n (dense codecs: all of them). */
+static double kept(const law_in *in) {
+    double n = (double)in->t->n;
+    if (!(in->ci->flags & GCOMP_CODEC_SPARSE)) return n;
+    double d = gcomp__cost_spec_num(in->canon, "density", 1);
+    double k = ceil(d * n);
+    return k < 1 ? 1 : k > n ? n : k;
+}
+
 static gcomp_status law_allreduce(cost_tensor *ct, const law_in *in) {
     const gcomp_cost_tensor *t = in->t;
     double w = value_width(in->canon), n = (double)t->n;
@@ -146,13 +163,9 @@ static gcomp_status law_allreduce(cost_tensor *ct, const law_in *in) {
                            "cost model: tensor '%s': allreduce needs a codec that sums linearly "
                            "(%s does not)",
                            ct->name, in->ci->name);
-    /* The sum runs over the message's value section: the message less its header and
-     * section header (docs/FORMAT.md) and, for positions drawn from a seed, the key. */
-    double S = strcmp(in->ci->name, "none") == 0
-                   ? n * w
-                   : in->m - GCOMP_HEADER_SIZE - SECTION_BYTES -
-                         ((in->ci->flags & GCOMP_CODEC_SPARSE) ? 8 : 0);
-    if (S < 0) S = 0;
+    /* The sum runs over the values the message carries: all n for `none`, k = density x n
+     * for random-k (its positions come from the seed and never travel). */
+    double S = kept(in) * w;
     ct->message_bytes = S;
     allreduce_values(ct, in, S, 24);
     ct->encode_s = enc(in, n);
@@ -172,24 +185,6 @@ static gcomp_status law_allgather(cost_tensor *ct, const law_in *in) {
     ct->encode_s = enc(in, n);
     ct->decode_s = G * dec(in, n);
     return GCOMP_OK;
-}
-
-/* Expected bytes of a varint (7 bits a byte) of a gap between k uniformly scattered
- * positions in n: the gap is geometric with p = k/n. */
-static double varint_bytes(double k, double n) {
-    if (k <= 0 || n <= 0) return 1;
-    double p = k / n < 1 ? k / n : 1, q = 1 - p, e = 1;
-    for (int b = 7; b <= 28; b += 7) e += pow(q, ldexp(1.0, b));
-    return e;
-}
-
-/* The elements a sparse codec keeps: k = density x n (dense codecs: all of them). */
-static double kept(const law_in *in) {
-    double n = (double)in->t->n;
-    if (!(in->ci->flags & GCOMP_CODEC_SPARSE)) return n;
-    double d = gcomp__cost_spec_num(in->canon, "density", 1);
-    double k = ceil(d * n);
-    return k < 1 ? 1 : k > n ? n : k;
 }
 
 static gcomp_status law_sparse(cost_tensor *ct, const law_in *in) {

@@ -16,8 +16,8 @@ static double rel(double a, double b) {
 }
 
 /* One tensor: its model's bytes and result on a net with latency 0, bandwidth B. */
-static int one(const char *spec, size_t n, size_t rows, size_t cols, int strategy, int P,
-               double B, const gcomp_cost_calibration *cal, gcomp_cost_result *r,
+static int one(const char *spec, size_t n, size_t rows, size_t cols, int strategy, int P, double B,
+               const gcomp_cost_calibration *cal, gcomp_cost_result *r,
                gcomp_cost_tensor_result *tr) {
     gcomp_cost_tensor t = {"t", spec, n, rows, cols, strategy};
     gcomp_cost_model *m = NULL;
@@ -85,8 +85,8 @@ static void test_laws(void) {
 
     /* PowerSGD rank 4 on 1000x500, 4 ranks: per iteration floor(1.5 (1000*4*4 + 24)) +
      * floor(1.5 (500*4*4 + 8)) = 24036 + 12012; iters=2 adds floor(1.5 (16000+8)) + 12012. */
-    CHECK_OK(one("powersgd:rank=4", 500000, 1000, 500, GCOMP_COST_ALLREDUCE, 4, 1e8, NULL, &r,
-                 &tr));
+    CHECK_OK(
+        one("powersgd:rank=4", 500000, 1000, 500, GCOMP_COST_ALLREDUCE, 4, 1e8, NULL, &r, &tr));
     CHECK_EQ_INT(r.bytes_sent, 24036 + 12012);
     CHECK_OK(one("powersgd:rank=4,iters=2", 500000, 1000, 500, GCOMP_COST_ALLREDUCE, 4, 1e8, NULL,
                  &r, &tr));
