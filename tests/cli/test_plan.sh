@@ -1,0 +1,54 @@
+#!/bin/sh
+# test_plan.sh GRADCOMP WORKDIR - `gradcomp plan`: a table and JSON for a model file, and a
+# clear non-zero exit naming the wrong input for a bad model file (with its line), an
+# unknown spec, P < 1, a link of 0 and a corrupt calibration.
+set -u
+G=$1
+W=$2
+rm -rf "$W" && mkdir -p "$W" && cd "$W" || exit 1
+fails=0
+pass=0
+ok() { pass=$((pass + 1)); }
+bad() { echo "FAIL: $*"; fails=$((fails + 1)); }
+# expect_err DESC PATTERN CMD...: exit 1..127, stderr matches PATTERN (names the input)
+expect_err() {
+  desc=$1; pat=$2; shift 2
+  "$@" >out.txt 2>err.txt; rc=$?
+  if [ $rc -ge 1 ] && [ $rc -lt 128 ] && grep -q -- "$pat" err.txt; then ok
+  else bad "$desc: rc=$rc, stderr:"; cat err.txt; fi
+}
+printf 'gradcomp-calibration 1\n' > empty.cal
+printf '# a model\nfc1.weight 1024 784\nfc1.bias 1024\nfc2.weight 10 1024\n' > m.txt
+C="--calibration empty.cal"
+"$G" plan --model m.txt --compare dense,topk:density=0.01,powersgd:rank=4 --workers 2,8 \
+    --link 1gbit --compute-ms 5 $C > out.txt 2> err.txt && ok || { bad "plan table"; cat err.txt; }
+grep -q "P = 8 workers" out.txt && grep -q "topk:density=0.01" out.txt && ok || { bad "table"; cat out.txt; }
+"$G" plan --model m.txt --compare topk:density=0.01 --workers 4 --link 10gbit --compute-ms 5 \
+    $C --json > j.json 2> err.txt && ok || { bad "plan --json"; cat err.txt; }
+python3 -c "
+import json; d = json.load(open('j.json')); r = d['results'][0]
+assert r['workers'] == 4 and len(r['tensors']) == 3 and r['bytes_per_step'] > 0, r
+assert r['tensors'][1]['spec'].startswith('none'), r   # 1-D: dense by the policy
+" && ok || bad "json content"
+
+
+printf 'a 10 10\nb 5\nc 7 x\n' > m2.txt
+expect_err "bad model line" "m2.txt:3.*positive integers" "$G" plan --model m2.txt --link 1gbit $C
+printf 'a 10 10\nlonely\n' > m3.txt
+expect_err "no dimensions" "m3.txt:2" "$G" plan --model m3.txt --link 1gbit $C
+: > m4.txt
+expect_err "empty model" "no tensors" "$G" plan --model m4.txt --link 1gbit $C
+expect_err "missing model" "nosuchmodel" "$G" plan --model nosuchmodel --link 1gbit $C
+expect_err "unknown spec" "unknown codec 'nosuch'" "$G" plan --model m.txt --compare nosuch --link 1gbit $C
+expect_err "bad spec key" "densty" "$G" plan --model m.txt --compare topk:densty=0.1 --link 1gbit $C
+expect_err "P = 0" "worker count 0" "$G" plan --model m.txt --workers 0 --link 1gbit $C
+expect_err "P < 0" "--workers" "$G" plan --model m.txt --workers 4,-2 --link 1gbit $C
+expect_err "link 0" "link speed must be a rate > 0" "$G" plan --model m.txt --link 0 $C
+expect_err "link 0gbit" "link speed must be a rate > 0" "$G" plan --model m.txt --link 0gbit $C
+expect_err "link junk" "--link fast" "$G" plan --model m.txt --link fast $C
+expect_err "no link" "no link" "$G" plan --model m.txt $C
+printf 'gradcomp-calibration 1\ncodec none encode_fixed_s=oops\n' > bad.cal
+expect_err "bad calibration" "bad.cal.*line 2" "$G" plan --model m.txt --link 1gbit --calibration bad.cal
+expect_err "missing calibration" "nosuch.cal" "$G" plan --model m.txt --link 1gbit --calibration nosuch.cal
+echo "$pass passed, $fails failed"
+[ $fails -eq 0 ]
