@@ -22,7 +22,7 @@
  * A rank that failed locally (bad spec) puts a marker in the first allreduce, so the
  * others fail too instead of waiting for it.
  */
-#include "mpi_internal.h"
+#include "mpi_strategy.h"
 
 #include <limits.h>
 #include <math.h>
@@ -39,13 +39,13 @@ gcomp_status gm_issue_fail(gcomp_mpi_bucket *b, int rc, const char *what) {
     return gm_comm_mpi_fail(b->comm, NULL, rc, what);
 }
 
-gcomp_status gm_req_room(gm_group *g, int k) {
+/* Makes room for k requests in g->req. */
+static gcomp_status gm_req_room(gm_group *g, int k) {
     if (g->req_cap >= k) return GCOMP_OK;
-    MPI_Request *r = realloc(g->req, (size_t)k * sizeof *r);
-    if (!r) return GCOMP_E_NOMEM;
-    g->req = r;
-    g->req_cap = k;
-    return GCOMP_OK;
+    gcomp_status st =
+        gm_grow((void **)&g->req, (size_t)g->req_cap * sizeof *g->req, (size_t)k * sizeof *g->req);
+    if (st == GCOMP_OK) g->req_cap = k;
+    return st;
 }
 
 void gm_group_local_fail(gcomp_mpi_bucket *b, gm_group *g, gcomp_status st, size_t tensor,
@@ -92,35 +92,61 @@ bool gm_scan_markers(gcomp_mpi_bucket *b, gm_group *g, const uint64_t *w, size_t
     return false;
 }
 
-/* ---- tensors ------------------------------------------------------------------------------ */
-
-static void tensor_free(gm_tensor *t, int xsize) {
-    free(t->name);
-    gcomp_compressor_free(t->c);
-    if (t->dec)
-        for (int j = 0; j < xsize; j++) gcomp_compressor_free(t->dec[j]);
-    free(t->dec);
-    free(t->rfp);
-    if (t->chunk)
-        for (int j = 0; j < xsize; j++) gcomp_compressor_free(t->chunk[j]);
-    free(t->chunk);
-    gcomp_compressor_free(t->owner);
-    free(t->reg);
-    gm_buf_free(&t->own);
-    gm_buf_free(&t->bits);
-    gm_buf_free(&t->pos);
-    free(t->msgs);
-    /* t->work is freed (or buried) by the bucket */
+gcomp_status gm_gather_counts(gm_group *g, const uint64_t *w, size_t per_rank, size_t *total) {
+    uint64_t sum = 0;
+    for (size_t r = 0; r < (size_t)g->xsize; r++) {
+        uint64_t c = 0;
+        for (size_t k = 0; k < per_rank; k++) c += w[r * per_rank + k];
+        if (c > INT_MAX || sum + c > INT_MAX) return GCOMP_E_LIMIT;
+        g->cnt_r[r] = (int)c;
+        g->dsp_r[r] = (int)sum;
+        sum += c;
+    }
+    *total = (size_t)sum;
+    return GCOMP_OK;
 }
 
-/* Sets up one tensor: canonical spec, strategy, compressors.  Errors go to err. */
+gcomp_status gm_start_pack_reduce(gcomp_mpi_bucket *b, gm_group *g, int vid, size_t count, int nchk,
+                                  const char *what) {
+    char msg[96];
+    int rc = MPI_Iallreduce(g->chk, g->chk_out, nchk, MPI_UINT64_T, MPI_MAX, g->xc, &g->req[0]);
+    if (rc != MPI_SUCCESS) {
+        snprintf(msg, sizeof msg, "MPI_Iallreduce (check words of the %s)", what);
+        return gm_issue_fail(b, rc, msg);
+    }
+    MPI_Datatype dt = vid == GM_VID_F32 ? MPI_FLOAT : MPI_UINT16_T;
+    MPI_Op op = vid == GM_VID_F32   ? MPI_SUM
+                : vid == GM_VID_F16 ? b->comm->op_f16
+                                    : b->comm->op_bf16;
+    rc = MPI_Iallreduce(MPI_IN_PLACE, g->pack.p, (int)count, dt, op, g->xc, &g->req[1]);
+    if (rc != MPI_SUCCESS) {
+        snprintf(msg, sizeof msg, "MPI_Iallreduce (%s)", what);
+        return gm_issue_fail(b, rc, msg);
+    }
+    g->nreq = 2;
+    return GCOMP_OK;
+}
+
+/* ---- tensors ------------------------------------------------------------------------------ */
+
+static void tensor_free(gm_tensor *t) {
+    if (t->S && t->S->tensor_free) t->S->tensor_free(t);
+    t->priv = NULL;
+    gm_free(t->name);
+    gcomp_compressor_free(t->c);
+    gm_free(t->msgs);
+    /* t->work and t->tmp are freed (or buried) by the bucket */
+}
+
+/* Sets up one tensor: canonical spec and description, strategy, and (on the ranks of the
+ * exchange) the component's compressors.  Errors go to err. */
 static gcomp_status tensor_setup(gcomp_mpi_bucket *b, size_t i, const gcomp_mpi_tensor *d,
                                  gcomp_error *err) {
     gcomp_mpi_comm *c = b->comm;
     gm_tensor *t = &b->t[i];
     char nm[32];
     if (!d->name) snprintf(nm, sizeof nm, "#%zu", i);
-    t->name = strdup(d->name ? d->name : nm);
+    t->name = gm_strdup(d->name ? d->name : nm);
     if (!t->name) return gm_fail(err, GCOMP_E_NOMEM, "out of memory");
     t->n = d->n;
     t->rows = d->rows;
@@ -131,215 +157,60 @@ static gcomp_status tensor_setup(gcomp_mpi_bucket *b, size_t i, const gcomp_mpi_
         return gm_fail(err, GCOMP_E_ARG, "tensor '%s': %zu elements; MPI counts allow %d", t->name,
                        d->n, INT_MAX);
     gcomp_error e2;
-    gcomp_status st = gcomp_spec_canonical(d->spec, t->spec, sizeof t->spec, &t->fp, &e2);
+    gcomp_status st = gm_spec_describe(d->spec, t->spec, sizeof t->spec, &t->fp, &t->info, &e2);
     if (st != GCOMP_OK) return gm_fail(err, st, "tensor '%s': %s", t->name, e2.message);
-    int s = d->strategy;
-    if ((s & ~(0xff | GCOMP_MPI_HIERARCHICAL)) || (s & 0xff) > GCOMP_MPI_RSAG)
+    int s = d->strategy, base = s & 0xff;
+    const gm_strategy *S = base == GCOMP_MPI_AUTO ? NULL : gm_strategy_by_id(base);
+    if ((s & ~(0xff | GCOMP_MPI_HIERARCHICAL)) || (base != GCOMP_MPI_AUTO && !S))
         return gm_fail(err, GCOMP_E_ARG,
                        "tensor '%s': strategy %d is not one of gcomp_mpi_strategy", t->name, s);
     t->hier = (s & GCOMP_MPI_HIERARCHICAL) != 0;
-    int xsize = t->hier ? c->nnodes : c->size;
-    int xrank = t->hier ? c->node_index : c->rank;
-    bool member = !t->hier || c->node_rank == 0;
-    bool exchange = member && !(t->hier && c->nnodes == 1);
-    t->strategy = s & 0xff;
-    if (t->strategy == GCOMP_MPI_AUTO) {
-        st = gcomp_mpi_strategy_auto(t->spec, xsize, &t->strategy);
-        if (st != GCOMP_OK)
-            return gm_fail(err, st, "tensor '%s': %s", t->name, gcomp_status_str(st));
-    }
-    char name[64], values[16] = "";
-    size_t nl = strcspn(t->spec, ":");
-    snprintf(name, sizeof name, "%.*s", (int)nl, t->spec);
-    const gcomp_codec_info *ci = gcomp_codec_find(name);
-    t->flags = ci ? ci->flags : 0;
-    const char *v = strstr(t->spec, "values=");
-    if (v) snprintf(values, sizeof values, "%.*s", (int)strcspn(v + 7, ","), v + 7);
-    if (t->flags & GCOMP_CODEC_MULTIPHASE) {
-        if (t->strategy != GCOMP_MPI_ALLREDUCE)
-            return gm_fail(err, GCOMP_E_UNSUPPORTED,
-                           "tensor '%s': multi-phase codec '%s' runs only with the allreduce "
-                           "strategy (its factors sum linearly; its messages are not exchanged)",
-                           t->name, name);
-        const char *it = strstr(t->spec, "iters=");
-        long iters = it ? strtol(it + 6, NULL, 10) : 1;
-        if (iters < 1 || iters > 8)
-            return gm_fail(err, GCOMP_E_UNSUPPORTED,
-                           "tensor '%s': iters=%ld; the MPI layer runs 1 to 8 power iterations",
-                           t->name, iters);
-        t->lowrank = true;
-        t->phases = 2 * (int)iters;
-        t->vtype = !strcmp(values, "f16") ? 1 : !strcmp(values, "bf16") ? 2 : 0;
-    } else if (t->strategy == GCOMP_MPI_ALLREDUCE) {
-        t->vtype = !strcmp(values, "f32")    ? 0
-                   : !strcmp(values, "f16")  ? 1
-                   : !strcmp(values, "bf16") ? 2
-                                             : -1;
-        if (!(t->flags & GCOMP_CODEC_LINEAR) || t->vtype < 0)
-            return gm_fail(err, GCOMP_E_UNSUPPORTED,
-                           "tensor '%s': strategy allreduce needs a codec whose messages sum "
-                           "linearly with f32/f16/bf16 values (none, randomk); '%s' does not",
-                           t->name, t->spec);
-        t->seeded = (t->flags & GCOMP_CODEC_SPARSE) != 0;
-    }
-    if ((t->strategy == GCOMP_MPI_RSAG || t->strategy == GCOMP_MPI_SPARSE) &&
-        (t->flags & GCOMP_CODEC_NEEDS_SHAPE))
-        return gm_fail(err, GCOMP_E_UNSUPPORTED,
-                       "tensor '%s': strategy %s cuts the tensor into regions; codec '%s' needs a "
-                       "matrix shape",
-                       t->name, gcomp_mpi_strategy_name(t->strategy), name);
+    t->xsize = t->hier ? c->nnodes : c->size;
+    t->xrank = t->hier ? c->node_index : c->rank;
+    t->exchange = (!t->hier || c->node_rank == 0) && !(t->hier && c->nnodes == 1);
+    gm_query q = {t->spec, &t->info, t->n, t->rows, t->cols, t->xsize};
+    const char *why = NULL;
+    S = gm_strategy_choose(&q, base, &why);
+    if (!S && base == GCOMP_MPI_AUTO)
+        return gm_fail(err, GCOMP_E_UNSUPPORTED, "tensor '%s': no strategy carries '%s': %s",
+                       t->name, t->spec, why);
+    if (!S)
+        return gm_fail(err, GCOMP_E_UNSUPPORTED, "tensor '%s': strategy %s cannot carry '%s': %s",
+                       t->name, gcomp_mpi_strategy_name(base), t->spec, why);
+    t->S = S;
+    t->strategy = S->id;
 
-    t->msgs = calloc((size_t)(xsize > 0 ? xsize : 1), sizeof *t->msgs);
+    t->msgs = gm_calloc((size_t)(t->xsize > 0 ? t->xsize : 1), sizeof *t->msgs);
     if (!t->msgs) return gm_fail(err, GCOMP_E_NOMEM, "out of memory");
     if (t->hier && (gm_reserve(&t->work, t->n * sizeof(float)) != GCOMP_OK ||
                     (c->node_size > 1 && gm_reserve(&t->tmp, t->n * sizeof(float)) != GCOMP_OK)))
         return gm_fail(err, GCOMP_E_NOMEM, "tensor '%s': out of memory", t->name);
-    if (!exchange) return GCOMP_OK; /* no compressor here */
+    if (!t->exchange) return GCOMP_OK; /* no compressor here */
 
-    bool own = false;
     snprintf(t->wspec, sizeof t->wspec, "%s", t->spec);
-    if (t->strategy != GCOMP_MPI_ALLREDUCE) {
-        /* Independent rounding per rank (gm_rank_spec).  Whoever decodes other ranks'
-         * worker messages (allgather: everyone, rsag: the owner of the region) learns each
-         * rank's fingerprint and keeps a decoder per rank: the core checks a message's
-         * fingerprint against its decoder's spec. */
-        uint64_t fp;
-        st = gm_rank_spec(t->spec, xrank, t->wspec, sizeof t->wspec, &fp, &own);
-        if (st != GCOMP_OK)
-            return gm_fail(err, st, "tensor '%s': no per-rank spec for '%s'", t->name, t->spec);
-    }
-    size_t dec_n = t->n;
-    if (t->strategy == GCOMP_MPI_RSAG)
-        dec_n = (size_t)(((unsigned __int128)t->n * (unsigned)(xrank + 1)) / (unsigned)xsize) -
-                (size_t)(((unsigned __int128)t->n * (unsigned)xrank) / (unsigned)xsize);
-    if (own && t->strategy != GCOMP_MPI_SPARSE) {
-        t->rfp = calloc((size_t)xsize, sizeof *t->rfp);
-        t->dec = calloc((size_t)xsize, sizeof *t->dec);
-        if (!t->rfp || !t->dec) return gm_fail(err, GCOMP_E_NOMEM, "out of memory");
-        for (int r = 0; r < xsize; r++) {
-            char rs[512];
-            bool o;
-            st = gm_rank_spec(t->spec, r, rs, sizeof rs, &t->rfp[r], &o);
-            if (st == GCOMP_OK && r != xrank && dec_n)
-                st = gcomp_compressor_create(&t->dec[r], rs, dec_n,
-                                             t->strategy == GCOMP_MPI_RSAG ? 0 : t->rows,
-                                             t->strategy == GCOMP_MPI_RSAG ? 0 : t->cols, &e2);
-            if (st != GCOMP_OK)
-                return gm_fail(err, st, "tensor '%s': decoder for rank %d: %s", t->name, r,
-                               gcomp_status_str(st));
-        }
-    }
-    if (t->strategy == GCOMP_MPI_RSAG || t->strategy == GCOMP_MPI_SPARSE) {
-        t->reg = calloc((size_t)xsize + 1, sizeof *t->reg);
-        if (!t->reg) return gm_fail(err, GCOMP_E_NOMEM, "out of memory");
-        for (int j = 0; j <= xsize; j++)
-            t->reg[j] = (size_t)(((unsigned __int128)t->n * (unsigned)j) / (unsigned)xsize);
-        size_t mine = t->reg[xrank + 1] - t->reg[xrank];
-        st = gm_owner_spec(t->spec, t->ospec, sizeof t->ospec, &t->owner_fp);
-        if (st != GCOMP_OK)
-            return gm_fail(err, st, "tensor '%s': no owner-side spec for '%s'", t->name, t->spec);
-        if (mine) {
-            st = gcomp_compressor_create(&t->owner, t->ospec, mine, 0, 0, &e2);
-            if (st != GCOMP_OK)
-                return gm_fail(err, st, "tensor '%s': owner compressor: %s", t->name, e2.message);
-        }
-        if (t->strategy == GCOMP_MPI_RSAG) {
-            t->chunk = calloc((size_t)xsize, sizeof *t->chunk);
-            if (!t->chunk) return gm_fail(err, GCOMP_E_NOMEM, "out of memory");
-            for (int j = 0; j < xsize; j++) {
-                size_t len = t->reg[j + 1] - t->reg[j];
-                if (!len) continue;
-                st = gcomp_compressor_create(&t->chunk[j], t->wspec, len, 0, 0, &e2);
-                if (st != GCOMP_OK)
-                    return gm_fail(err, st, "tensor '%s': chunk compressor: %s", t->name,
-                                   e2.message);
-            }
-            return GCOMP_OK;
-        }
-    }
+    if (S->tensor_setup) return S->tensor_setup(b, t, err);
     st = gcomp_compressor_create(&t->c, t->wspec, t->n, t->rows, t->cols, &e2);
     if (st != GCOMP_OK) return gm_fail(err, st, "tensor '%s': %s", t->name, e2.message);
-    if (t->strategy == GCOMP_MPI_SPARSE &&
-        gm_reserve(&t->own, gcomp_encode_bound(t->c)) != GCOMP_OK)
-        return gm_fail(err, GCOMP_E_NOMEM, "tensor '%s': out of memory", t->name);
-    if (t->strategy == GCOMP_MPI_ALLREDUCE && !t->lowrank) {
-        /* How many values travel is fixed by the spec and n; learn it from one encode of
-         * zeros so the packed layout is identical on every rank before any call. */
-        t->nvals = t->n;
-        if (t->seeded) {
-            gcomp_compressor *tmp;
-            size_t cap = 0, len = 0;
-            st = gcomp_compressor_create(&tmp, t->spec, t->n, t->rows, t->cols, &e2);
-            if (st != GCOMP_OK) return gm_fail(err, st, "tensor '%s': %s", t->name, e2.message);
-            cap = gcomp_encode_bound(tmp);
-            float *z = calloc(t->n, sizeof *z);
-            uint8_t *m = malloc(cap);
-            const uint8_t *vals;
-            uint64_t key;
-            st = !z || !m ? GCOMP_E_NOMEM : gcomp_encode(tmp, z, m, cap, &len);
-            if (st == GCOMP_OK)
-                st = gm_linear_values(m, len, t->n, t->vtype, &vals, &t->nvals, &key);
-            free(z);
-            free(m);
-            gcomp_compressor_free(tmp);
-            if (st != GCOMP_OK)
-                return gm_fail(err, st, "tensor '%s': cannot sum '%s' messages linearly: %s",
-                               t->name, t->spec, gcomp_status_str(st));
-            if (gm_reserve(&t->pos, t->nvals * 4 + 4) != GCOMP_OK)
-                return gm_fail(err, GCOMP_E_NOMEM, "out of memory");
-        }
-    }
     return GCOMP_OK;
 }
 
 /* ---- groups ------------------------------------------------------------------------------- */
 
-static void add_steps(gcomp_mpi_bucket *b, gm_group *g) {
-    g->nsteps = 0;
-    bool inner = !(g->hier && g->single_node);
-    if (g->hier) gm_steps_hier_prefix(g, b->comm->node_size);
-    int first_inner = g->nsteps;
-    if (inner) {
-        switch (g->strategy) {
-        case GCOMP_MPI_ALLGATHER:
-            gm_steps_allgather(g);
-            break;
-        case GCOMP_MPI_ALLREDUCE:
-            if (b->t[g->t0].lowrank)
-                gm_steps_lowrank(g, b->t[g->t0].phases);
-            else
-                gm_steps_allreduce(b, g);
-            break;
-        default:
-            gm_steps_owner(g);
-            break;
-        }
-    }
-    if (g->hier) {
-        for (int i = first_inner; i < g->nsteps; i++) g->steps[i].member_only = true;
-        gm_steps_hier_suffix(g, b->comm->node_size);
-    }
-    g->last_coll = -1;
-    for (int i = 0; i < g->nsteps; i++)
-        if (g->steps[i].coll && (!g->steps[i].member_only || g->member)) g->last_coll = i;
-}
-
 static gcomp_status group_setup(gcomp_mpi_bucket *b, gm_group *g) {
     gcomp_mpi_comm *c = b->comm;
     gm_tensor *t0 = &b->t[g->t0];
     g->nt = g->t1 - g->t0;
-    g->strategy = t0->strategy;
+    g->S = t0->S;
     g->hier = t0->hier;
     g->single_node = g->hier && c->nnodes == 1;
     g->xc = g->hier ? b->bleaders : b->bc;
-    g->xsize = g->hier ? c->nnodes : c->size;
-    g->xrank = g->hier ? c->node_index : c->rank;
+    g->xsize = t0->xsize;
+    g->xrank = t0->xrank;
     g->member = !g->hier || c->node_rank == 0;
-    add_steps(b, g);
-    if (g->steps_nomem) return GCOMP_E_NOMEM;
     if (gm_req_room(g, (int)g->nt + 4) != GCOMP_OK) return GCOMP_E_NOMEM;
     size_t P = (size_t)g->xsize, nt = g->nt;
-    size_t words = 8 * (3 * P * nt + nt + 2 * (P + 1)) + 4 * 4 * P + 64;
+    size_t words = 8 * (3 * P * nt + nt + 2 * GM_CHK + 1) + sizeof(size_t) * (P + 1) +
+                   sizeof(int) * 4 * P + 64;
     if (gm_reserve(&g->words, words) != GCOMP_OK) return GCOMP_E_NOMEM;
     memset(g->words.p, 0, words);
     uint64_t *w = g->words.p;
@@ -347,43 +218,54 @@ static gcomp_status group_setup(gcomp_mpi_bucket *b, gm_group *g) {
     g->sz_recv = w + P * nt;
     g->gsz_recv = w + 2 * P * nt;
     g->gsz_send = w + 3 * P * nt;
-    g->dest_off = (size_t *)(w + 3 * P * nt + nt);
-    g->pos = g->dest_off + P + 1;
+    g->chk = g->gsz_send + nt;
+    g->chk_out = g->chk + GM_CHK;
+    g->hstat = g->chk_out + GM_CHK;
+    g->pos = (size_t *)(g->hstat + 1);
     int *ip = (int *)(g->pos + P + 1);
     g->cnt_s = ip;
     g->dsp_s = ip + P;
     g->cnt_r = ip + 2 * P;
     g->dsp_r = ip + 3 * P;
-    if (!g->member || g->single_node) return GCOMP_OK;
-    switch (g->strategy) {
-    case GCOMP_MPI_ALLGATHER:
-        return gm_reserve_allgather(b, g);
-    case GCOMP_MPI_ALLREDUCE:
-        return b->t[g->t0].lowrank ? gm_reserve_lowrank(b, g) : gm_reserve_allreduce(b, g);
-    default:
-        return gm_reserve_owner(b, g);
+
+    /* The schedule: [hierarchical prefix] [the component's steps] [hierarchical suffix].
+     * Ranks outside the exchange (node members under the wrapper) run only the wrapper's. */
+    bool inner = g->member && !g->single_node;
+    if (inner && g->S->reserve) {
+        gcomp_status st = g->S->reserve(b, g);
+        if (st != GCOMP_OK) return st;
     }
+    g->nsteps = 0;
+    if (g->hier) gm_steps_hier_prefix(g, c->node_size);
+    int first_inner = g->nsteps;
+    if (inner) g->S->steps(b, g);
+    if (g->hier) {
+        for (int i = first_inner; i < g->nsteps; i++) g->steps[i].member_only = true;
+        gm_steps_hier_suffix(g, c->node_size);
+    }
+    if (g->steps_nomem) return GCOMP_E_NOMEM;
+    g->last_coll = -1;
+    for (int i = 0; i < g->nsteps; i++)
+        if (g->steps[i].coll) g->last_coll = i;
+    return GCOMP_OK;
 }
 
 void gm_add_step(gm_group *g, bool coll, gm_step_fn fn, const char *what) {
     if (g->nsteps == g->steps_cap) {
         int cap = g->steps_cap ? 2 * g->steps_cap : 16;
-        gm_step *s = realloc(g->steps, (size_t)cap * sizeof *s);
-        if (!s) {
+        if (gm_grow((void **)&g->steps, (size_t)g->steps_cap * sizeof *g->steps,
+                    (size_t)cap * sizeof *g->steps) != GCOMP_OK) {
             g->steps_nomem = true;
             return;
         }
-        g->steps = s;
         g->steps_cap = cap;
     }
     g->steps[g->nsteps++] = (gm_step){coll, false, fn, what, NULL};
 }
 
 static bool same_group(const gm_tensor *a, const gm_tensor *t) {
-    if (a->strategy != t->strategy || a->hier != t->hier) return false;
-    if (a->lowrank || t->lowrank) return false; /* one PowerSGD tensor per sub-bucket */
-    if (a->strategy == GCOMP_MPI_ALLREDUCE && a->vtype != t->vtype) return false;
-    return true;
+    if (a->S != t->S || a->hier != t->hier) return false;
+    return !a->S->groups_with || a->S->groups_with(a, t);
 }
 
 /* ---- the set-up check ------------------------------------------------------------------------ */
@@ -407,14 +289,14 @@ static bool pair_differs(const uint64_t *a) {
 static gcomp_status setup_check(gcomp_mpi_bucket *b, const gcomp_mpi_tensor *d, size_t count,
                                 gcomp_status local, uint64_t deadline, gcomp_error *err) {
     gcomp_mpi_comm *c = b->comm;
-    check_cells *cc = calloc(1, sizeof *cc);
+    check_cells *cc = gm_calloc(1, sizeof *cc);
     if (!cc) return gm_comm_fail(c, err, GCOMP_E_NOMEM, "out of memory in the set-up check");
-    cc->tin = calloc(count * PT_N, 8);
-    cc->tout = calloc(count * PT_N, 8);
+    cc->tin = gm_calloc(count * PT_N, 8);
+    cc->tout = gm_calloc(count * PT_N, 8);
     if (!cc->tin || !cc->tout) {
-        free(cc->tin);
-        free(cc->tout);
-        free(cc);
+        gm_free(cc->tin);
+        gm_free(cc->tout);
+        gm_free(cc);
         return gm_comm_fail(c, err, GCOMP_E_NOMEM, "out of memory in the set-up check");
     }
     uint64_t h = gm_mix(GCOMP_FORMAT_VERSION) ^ gm_mix(0x5eed0000ull + b->opt.bucket_bytes);
@@ -443,9 +325,9 @@ static gcomp_status setup_check(gcomp_mpi_bucket *b, const gcomp_mpi_tensor *d, 
     MPI_Request req;
     int rc = MPI_Iallreduce(cc->in, cc->out, CHK_N, MPI_UINT64_T, MPI_MAX, b->bc, &req);
     if (rc != MPI_SUCCESS) {
-        free(cc->tin);
-        free(cc->tout);
-        free(cc);
+        gm_free(cc->tin);
+        gm_free(cc->tout);
+        gm_free(cc);
         return gm_comm_mpi_fail(c, err, rc, "MPI_Iallreduce (bucket set-up check)");
     }
     gcomp_status st = gm_wait_all(c, &req, 1, deadline, "bucket set-up check", err);
@@ -485,9 +367,9 @@ static gcomp_status setup_check(gcomp_mpi_bucket *b, const gcomp_mpi_tensor *d, 
             }
         }
     }
-    free(cc->tin);
-    free(cc->tout);
-    free(cc);
+    gm_free(cc->tin);
+    gm_free(cc->tout);
+    gm_free(cc);
     return st;
 }
 
@@ -517,26 +399,33 @@ static void bucket_destroy(gcomp_mpi_bucket *b) {
     for (size_t gi = 0; gi < b->ng; gi++)
         if (b->g[gi].inflight) nreq += b->g[gi].nreq;
     if (nreq > 0 && !fin) {
-        MPI_Request *req = calloc((size_t)nreq, sizeof *req);
-        void **bufs = calloc(6 * b->ng + 2 * b->nt + 1, sizeof *bufs);
+        MPI_Request *req = gm_calloc((size_t)nreq, sizeof *req);
+        void **bufs = gm_calloc(6 * b->ng + 2 * b->nt + 1, sizeof *bufs);
         size_t nb = 0;
         int k = 0;
+        bool keep = req && bufs; /* else every such buffer is leaked, never freed */
         for (size_t gi = 0; gi < b->ng; gi++) {
             gm_group *g = &b->g[gi];
-            if (!g->inflight || !req || !bufs) continue;
-            for (int i = 0; i < g->nreq; i++) req[k++] = g->req[i];
-            nb += group_bufs(g, bufs + nb);
+            if (!g->inflight) continue;
+            for (int i = 0; keep && i < g->nreq; i++) req[k++] = g->req[i];
+            if (keep) nb += group_bufs(g, bufs + nb);
             g->send.p = g->recv.p = g->gsend.p = g->grecv.p = g->pack.p = g->words.p = NULL;
             if (g->hier)
                 for (size_t i = g->t0; i < g->t1; i++) {
-                    bufs[nb++] = b->t[i].work.p;
-                    bufs[nb++] = b->t[i].tmp.p;
+                    if (keep) {
+                        bufs[nb++] = b->t[i].work.p;
+                        bufs[nb++] = b->t[i].tmp.p;
+                    }
                     b->t[i].work.p = b->t[i].tmp.p = NULL;
                 }
         }
         MPI_Comm comms[3] = {b->bc, b->bnode, b->bleaders};
-        if (req && bufs) gm_comm_bury(c, req, k, bufs, nb, comms, 3);
-        /* else: leak; never free what MPI may still use */
+        if (keep) {
+            gm_comm_bury(c, req, k, bufs, nb, comms, 3);
+        } else {
+            gm_free(req);
+            gm_free(bufs);
+        }
         b->bc = b->bnode = b->bleaders = MPI_COMM_NULL;
     }
     for (size_t gi = 0; gi < b->ng; gi++) {
@@ -547,24 +436,27 @@ static void bucket_destroy(gcomp_mpi_bucket *b) {
         gm_buf_free(&g->grecv);
         gm_buf_free(&g->pack);
         gm_buf_free(&g->words);
-        free(g->req);
-        free(g->steps);
+        gm_free(g->req);
+        gm_free(g->steps);
+        if (g->S && g->S->group_free)
+            g->S->group_free(g);
+        else
+            gm_free(g->priv);
     }
     if (b->t)
         for (size_t i = 0; i < b->nt; i++) {
-            int xs = b->t[i].hier ? c->nnodes : c->size;
-            tensor_free(&b->t[i], xs);
+            tensor_free(&b->t[i]);
             gm_buf_free(&b->t[i].work);
             gm_buf_free(&b->t[i].tmp);
         }
-    free(b->t);
-    free(b->g);
+    gm_free(b->t);
+    gm_free(b->g);
     if (!fin) {
         if (b->bc != MPI_COMM_NULL) MPI_Comm_free(&b->bc);
         if (b->bnode != MPI_COMM_NULL) MPI_Comm_free(&b->bnode);
         if (b->bleaders != MPI_COMM_NULL) MPI_Comm_free(&b->bleaders);
     }
-    free(b);
+    gm_free(b);
 }
 
 void gcomp_mpi_bucket_free(gcomp_mpi_bucket *b) {
@@ -588,11 +480,11 @@ gcomp_status gcomp_mpi_bucket_create(gcomp_mpi_bucket **out, gcomp_mpi_comm *com
     if (!tensors || count == 0 || count > (size_t)INT_MAX / 16)
         return gm_fail(err, GCOMP_E_ARG, "tensors must hold 1 or more descriptions");
     uint64_t deadline = gm_deadline(comm, timeout_s);
-    gcomp_mpi_bucket *b = calloc(1, sizeof *b);
-    dup_cells *dc = calloc(1, sizeof *dc);
+    gcomp_mpi_bucket *b = gm_calloc(1, sizeof *b);
+    dup_cells *dc = gm_calloc(1, sizeof *dc);
     if (!b || !dc) {
-        free(b);
-        free(dc);
+        gm_free(b);
+        gm_free(dc);
         return gm_fail(err, GCOMP_E_NOMEM, "out of memory creating a bucket");
     }
     b->comm = comm;
@@ -610,8 +502,8 @@ gcomp_status gcomp_mpi_bucket_create(gcomp_mpi_bucket **out, gcomp_mpi_comm *com
     if (rc == MPI_SUCCESS && comm->leaders != MPI_COMM_NULL)
         rc = MPI_Comm_idup(comm->leaders, &dc->bleaders, &req[nreq++]);
     if (rc != MPI_SUCCESS) {
-        free(b);
-        free(dc);
+        gm_free(b);
+        gm_free(dc);
         return gm_comm_mpi_fail(comm, err, rc, "MPI_Comm_idup (bucket)");
     }
     st = gm_wait_all(comm, req, nreq, deadline, "duplicating the communicator for a bucket", err);
@@ -619,15 +511,15 @@ gcomp_status gcomp_mpi_bucket_create(gcomp_mpi_bucket **out, gcomp_mpi_comm *com
     b->bc = dc->bc;
     b->bnode = dc->bnode;
     b->bleaders = comm->leaders != MPI_COMM_NULL ? dc->bleaders : MPI_COMM_NULL;
-    free(dc);
+    gm_free(dc);
     comm->nbuckets++;
 
     /* 2. Local set-up.  A failure here is still shared through the check below. */
     gcomp_error local_err = {0};
     gcomp_status local = GCOMP_OK;
     b->nt = count;
-    b->t = calloc(count, sizeof *b->t);
-    b->g = calloc(count, sizeof *b->g);
+    b->t = gm_calloc(count, sizeof *b->t);
+    b->g = gm_calloc(count, sizeof *b->g);
     if (!b->t || !b->g)
         local = gm_fail(&local_err, GCOMP_E_NOMEM, "out of memory creating a bucket");
     for (size_t i = 0; local == GCOMP_OK && i < count; i++)
@@ -936,19 +828,19 @@ gcomp_status gcomp_mpi_message(const gcomp_mpi_bucket *b, size_t i, size_t j, co
     return GCOMP_OK;
 }
 
+static void owner_view(const gm_tensor *t, gm_owner_view *v) {
+    memset(v, 0, sizeof *v);
+    if (t->S && t->S->owner) t->S->owner(t, v);
+}
+
 gcomp_status gcomp_mpi_owner_residual(const gcomp_mpi_bucket *b, size_t i, const float **res,
                                       size_t *offset, size_t *count) {
     if (!b || i >= b->nt || !res) return GCOMP_E_ARG;
-    const gm_tensor *t = &b->t[i];
-    *res = NULL;
-    if (offset) *offset = 0;
-    if (count) *count = 0;
-    if (!t->owner || !t->reg) return GCOMP_OK;
-    int me = t->hier ? b->comm->node_index : b->comm->rank;
-    *res = gcomp_compressor_residual(t->owner);
-    if (!*res) return GCOMP_OK;
-    if (offset) *offset = t->reg[me];
-    if (count) *count = t->reg[me + 1] - t->reg[me];
+    gm_owner_view v;
+    owner_view(&b->t[i], &v);
+    *res = v.c ? gcomp_compressor_residual(v.c) : NULL;
+    if (offset) *offset = *res ? v.offset : 0;
+    if (count) *count = *res ? v.count : 0;
     return GCOMP_OK;
 }
 
@@ -958,8 +850,10 @@ const char *gcomp_mpi_worker_spec(const gcomp_mpi_bucket *b, size_t i) {
 }
 
 const char *gcomp_mpi_owner_spec(const gcomp_mpi_bucket *b, size_t i) {
-    if (!b || i >= b->nt || !b->t[i].reg) return NULL;
-    return b->t[i].ospec;
+    if (!b || i >= b->nt) return NULL;
+    gm_owner_view v;
+    owner_view(&b->t[i], &v);
+    return v.spec;
 }
 
 gcomp_compressor *gcomp_mpi_compressor(const gcomp_mpi_bucket *b, size_t i) {
