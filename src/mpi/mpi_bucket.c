@@ -272,11 +272,7 @@ static bool same_group(const gm_tensor *a, const gm_tensor *t) {
 
 enum { CHK_T = 0, CHK_H = 2, CHK_FAIL = 4, CHK_N = 5 };
 enum { PT_FP = 0, PT_SIZE = 2, PT_STRAT = 4, PT_NAME = 6, PT_N = 8 };
-
-typedef struct check_cells {
-    uint64_t in[CHK_N], out[CHK_N];
-    uint64_t *tin, *tout;
-} check_cells;
+_Static_assert(CHK_N <= GM_SETUP_WORDS, "the check words live in gm_setup_cells");
 
 static void put_pair(uint64_t *a, uint64_t v) {
     a[0] = v;
@@ -286,22 +282,20 @@ static bool pair_differs(const uint64_t *a) {
     return a[0] != ~a[1];
 }
 
-static gcomp_status setup_check(gcomp_mpi_bucket *b, const gcomp_mpi_tensor *d, size_t count,
-                                gcomp_status local, uint64_t deadline, gcomp_error *err) {
-    gcomp_mpi_comm *c = b->comm;
-    check_cells *cc = gm_calloc(1, sizeof *cc);
-    if (!cc) return gm_comm_fail(c, err, GCOMP_E_NOMEM, "out of memory in the set-up check");
-    cc->tin = gm_calloc(count * PT_N, 8);
-    cc->tout = gm_calloc(count * PT_N, 8);
-    if (!cc->tin || !cc->tout) {
-        gm_free(cc->tin);
-        gm_free(cc->tout);
-        gm_free(cc);
-        return gm_comm_fail(c, err, GCOMP_E_NOMEM, "out of memory in the set-up check");
-    }
-    uint64_t h = gm_mix(GCOMP_FORMAT_VERSION) ^ gm_mix(0x5eed0000ull + b->opt.bucket_bytes);
+/* The check over `bc` (the bucket's duplicate).  `b` is NULL, and `tin` / `tout` (count *
+ * PT_N words each, for the second round) may be NULL, only on a rank whose set-up failed
+ * (local != GCOMP_OK): its marker makes every rank fail in the first round.  On a timeout
+ * the cells stay pending and tout is leaked: MPI may still write them. */
+static gcomp_status setup_check(gcomp_mpi_comm *c, MPI_Comm bc, const gcomp_mpi_bucket *b,
+                                const gcomp_mpi_tensor *d, size_t count, gcomp_status local,
+                                uint64_t *tin, uint64_t *tout, uint64_t deadline,
+                                gcomp_error *err) {
+    gm_setup_cells *cc = c->cells;
+    memset(cc->in, 0, sizeof cc->in);
+    uint64_t h =
+        gm_mix(GCOMP_FORMAT_VERSION) ^ gm_mix(0x5eed0000ull + (b ? b->opt.bucket_bytes : 0));
     h = gm_mix(h ^ (uint64_t)c->opt.ranks_per_node);
-    for (size_t i = 0; i < count; i++) {
+    for (size_t i = 0; b && tin && i < count; i++) {
         const gm_tensor *t = &b->t[i];
         /* A rank whose canonicalisation failed hashes the raw spec: it fails anyway. */
         uint64_t fp =
@@ -312,7 +306,7 @@ static gcomp_status setup_check(gcomp_mpi_bucket *b, const gcomp_mpi_tensor *d, 
             gm_mix(gm_mix(d[i].n) ^ gm_mix(d[i].rows * 0x9e3779b97f4a7c15ull) ^ (d[i].cols << 1));
         uint64_t strat = (uint64_t)((unsigned)d[i].strategy) << 8 | (uint64_t)(t->strategy & 0xff);
         uint64_t nm = d[i].name ? gm_fnv1a(d[i].name, strlen(d[i].name), 0) : gm_mix(i + 1);
-        uint64_t *p = cc->tin + i * PT_N;
+        uint64_t *p = tin + i * PT_N;
         put_pair(p + PT_FP, fp);
         put_pair(p + PT_SIZE, sz);
         put_pair(p + PT_STRAT, strat);
@@ -323,53 +317,45 @@ static gcomp_status setup_check(gcomp_mpi_bucket *b, const gcomp_mpi_tensor *d, 
     put_pair(cc->in + CHK_H, h);
     cc->in[CHK_FAIL] = local != GCOMP_OK ? gm_marker(local, c->rank) : 0;
     MPI_Request req;
-    int rc = MPI_Iallreduce(cc->in, cc->out, CHK_N, MPI_UINT64_T, MPI_MAX, b->bc, &req);
-    if (rc != MPI_SUCCESS) {
-        gm_free(cc->tin);
-        gm_free(cc->tout);
-        gm_free(cc);
+    int rc = MPI_Iallreduce(cc->in, cc->out, CHK_N, MPI_UINT64_T, MPI_MAX, bc, &req);
+    if (rc != MPI_SUCCESS)
         return gm_comm_mpi_fail(c, err, rc, "MPI_Iallreduce (bucket set-up check)");
-    }
+    cc->pending = true;
     gcomp_status st = gm_wait_all(c, &req, 1, deadline, "bucket set-up check", err);
-    if (st != GCOMP_OK) return st; /* cc leaked on purpose */
-    st = GCOMP_OK;
+    if (st != GCOMP_OK) return st; /* the cells stay pending */
+    cc->pending = false;
     if (cc->out[CHK_FAIL]) {
         uint64_t m = cc->out[CHK_FAIL];
-        st = local != GCOMP_OK ? local : GCOMP_E_MISMATCH;
-        if (local == GCOMP_OK)
-            gm_fail(err, st, "rank %d could not set up the bucket (%s); no rank uses it",
-                    gm_marker_rank(m), gcomp_status_str(gm_marker_status(m)));
-    } else if (pair_differs(cc->out + CHK_T)) {
-        st = gm_fail(err, GCOMP_E_MISMATCH, "ranks have different tensor counts (%llu to %llu)",
-                     (unsigned long long)~cc->out[CHK_T + 1], (unsigned long long)cc->out[CHK_T]);
-    } else if (pair_differs(cc->out + CHK_H)) {
-        rc = MPI_Iallreduce(cc->tin, cc->tout, (int)(count * PT_N), MPI_UINT64_T, MPI_MAX, b->bc,
-                            &req);
-        if (rc != MPI_SUCCESS) return gm_comm_mpi_fail(c, err, rc, "MPI_Iallreduce (set-up check)");
-        st = gm_wait_all(c, &req, 1, deadline, "bucket set-up check (per tensor)", err);
-        if (st != GCOMP_OK) return st;
-        st = gm_fail(err, GCOMP_E_MISMATCH,
-                     "bucket settings differ across ranks "
-                     "(bucket_bytes, ranks_per_node or format version)");
-        for (size_t i = 0; i < count; i++) {
-            const uint64_t *p = cc->tout + i * PT_N;
-            const char *what = pair_differs(p + PT_FP)      ? "codec spec (fingerprint)"
-                               : pair_differs(p + PT_SIZE)  ? "size or shape"
-                               : pair_differs(p + PT_STRAT) ? "strategy"
-                               : pair_differs(p + PT_NAME)  ? "name (tensor order?)"
-                                                            : NULL;
-            if (what) {
-                st = gm_fail(err, GCOMP_E_MISMATCH,
-                             "tensor '%s' (#%zu): %s differs across ranks (this rank: %s, n=%zu)",
-                             b->t[i].name ? b->t[i].name : "?", i, what,
-                             b->t[i].spec[0] ? b->t[i].spec : d[i].spec, d[i].n);
-                break;
-            }
-        }
+        if (local != GCOMP_OK) return local;
+        return gm_fail(err, GCOMP_E_MISMATCH,
+                       "rank %d could not set up the bucket (%s); no rank uses it",
+                       gm_marker_rank(m), gcomp_status_str(gm_marker_status(m)));
     }
-    gm_free(cc->tin);
-    gm_free(cc->tout);
-    gm_free(cc);
+    if (pair_differs(cc->out + CHK_T))
+        return gm_fail(err, GCOMP_E_MISMATCH, "ranks have different tensor counts (%llu to %llu)",
+                       (unsigned long long)~cc->out[CHK_T + 1], (unsigned long long)cc->out[CHK_T]);
+    if (!pair_differs(cc->out + CHK_H)) return GCOMP_OK;
+    /* No rank failed locally, so every rank has b, tin and tout. */
+    rc = MPI_Iallreduce(tin, tout, (int)(count * PT_N), MPI_UINT64_T, MPI_MAX, bc, &req);
+    if (rc != MPI_SUCCESS) return gm_comm_mpi_fail(c, err, rc, "MPI_Iallreduce (set-up check)");
+    st = gm_wait_all(c, &req, 1, deadline, "bucket set-up check (per tensor)", err);
+    if (st != GCOMP_OK) return st;
+    st = gm_fail(err, GCOMP_E_MISMATCH,
+                 "bucket settings differ across ranks "
+                 "(bucket_bytes, ranks_per_node or format version)");
+    for (size_t i = 0; i < count; i++) {
+        const uint64_t *p = tout + i * PT_N;
+        const char *what = pair_differs(p + PT_FP)      ? "codec spec (fingerprint)"
+                           : pair_differs(p + PT_SIZE)  ? "size or shape"
+                           : pair_differs(p + PT_STRAT) ? "strategy"
+                           : pair_differs(p + PT_NAME)  ? "name (tensor order?)"
+                                                        : NULL;
+        if (what)
+            return gm_fail(err, GCOMP_E_MISMATCH,
+                           "tensor '%s' (#%zu): %s differs across ranks (this rank: %s, n=%zu)",
+                           b->t[i].name ? b->t[i].name : "?", i, what,
+                           b->t[i].spec[0] ? b->t[i].spec : d[i].spec, d[i].n);
+    }
     return st;
 }
 
@@ -465,10 +451,49 @@ void gcomp_mpi_bucket_free(gcomp_mpi_bucket *b) {
     bucket_destroy(b);
 }
 
-typedef struct dup_cells {
-    MPI_Comm bc, bnode, bleaders;
-} dup_cells;
+/* Local set-up of a bucket whose communicators exist: tensors, sub-buckets, buffers. */
+static gcomp_status bucket_setup(gcomp_mpi_bucket *b, const gcomp_mpi_tensor *tensors, size_t count,
+                                 gcomp_error *err) {
+    b->nt = count;
+    b->t = gm_calloc(count, sizeof *b->t);
+    b->g = gm_calloc(count, sizeof *b->g);
+    if (!b->t || !b->g) return gm_fail(err, GCOMP_E_NOMEM, "out of memory creating a bucket");
+    for (size_t i = 0; i < count; i++) {
+        gcomp_status st = tensor_setup(b, i, &tensors[i], err);
+        if (st != GCOMP_OK) return st;
+    }
+    size_t start = 0, bytes = 0;
+    for (size_t i = 0; i <= count; i++) {
+        bool cut =
+            i == count ||
+            (i > start && (!same_group(&b->t[start], &b->t[i]) ||
+                           (b->opt.bucket_bytes && bytes + 4 * b->t[i].n > b->opt.bucket_bytes)));
+        if (i > start && cut) {
+            gm_group *g = &b->g[b->ng++];
+            g->t0 = start;
+            g->t1 = i;
+            start = i;
+            bytes = 0;
+        }
+        if (i < count) bytes += 4 * b->t[i].n;
+    }
+    for (size_t gi = 0; gi < b->ng; gi++) {
+        gcomp_status st = group_setup(b, &b->g[gi]);
+        if (st != GCOMP_OK)
+            return gm_fail(err, st, "sub-bucket at tensor '%s': %s", b->t[b->g[gi].t0].name,
+                           st == GCOMP_E_LIMIT ? "an exchange would exceed MPI's 2 GiB counts"
+                                               : gcomp_status_str(st));
+    }
+    return GCOMP_OK;
+}
 
+/*
+ * Creation is collective, so every rank issues the same collectives whatever happens to it
+ * locally: the communicator duplicates and the check are issued even by a rank that could
+ * not allocate its bucket (their results live in the communicator's cells), and a local
+ * failure travels in the check, so that every rank returns an error together instead of
+ * the others waiting out their timeout.
+ */
 gcomp_status gcomp_mpi_bucket_create(gcomp_mpi_bucket **out, gcomp_mpi_comm *comm,
                                      const gcomp_mpi_tensor *tensors, size_t count,
                                      const gcomp_mpi_bucket_options *opt, double timeout_s,
@@ -480,83 +505,74 @@ gcomp_status gcomp_mpi_bucket_create(gcomp_mpi_bucket **out, gcomp_mpi_comm *com
     if (!tensors || count == 0 || count > (size_t)INT_MAX / 16)
         return gm_fail(err, GCOMP_E_ARG, "tensors must hold 1 or more descriptions");
     uint64_t deadline = gm_deadline(comm, timeout_s);
+    gm_setup_cells *cc = comm->cells;
+    gcomp_error local_err = {0};
+    gcomp_status local = GCOMP_OK;
     gcomp_mpi_bucket *b = gm_calloc(1, sizeof *b);
-    dup_cells *dc = gm_calloc(1, sizeof *dc);
-    if (!b || !dc) {
-        gm_free(b);
-        gm_free(dc);
-        return gm_fail(err, GCOMP_E_NOMEM, "out of memory creating a bucket");
+    if (!b) {
+        local = gm_fail(&local_err, GCOMP_E_NOMEM, "out of memory creating a bucket");
+    } else {
+        b->comm = comm;
+        b->epoch = comm->epoch;
+        b->bc = b->bnode = b->bleaders = MPI_COMM_NULL;
+        if (opt)
+            b->opt = *opt;
+        else
+            gcomp_mpi_bucket_options_default(&b->opt);
     }
-    b->comm = comm;
-    b->epoch = comm->epoch;
-    b->bc = b->bnode = b->bleaders = MPI_COMM_NULL;
-    if (opt)
-        b->opt = *opt;
-    else
-        gcomp_mpi_bucket_options_default(&b->opt);
 
     /* 1. Our own communicators (collective on every rank whatever the tensors are). */
     MPI_Request req[3];
-    int nreq = 0, rc = MPI_Comm_idup(comm->comm, &dc->bc, &req[nreq++]);
-    if (rc == MPI_SUCCESS) rc = MPI_Comm_idup(comm->node, &dc->bnode, &req[nreq++]);
+    cc->bc = cc->bnode = cc->bleaders = MPI_COMM_NULL;
+    int nreq = 0, rc = MPI_Comm_idup(comm->comm, &cc->bc, &req[nreq++]);
+    if (rc == MPI_SUCCESS) rc = MPI_Comm_idup(comm->node, &cc->bnode, &req[nreq++]);
     if (rc == MPI_SUCCESS && comm->leaders != MPI_COMM_NULL)
-        rc = MPI_Comm_idup(comm->leaders, &dc->bleaders, &req[nreq++]);
+        rc = MPI_Comm_idup(comm->leaders, &cc->bleaders, &req[nreq++]);
     if (rc != MPI_SUCCESS) {
         gm_free(b);
-        gm_free(dc);
         return gm_comm_mpi_fail(comm, err, rc, "MPI_Comm_idup (bucket)");
     }
+    cc->pending = true;
     st = gm_wait_all(comm, req, nreq, deadline, "duplicating the communicator for a bucket", err);
-    if (st != GCOMP_OK) return st; /* b and dc leaked on purpose: MPI may still write them */
-    b->bc = dc->bc;
-    b->bnode = dc->bnode;
-    b->bleaders = comm->leaders != MPI_COMM_NULL ? dc->bleaders : MPI_COMM_NULL;
-    gm_free(dc);
-    comm->nbuckets++;
+    if (st != GCOMP_OK) {
+        gm_free(b); /* the cells stay pending: MPI may still write them */
+        return st;
+    }
+    cc->pending = false;
+    MPI_Comm dups[3] = {cc->bc, cc->bnode, cc->bleaders};
+    if (b) {
+        b->bc = dups[0];
+        b->bnode = dups[1];
+        b->bleaders = dups[2];
+        comm->nbuckets++;
+    }
 
     /* 2. Local set-up.  A failure here is still shared through the check below. */
-    gcomp_error local_err = {0};
-    gcomp_status local = GCOMP_OK;
-    b->nt = count;
-    b->t = gm_calloc(count, sizeof *b->t);
-    b->g = gm_calloc(count, sizeof *b->g);
-    if (!b->t || !b->g)
-        local = gm_fail(&local_err, GCOMP_E_NOMEM, "out of memory creating a bucket");
-    for (size_t i = 0; local == GCOMP_OK && i < count; i++)
-        local = tensor_setup(b, i, &tensors[i], &local_err);
+    uint64_t *tin = NULL, *tout = NULL;
+    if (local == GCOMP_OK) local = bucket_setup(b, tensors, count, &local_err);
     if (local == GCOMP_OK) {
-        size_t start = 0, bytes = 0;
-        for (size_t i = 0; i <= count; i++) {
-            bool cut = i == count ||
-                       (i > start &&
-                        (!same_group(&b->t[start], &b->t[i]) ||
-                         (b->opt.bucket_bytes && bytes + 4 * b->t[i].n > b->opt.bucket_bytes)));
-            if (i > start && cut) {
-                gm_group *g = &b->g[b->ng++];
-                g->t0 = start;
-                g->t1 = i;
-                start = i;
-                bytes = 0;
-            }
-            if (i < count) bytes += 4 * b->t[i].n;
-        }
-        for (size_t gi = 0; local == GCOMP_OK && gi < b->ng; gi++) {
-            local = group_setup(b, &b->g[gi]);
-            if (local != GCOMP_OK)
-                gm_fail(&local_err, local, "sub-bucket at tensor '%s': %s", b->t[b->g[gi].t0].name,
-                        local == GCOMP_E_LIMIT ? "an exchange would exceed MPI's 2 GiB counts"
-                                               : gcomp_status_str(local));
-        }
+        tin = gm_calloc(count * PT_N, 8);
+        tout = gm_calloc(count * PT_N, 8);
+        if (!tin || !tout) local = gm_fail(&local_err, GCOMP_E_NOMEM, "out of memory");
     }
 
     /* 3. Every rank must agree. */
-    st = setup_check(b, tensors, count, local, deadline, err);
+    st = setup_check(comm, dups[0], b, tensors, count, local, tin, tout, deadline, err);
+    gm_free(tin);
+    if (st != GCOMP_OK && comm->failed != GCOMP_OK) {
+        /* The check timed out: b and tout are leaked, MPI may still write them. */
+        if (b) comm->nbuckets--;
+        return st;
+    }
+    gm_free(tout);
     if (st != GCOMP_OK) {
         if (local != GCOMP_OK && err) *err = local_err;
-        if (comm->failed == GCOMP_OK)
+        if (b) {
             gcomp_mpi_bucket_free(b);
-        else
-            comm->nbuckets--; /* the check timed out: b is leaked, MPI may still write it */
+        } else {
+            for (int i = 0; i < 3; i++)
+                if (dups[i] != MPI_COMM_NULL) MPI_Comm_free(&dups[i]);
+        }
         return st;
     }
     *out = b;

@@ -187,7 +187,13 @@ gcomp_status gcomp_mpi_comm_create(gcomp_mpi_comm **out, MPI_Comm comm,
         return gm_fail(err, GCOMP_E_ARG,
                        "options: timeout_s must be > 0 and finite, ranks_per_node >= 0");
     gcomp_mpi_comm *c = gm_calloc(1, sizeof *c);
-    if (!c) return gm_fail(err, GCOMP_E_NOMEM, "out of memory creating a communicator");
+    gm_setup_cells *cells = gm_calloc(1, sizeof *cells);
+    if (!c || !cells) {
+        gm_free(c);
+        gm_free(cells);
+        return gm_fail(err, GCOMP_E_NOMEM, "out of memory creating a communicator");
+    }
+    c->cells = cells;
     c->user = comm;
     c->comm = c->node = c->leaders = MPI_COMM_NULL;
     c->op_f16 = c->op_bf16 = MPI_OP_NULL;
@@ -195,6 +201,7 @@ gcomp_status gcomp_mpi_comm_create(gcomp_mpi_comm **out, MPI_Comm comm,
     if (MPI_Op_create(gm_op_f16_sum, 1, &c->op_f16) != MPI_SUCCESS ||
         MPI_Op_create(gm_op_bf16_sum, 1, &c->op_bf16) != MPI_SUCCESS) {
         if (c->op_f16 != MPI_OP_NULL) MPI_Op_free(&c->op_f16);
+        gm_free(c->cells);
         gm_free(c);
         return gm_fail(err, GCOMP_E_MPI, "MPI_Op_create failed");
     }
@@ -204,6 +211,7 @@ gcomp_status gcomp_mpi_comm_create(gcomp_mpi_comm **out, MPI_Comm comm,
         free_comms(c);
         MPI_Op_free(&c->op_f16);
         MPI_Op_free(&c->op_bf16);
+        gm_free(c->cells);
         gm_free(c);
         return st;
     }
@@ -235,12 +243,19 @@ gcomp_status gcomp_mpi_comm_free(gcomp_mpi_comm *c) {
         MPI_Op_free(&c->op_f16);
         MPI_Op_free(&c->op_bf16);
     }
+    if (c->cells && !c->cells->pending) gm_free(c->cells); /* else leaked on purpose */
     gm_free(c);
     return GCOMP_OK;
 }
 
 gcomp_status gcomp_mpi_comm_reset(gcomp_mpi_comm *c, double timeout_s, gcomp_error *err) {
     if (!c) return gm_fail(err, GCOMP_E_ARG, "communicator is NULL");
+    if (c->cells->pending) {
+        /* A bucket set-up timed out: its requests may still write the old cells. */
+        gm_setup_cells *cells = gm_calloc(1, sizeof *cells);
+        if (!cells) return gm_fail(err, GCOMP_E_NOMEM, "out of memory resetting a communicator");
+        c->cells = cells; /* the old ones are leaked on purpose */
+    }
     /* The old communicators may carry abandoned operations: keep them (see gm_grave)
      * until the communicator is freed, and start over from the caller's. */
     MPI_Comm old[3] = {c->comm, c->node, c->leaders};

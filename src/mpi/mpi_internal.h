@@ -206,6 +206,18 @@ typedef struct gm_grave {
     MPI_Comm comms[3];
 } gm_grave;
 
+/* What a bucket set-up's collectives write: the bucket's duplicate communicators and the
+ * check words.  The communicator keeps them, so that a rank short of memory still takes
+ * part in those collectives (and shares its failure through the check instead of leaving
+ * the others to time out); after a timeout a request may still write them, so they are
+ * then left to the communicator's end (`pending`). */
+#define GM_SETUP_WORDS 8
+typedef struct gm_setup_cells {
+    MPI_Comm bc, bnode, bleaders;
+    uint64_t in[GM_SETUP_WORDS], out[GM_SETUP_WORDS];
+    bool pending;
+} gm_setup_cells;
+
 struct gcomp_mpi_comm {
     MPI_Comm user;    /* the caller's; not owned */
     MPI_Comm comm;    /* our duplicate, MPI_ERRORS_RETURN */
@@ -219,6 +231,7 @@ struct gcomp_mpi_comm {
     gcomp_status failed;
     gcomp_error failure;
     gm_grave *graves;
+    gm_setup_cells *cells; /* for bucket set-up */
 };
 
 /* Marks the communicator failed (first failure wins) and fills err. */
