@@ -35,7 +35,12 @@ gcomp_status gm_rank_spec(const gm_tensor *t, int rank, char *out, size_t cap, u
                           bool *own) {
     unsigned f = t->info.flags;
     *own = (f & GCOMP_SPEC_PRIVATE_DRAWS) && !(f & GCOMP_SPEC_SHARED_DRAWS);
-    if (!*own) return gcomp_spec_canonical(t->spec, out, cap, fp, NULL);
+    if (!*own) {
+        if (strlen(t->spec) >= cap) return GCOMP_E_DST_SIZE;
+        memcpy(out, t->spec, strlen(t->spec) + 1);
+        if (fp) *fp = t->fp;
+        return GCOMP_OK;
+    }
     uint64_t rseed = gm_mix(gm_mix(t->info.seed ^ 0x72616e6bull /* "rank" */) + (uint64_t)rank) &
                      ((1ull << 53) - 1); /* the spec's seed range */
     char num[24];
