@@ -1,6 +1,16 @@
 /*
- * mpi_bucket.c - buckets: set-up (compressors, sub-buckets, the cross-rank check), the
- * pipelined engine behind start/test/wait, statistics and introspection.
+ * mpi_bucket.c - the bucket engine: set-up (tensors, sub-buckets, the cross-rank check),
+ * the pipelined engine behind start/test/wait, statistics and introspection.
+ *
+ * Components.  The engine knows no strategy: each tensor's strategy is a component of the
+ * table in mpi_strategy.c (mpi_strategy.h has the contract), chosen by its query from the
+ * spec's description, and the engine calls its members - set-up of the tensor on the
+ * ranks of the exchange, the grouping rule, the reservation and the steps of each
+ * sub-bucket, checkpoint slots, the owner view.  What several strategies need (size words
+ * and markers, the pack reductions, decoders per rank, derived specs, the buffers handed
+ * to MPI, statistics) is here or in mpi_spec.c / mpi_util.c, and components call it, never
+ * each other.  The hierarchical flag is a wrapper of the engine's (mpi_hier.c), which puts
+ * the node-internal sum before a component's steps and the broadcast after them.
  *
  * Engine.  A bucket is cut into groups (sub-buckets, see gradcomp_mpi.h).  Each group
  * runs a fixed list of steps: LOCAL steps do codec work, COLL steps issue non-blocking
@@ -14,13 +24,20 @@
  * machines as small as these); one communicator for all buckets (buckets started in
  * different orders by a trainer would then mismatch: each bucket has its own duplicate).
  *
+ * Memory.  Every allocation goes through libgradcomp's allocator (gm_alloc), and all of
+ * them happen at creation: a call allocates nothing in this layer, because a rank that ran
+ * out of memory in the middle of an exchange could not tell the others (tests/mpi/
+ * test_mpi_nomem.c sweeps every allocation).  Creation itself issues the same collectives
+ * on every rank whatever its memory (their results live in the communicator's cells), so
+ * a local failure travels in the check below.
+ *
  * Set-up check.  Bucket creation compares, across ranks, a hash of everything that must
  * agree (tensor count, each tensor's canonical spec fingerprint, n, shape, strategy,
  * name, the format version and the bucket options) with one MPI_Allreduce(MPI_MAX) of
  * (h, ~h): every rank gets max(h) and ~min(h), so all agree whether and where they
  * differ.  Only when the bucket hash differs does a second allreduce name the tensor.
- * A rank that failed locally (bad spec) puts a marker in the first allreduce, so the
- * others fail too instead of waiting for it.
+ * A rank that failed locally (bad spec, out of memory) puts a marker in the first
+ * allreduce, so the others fail too instead of waiting for it.
  */
 #include "mpi_strategy.h"
 
