@@ -10,7 +10,7 @@ G=$B/gradcomp
 PY=/usr/bin/python3; [ -x "$PY" ] || PY=python3
 specs="none none:values=f16 none:values=bf16
 topk:density=0.001,values=f16 topk:density=0.001,values=int8 topk:density=0.01
-topk:density=0.001,feedback=ef sampled:density=0.001 threshold:threshold=3
+topk:density=0.001,feedback=ef sampled:density=0.001 threshold:tau=3
 randomk:density=0.001 bernoulli:density=0.001 importance:density=0.001
 block:density=0.001,block=64 dgc:density=0.001
 int8 int4 sign sign:feedback=ef twobit:threshold=0.5 ternary qsgd:levels=16"

@@ -149,8 +149,21 @@ GCOMP_API const gcomp_codec_info *gcomp_codec_at(size_t i);
 GCOMP_API const gcomp_codec_info *gcomp_codec_find(const char *name);
 GCOMP_API const gcomp_codec_info *gcomp_codec_by_id(uint16_t id);
 
-/** Parameters every codec accepts (feedback=, seed=, and those of the feedback kinds). */
+/** Parameters every codec accepts: feedback= and seed=.  The keys a feedback stage adds
+ *  (feedback=dgc's momentum=, ...) are its own (gcomp_feedback_at). */
 GCOMP_API const gcomp_param_info *gcomp_common_params(size_t *count);
+
+/** A feedback stage, a choice of `feedback=`: what a compressor remembers between steps. */
+typedef struct gcomp_feedback_info {
+    const char *name; /**< "none", "ef", "dgc" */
+    const char *help;
+    const gcomp_param_info *params; /**< the keys it adds to a spec that chooses it */
+    size_t nparams;
+} gcomp_feedback_info;
+
+/** Number of feedback stages, and the i-th one (NULL when out of range). */
+GCOMP_API size_t gcomp_feedback_count(void);
+GCOMP_API const gcomp_feedback_info *gcomp_feedback_at(size_t i);
 
 /**
  * Validates `spec` and writes its canonical form (codec name, then every parameter in
