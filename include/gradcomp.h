@@ -123,10 +123,13 @@ typedef struct gcomp_param_info {
     const char *help;
 } gcomp_param_info;
 
-/** Codec properties (bit flags in gcomp_codec_info.flags). */
+/** Codec properties (bit flags in gcomp_codec_info.flags).  What a whole spec (codec, value
+ *  coder and feedback together) does is gcomp_spec_describe's. */
 enum {
     GCOMP_CODEC_SPARSE = 1u << 0, /**< sends a subset of elements (indices travel or are seeded) */
-    GCOMP_CODEC_LINEAR = 1u << 1, /**< messages of all ranks can be summed by a dense allreduce */
+    GCOMP_CODEC_LINEAR = 1u << 1, /**< positions alike on every rank (all, or from the shared
+                                       seed): with plain-float values its messages sum by a
+                                       dense allreduce (a whole spec: GCOMP_SPEC_LINEAR) */
     GCOMP_CODEC_STOCHASTIC = 1u << 2, /**< uses the seed; same seed and input give the same bytes */
     GCOMP_CODEC_QUANTIZER = 1u << 3,  /**< a value coder usable as `values=` of any selector */
     GCOMP_CODEC_MULTIPHASE = 1u << 4, /**< has a multi-round protocol (PowerSGD) besides encode */
