@@ -26,7 +26,8 @@
  *       dense coders      f16: |d - x| <= 2^-11 |x| (saturating at 65504), bf16: 2^-8 |x|,
  *                         int8/int4: scale/2 (nearest) or scale (stochastic) per bucket,
  *                         sign: +-s_b with x's sign (s_b mean |x| or L2/sqrt(n)),
- *                         ternary: 0 or +-max|x| of the bucket, qsgd: one level, |x|_2 / s;
+ *                         ternary: 0 or +-max|x| of the bucket, qsgd: one level, |x|_2 / s
+ *                         (+ s * 2^-150 where that level is a subnormal float);
  *   - PowerSGD: |d|_F <= |x|_F (P^ P^T x is a projection), dense steps carry g exactly;
  *   - the state survives save -> from_state -> save byte for byte, and the restored
  *     compressor's next message is byte-identical to the original's.
@@ -237,7 +238,9 @@ static void check_values(const char *vc, const char *canon, const float *x, cons
             double lv = canon_num(canon, "levels", 16), unit = sqrt(s2) / lv;
             for (size_t i = s; i < e; i++) {
                 double dv = d[i];
-                if (fabs(dv - x[i]) > unit * (1 + 1e-5) + 1e-6 * fabs(x[i]) + 1e-44 ||
+                /* + the rounding of unit = norm / s itself, times the level: s * 2^-150
+                 * absolute where the unit is subnormal (found by this target) */
+                if (fabs(dv - x[i]) > unit * (1 + 1e-5) + 1e-6 * fabs(x[i]) + lv * 0x1p-149 ||
                     (dv != 0 && (dv < 0) != (x[i] < 0)))
                     FAIL("qsgd: x[%zu] = %g decoded as %g, level %g", i, (double)x[i], dv, unit);
             }

@@ -50,10 +50,14 @@ blasinc=/usr/include/x86_64-linux-gnu/openblas-pthread
 libs="-lm -lpthread"
 if [ -f "$blasinc/cblas.h" ]; then flags="$flags -DGCOMP_HAVE_BLAS=1 -I$blasinc"; libs="-lopenblas $libs"; fi
 mkdir -p "$work/obj"
+# Rebuilt when the source or any header is newer than its object (a test of this runner
+# reuses its work directory).
+newest=$(ls -t "$top"/include/*.h "$top"/src/*/*.h | head -n 1)
 for src in "$top"/src/common/*.c "$top"/src/core/*.c "$top"/src/select/*.c "$top"/src/values/*.c \
            "$top"/src/index/*.c "$top"/src/feedback/*.c "$top"/src/adapt/*.c "$top"/src/lowrank/*.c; do
     [ -f "$src" ] || continue
     obj="$work/obj/$(basename "$(dirname "$src")")_$(basename "$src" .c).o"
+    [ "$obj" -nt "$src" ] && [ "$obj" -nt "$newest" ] && continue
     # shellcheck disable=SC2086
     $cc $flags $san -c "$src" -o "$obj"
 done
