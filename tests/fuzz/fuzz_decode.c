@@ -25,7 +25,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 #define MAX_N ((size_t)1 << 20)
 
-static gcomp_status decode_limited(const uint8_t *m, size_t len, float *acc, size_t n, float scale) {
+static gcomp_status decode_limited(const uint8_t *m, size_t len, float *acc, size_t n,
+                                   float scale) {
     fuzz_alloc_begin(64 * len + 16 * (acc ? n : 0) + 4096);
     gcomp_status st = gcomp_decode_add(m, len, acc, n, scale);
     fuzz_alloc_end();

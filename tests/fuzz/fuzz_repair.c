@@ -33,8 +33,8 @@
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
-static const float scales[16] = {1.0f,   0.5f,   0.25f,         1.0f / 3,    1e-3f,       1e-20f,
-                                 FLT_MIN, 1e-40f, 0.0f,         -0.0f,      -1.0f,       -0.5f,
+static const float scales[16] = {1.0f,    0.5f,   0.25f,       1.0f / 3, 1e-3f, 1e-20f,
+                                 FLT_MIN, 1e-40f, 0.0f,        -0.0f,    -1.0f, -0.5f,
                                  -0.125f, 0.999f, 0.99999994f, -1e-3f};
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {

@@ -9,7 +9,7 @@
  * registry is fuzzed without touching this file.  The data (fuzz_common.h) mixes zeros of
  * both signs, denormals, ties, huge values up to FLT_MAX and arbitrary finite bit patterns.
  *
- * Each step (1 to 3, with set_epoch for DGC's warm-up), the properties:
+ * Each step (1 or 2, with set_epoch for DGC's warm-up), the properties:
  *   - encode is GCOMP_OK, or GCOMP_E_NONFINITE only where a sum or a 1/p scaling can leave
  *     float (values or state above 1e6, or an extreme parameter) -- then the state blob is
  *     byte-identical to before the call;
@@ -42,7 +42,7 @@
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
-#define MAX_N 1024
+#define MAX_N 512
 #define FAIL(...)                                                                                  \
     do {                                                                                           \
         fprintf(stderr, "fuzz_roundtrip: %s: ", g_spec);                                           \
@@ -100,7 +100,9 @@ static void pick(fz_reader *r, const gcomp_param_info *p, char *out, size_t cap,
             v = (c >> 2) & 1 ? hi : lo + floor((hi - lo) * (double)fz_u32(r) / 4294967295.0);
         }
         if (v > hi) v = hi;
-        if (v > 64 && (!strcmp(p->name, "iters") || !strcmp(p->name, "rank"))) v = 64; /* time */
+        /* Time: each power iteration is two passes over the matrix per step. */
+        if (!strcmp(p->name, "iters") && v > 4) v = 4;
+        if (!strcmp(p->name, "rank") && v > 16) v = 16;
         snprintf(out, cap, "%.0f", v);
         return;
     }
@@ -179,7 +181,8 @@ static void check_values(const char *vc, const char *canon, const float *x, cons
                          size_t n) {
     if (!strcmp(vc, "f32")) {
         for (size_t i = 0; i < n; i++)
-            if (d[i] != x[i]) FAIL("f32 changed x[%zu] = %g into %g", i, (double)x[i], (double)d[i]);
+            if (d[i] != x[i])
+                FAIL("f32 changed x[%zu] = %g into %g", i, (double)x[i], (double)d[i]);
         return;
     }
     if (!strcmp(vc, "f16") || !strcmp(vc, "bf16")) {
@@ -300,12 +303,16 @@ static void check_selection(const char *codec, const char *canon, const float *x
         free(a);
         size_t above = 0;
         for (size_t i = 0; i < n; i++) {
-            if (d[i] != 0 && d[i] != x[i]) FAIL("topk: x[%zu] = %g sent as %g", i, (double)x[i], (double)d[i]);
+            if (d[i] != 0 && d[i] != x[i])
+                FAIL("topk: x[%zu] = %g sent as %g", i, (double)x[i], (double)d[i]);
             if (fabsf(x[i]) > t) {
                 above++;
-                if (d[i] != x[i]) FAIL("topk: x[%zu] = %g above the k-th %g not sent", i, (double)x[i], (double)t);
+                if (d[i] != x[i])
+                    FAIL("topk: x[%zu] = %g above the k-th %g not sent", i, (double)x[i],
+                         (double)t);
             }
-            if (d[i] != 0 && fabsf(x[i]) < t) FAIL("topk: x[%zu] = %g below the k-th %g sent", i, (double)x[i], (double)t);
+            if (d[i] != 0 && fabsf(x[i]) < t)
+                FAIL("topk: x[%zu] = %g below the k-th %g sent", i, (double)x[i], (double)t);
         }
         if (sent > k) FAIL("topk: %zu sent, k = %zu", sent, k);
     } else if (!strcmp(codec, "threshold")) {
@@ -327,7 +334,8 @@ static void check_selection(const char *codec, const char *canon, const float *x
         int unb = canon_num(canon, "unbiased", 0) != 0;
         if (sent > k) FAIL("randomk: %zu sent, k = %zu", sent, k);
         for (size_t i = 0; i < n; i++)
-            if (d[i] != 0 && (unb ? (d[i] < 0) != (x[i] < 0) || fabsf(d[i]) < fabsf(x[i]) : d[i] != x[i]))
+            if (d[i] != 0 &&
+                (unb ? (d[i] < 0) != (x[i] < 0) || fabsf(d[i]) < fabsf(x[i]) : d[i] != x[i]))
                 FAIL("randomk: x[%zu] = %g decoded as %g", i, (double)x[i], (double)d[i]);
     } else if (!strcmp(codec, "bernoulli") || !strcmp(codec, "importance")) {
         for (size_t i = 0; i < n; i++)
@@ -382,7 +390,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         }
         cols = n / rows;
     }
-    unsigned nsteps = 1 + fz_u8(&r) % 3, huge = fz_u8(&r) & 3;
+    unsigned nsteps = 1 + fz_u8(&r) % 2, huge = fz_u8(&r) & 3;
 
     gcomp_compressor *c = NULL;
     if (gcomp_spec_canonical(b.s, g_spec, sizeof g_spec, NULL, NULL) != GCOMP_OK ||
@@ -392,8 +400,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     snprintf(g_spec, sizeof g_spec, "%s (n=%zu %zux%zu)", canon, n, rows, cols);
     const char *vc = values[0] ? values : (ci->flags & GCOMP_CODEC_QUANTIZER) ? ci->name : "f32";
     const int lowrank = (ci->flags & GCOMP_CODEC_MULTIPHASE) != 0;
-    const int ef = canon_is(canon, "feedback", "ef") || gcomp_compressor_residual(c) != NULL ||
-                   lowrank;
+    const int ef =
+        canon_is(canon, "feedback", "ef") || gcomp_compressor_residual(c) != NULL || lowrank;
     const int dgc = canon_is(canon, "feedback", "dgc") || !strcmp(ci->name, "dgc");
 
     float *g = malloc(n * 4), *d = malloc(n * 4), *d2 = malloc(n * 4), *e0 = malloc(n * 4),
@@ -420,7 +428,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         if (st != GCOMP_OK) FAIL("step %u: encode: %s", step, gcomp_status_str(st));
         if (len > cap) FAIL("message of %zu bytes above the bound %zu", len, cap);
         gcomp_message_info info;
-        if (gcomp_message_inspect(m, len, &info) != GCOMP_OK || info.n != n || info.codec_id != ci->id)
+        if (gcomp_message_inspect(m, len, &info) != GCOMP_OK || info.n != n ||
+            info.codec_id != ci->id)
             FAIL("inspect disagrees");
         memset(d, 0, n * 4);
         memset(d2, 0, n * 4);

@@ -20,8 +20,8 @@
 
 static const char *root;
 
-static void put2(const char *target, const char *name, const void *pre, size_t plen,
-                 const void *p, size_t len) {
+static void put2(const char *target, const char *name, const void *pre, size_t plen, const void *p,
+                 size_t len) {
     char path[4096];
     snprintf(path, sizeof path, "%s/%s/%s", root, target, name);
     FILE *f = fopen(path, "wb");
@@ -63,7 +63,9 @@ static gcomp_compressor *make(const gcomp_codec_info *ci, size_t n, int ef) {
     }
     char spec[256];
     snprintf(spec, sizeof spec, "%s%s", ci->name,
-             ef ? ":feedback=ef" : !strcmp(ci->name, "powersgd") ? ":min_compression_rate=0" : "");
+             ef                              ? ":feedback=ef"
+             : !strcmp(ci->name, "powersgd") ? ":min_compression_rate=0"
+                                             : "");
     gcomp_compressor *c = NULL;
     if (gcomp_compressor_create(&c, spec, n, rows, cols, NULL) != GCOMP_OK) c = NULL;
     return c;

@@ -23,11 +23,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-static const char *const names[] = {"OK",        "ARG",      "NOMEM",    "SPEC",     "UNKNOWN_CODEC",
-                                    "DST_SIZE",  "TRUNCATED", "BAD_MAGIC", "VERSION", "CODEC_ID",
-                                    "CHECKSUM",  "CORRUPT",  "MISMATCH", "NONFINITE", "STATE",
-                                    "LIMIT",     "PROTOCOL", "TIMEOUT",  "MPI",      "FAILED",
-                                    "UNSUPPORTED", "IO"};
+static const char *const names[] = {
+    "OK",        "ARG",       "NOMEM",       "SPEC",     "UNKNOWN_CODEC", "DST_SIZE",
+    "TRUNCATED", "BAD_MAGIC", "VERSION",     "CODEC_ID", "CHECKSUM",      "CORRUPT",
+    "MISMATCH",  "NONFINITE", "STATE",       "LIMIT",    "PROTOCOL",      "TIMEOUT",
+    "MPI",       "FAILED",    "UNSUPPORTED", "IO"};
 
 static int parse_status(const char *s) {
     for (size_t i = 0; i < sizeof names / sizeof *names; i++)
@@ -68,9 +68,9 @@ int main(int argc, char **argv) {
         return 2;
     }
     fuzz_alloc_selftest();
-    static const float scales[] = {1.0f,   0.5f,  0.25f,  1e-3f, 1e-30f, 0.0f,  -0.0f,
-                                   -0.5f,  -1.0f, 2.0f,   1e10f, 1e30f,  -1e30f, FLT_MIN,
-                                   1.0f / 3, 0.999f, 0.1f};
+    static const float scales[] = {1.0f,   0.5f,    0.25f,    1e-3f,  1e-30f, 0.0f,
+                                   -0.0f,  -0.5f,   -1.0f,    2.0f,   1e10f,  1e30f,
+                                   -1e30f, FLT_MIN, 1.0f / 3, 0.999f, 0.1f};
     int bad = 0;
     for (int a = 2; a < argc; a++) {
         size_t len;
@@ -105,8 +105,8 @@ int main(int argc, char **argv) {
                 }
                 for (size_t i = 0; dst && i < n; i++)
                     if (dst[i] != 0.0f || signbit(dst[i])) {
-                        fprintf(stderr, "%s: scale %g: accumulator changed at %zu (%g)\n",
-                                argv[a], (double)scales[s], i, (double)dst[i]);
+                        fprintf(stderr, "%s: scale %g: accumulator changed at %zu (%g)\n", argv[a],
+                                (double)scales[s], i, (double)dst[i]);
                         memset(dst, 0, n * sizeof(float));
                         bad++;
                         break;

@@ -31,8 +31,12 @@ static void test_scale(void) {
     const size_t n = 4000;
     float *g = malloc(n * 4), *acc = calloc(n, 4);
     test_fill(g, n, 3);
-    const char *specs[] = {"topk:density=0.05", "randomk:density=0.1", "none",
-                           "threshold:threshold=1,values=f16", "qsgd", "block:block=16"};
+    const char *specs[] = {"topk:density=0.05",
+                           "randomk:density=0.1",
+                           "none",
+                           "threshold:threshold=1,values=f16",
+                           "qsgd",
+                           "block:block=16"};
     const float bad[] = {INFINITY, -INFINITY, NAN};
     for (size_t s = 0; s < sizeof specs / sizeof *specs; s++) {
         gcomp_compressor *c = make(specs[s], n);
@@ -77,8 +81,8 @@ static void test_seeded_validate(void) {
 static void test_powersgd_overflow(void) {
     const size_t rows = 8, cols = 8, n = rows * cols;
     gcomp_compressor *c = NULL;
-    CHECK_OK(gcomp_compressor_create(&c, "powersgd:rank=4,min_compression_rate=0", n, rows, cols,
-                                     NULL));
+    CHECK_OK(
+        gcomp_compressor_create(&c, "powersgd:rank=4,min_compression_rate=0", n, rows, cols, NULL));
     float g[64], out[64];
     test_fill(g, n, 9);
     size_t cap = gcomp_state_bound(c), l0, l1;
