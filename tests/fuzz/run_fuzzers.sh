@@ -44,7 +44,7 @@ if [ -z "$cc" ]; then
 fi
 
 # The library once, as a static archive with the targets' instrumentation.
-flags="-O1 -g -std=c11 -D_GNU_SOURCE -DGCOMP_BUILDING=1 -I$top/include -I$top/src"
+flags="-O2 -g -std=c11 -D_GNU_SOURCE -DGCOMP_BUILDING=1 -I$top/include -I$top/src"
 san="-fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-recover=undefined"
 blasinc=/usr/include/x86_64-linux-gnu/openblas-pthread
 libs="-lm -lpthread"
@@ -71,6 +71,8 @@ $cc $flags -fsanitize=address,undefined -o "$work/make_corpus" "$top/tests/fuzz/
 "$work/make_corpus" "$work/seeds"
 
 : >"$work/summary.txt"
+# One thread each: OpenBLAS would otherwise start a thread per core for PowerSGD's products.
+export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1
 nice_cmd=""
 [ -n "${FUZZ_NICE:-}" ] && nice_cmd="nice -n $FUZZ_NICE"
 if [ -n "${FUZZ_RUNS:-}" ]; then
@@ -94,11 +96,16 @@ for t in $targets; do
     dirs="$work/corpus/$t"
     [ -d "$work/seeds/$t" ] && dirs="$dirs $work/seeds/$t"
     [ -d "$top/tests/fuzz/regress/$t" ] && dirs="$dirs $top/tests/fuzz/regress/$t"
+    # Inputs long enough for every path of each target, short enough to keep it fast.
+    case $t in
+    decode | repair) maxlen=16384 ;;
+    *) maxlen=4096 ;;
+    esac
     echo "run_fuzzers: fuzz_$t for $what"
     start=$(date +%s)
     set +e
     # shellcheck disable=SC2086
-    (cd "$work" && $nice_cmd ./fuzz_$t $limit -max_len=65536 \
+    (cd "$work" && $nice_cmd ./fuzz_$t $limit -max_len=$maxlen \
         -rss_limit_mb=2048 -timeout=25 -print_final_stats=1 -artifact_prefix="$work/" \
         $dirs >"$work/fuzz_$t.log" 2>&1)
     frc=$?
