@@ -361,8 +361,8 @@ GCOMP_API gcomp_status gcomp_compressor_decode_add(gcomp_compressor *c, const vo
  * |scale| <= 1 every value added is finite; a larger scale can overflow, as any float
  * product can.  Workspace is allocated only after the payload's lengths are checked: at most
  * a few bytes per message byte, or per element of `acc`.
- * On error `acc` may have been partly updated only for GCOMP_E_NOMEM; every format error
- * is found before the first write.
+ * On any error `acc` is untouched: every format error is found, and the workspace
+ * allocated, before the first write (tests/unit/test_oom.c and the fuzz targets check it).
  * Returns GCOMP_OK, GCOMP_E_ARG, GCOMP_E_TRUNCATED, GCOMP_E_BAD_MAGIC, GCOMP_E_VERSION,
  * GCOMP_E_CODEC_ID, GCOMP_E_CHECKSUM, GCOMP_E_CORRUPT, GCOMP_E_MISMATCH (n differs),
  * GCOMP_E_LIMIT, GCOMP_E_NOMEM.
