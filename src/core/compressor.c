@@ -362,8 +362,8 @@ static gcomp_status read_blob(const void *src, size_t len, blob *b) {
      * epoch one that set_epoch accepts, and the spec text no NUL (it would parse as its
      * prefix). */
     if (b->n == 0 || b->n > UINT32_MAX) return GCOMP_E_STATE;
-    if ((b->rows || b->cols) &&
-        (b->rows == 0 || b->cols == 0 || b->rows > b->n || b->n % b->rows || b->n / b->rows != b->cols))
+    if ((b->rows || b->cols) && (b->rows == 0 || b->cols == 0 || b->rows > b->n || b->n % b->rows ||
+                                 b->n / b->rows != b->cols))
         return GCOMP_E_STATE;
     if (!(b->epoch >= 0.0) || b->epoch > 1e15) return GCOMP_E_STATE;
     if (memchr(b->spec, 0, b->spec_len)) return GCOMP_E_STATE;
@@ -435,8 +435,9 @@ gcomp_status gcomp_compressor_from_state(gcomp_compressor **out, const void *src
     bool sized = b.fb_len == fb_size(shell) && b.cs_len == codec_size(shell);
     gcomp__free(shell);
     if (!sized)
-        return gcomp__fail(err, GCOMP_E_STATE, "state: sections do not match '%s' for %llu elements",
-                           spec, (unsigned long long)b.n);
+        return gcomp__fail(err, GCOMP_E_STATE,
+                           "state: sections do not match '%s' for %llu elements", spec,
+                           (unsigned long long)b.n);
     gcomp_compressor *c;
     st = gcomp__compressor_build(&c, &parsed, (size_t)b.n, (size_t)b.rows, (size_t)b.cols, err);
     if (st != GCOMP_OK) return st;

@@ -3,13 +3,14 @@
  * and the repro check can assert "no allocation beyond a small multiple of what the
  * receiver's tensor needs" (DESIGN.md: the decoder never allocates past a limit).
  *
- * Every library allocation is gcomp__alloc, which calls aligned_alloc.  The targets link
- * the library statically with -Wl,--wrap=aligned_alloc, so the library's calls land here
- * and go on to the C library (or to ASan's allocator under the sanitizers) through
- * __real_aligned_alloc.  Rejected: interposing malloc itself (ASan and libFuzzer own it)
- * and a counter inside the library (a test hook in production code for one property).
- * fuzz_alloc_selftest() proves the wrap is in effect, so a library that stops calling
- * aligned_alloc makes the targets fail instead of silently counting zero.
+ * Every library allocation is gcomp__alloc, which calls aligned_alloc (or, for big
+ * workspaces on huge pages, posix_memalign).  The targets link the library statically with
+ * -Wl,--wrap=aligned_alloc,--wrap=posix_memalign, so the library's calls land here and go
+ * on to the C library (or to ASan's allocator under the sanitizers) through __real_*.  Rejected:
+ * interposing malloc itself (ASan and libFuzzer own it) and a counter inside the library (a test
+ * hook in production code for one property). fuzz_alloc_selftest() proves the wrap is in effect, so
+ * a library that stops calling aligned_alloc makes the targets fail instead of silently counting
+ * zero.
  */
 #include "fuzz_alloc.h"
 
@@ -24,16 +25,27 @@ static int soft;
 
 void *__real_aligned_alloc(size_t align, size_t size);
 void *__wrap_aligned_alloc(size_t align, size_t size);
+int __real_posix_memalign(void **p, size_t align, size_t size);
+int __wrap_posix_memalign(void **p, size_t align, size_t size);
 
-void *__wrap_aligned_alloc(size_t align, size_t size) {
+/* 1 when `size` more bytes fit the limit (and counts them); 0 for a soft refusal. */
+static int admit(size_t size) {
     if (size > fuzz_alloc_limit - fuzz_alloc_bytes) {
-        if (soft) return NULL; /* the library must answer GCOMP_E_NOMEM */
+        if (soft) return 0; /* the library must answer GCOMP_E_NOMEM */
         fprintf(stderr, "fuzz_alloc: the library asked for %zu bytes after %zu, limit %zu\n", size,
                 fuzz_alloc_bytes, fuzz_alloc_limit);
         abort();
     }
     fuzz_alloc_bytes += size;
-    return __real_aligned_alloc(align, size);
+    return 1;
+}
+
+void *__wrap_aligned_alloc(size_t align, size_t size) {
+    return admit(size) ? __real_aligned_alloc(align, size) : NULL;
+}
+
+int __wrap_posix_memalign(void **p, size_t align, size_t size) {
+    return admit(size) ? __real_posix_memalign(p, align, size) : 12 /* ENOMEM */;
 }
 
 void fuzz_alloc_begin(size_t limit) {

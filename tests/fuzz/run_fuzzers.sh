@@ -63,7 +63,7 @@ for src in "$top"/src/common/*.c "$top"/src/core/*.c "$top"/src/select/*.c "$top
 done
 rm -f "$work/libgradcomp_fuzz.a"
 ar rcs "$work/libgradcomp_fuzz.a" "$work"/obj/*.o
-wrap="-Wl,--wrap=aligned_alloc"
+wrap="-Wl,--wrap=aligned_alloc -Wl,--wrap=posix_memalign"
 
 # shellcheck disable=SC2086
 $cc $flags -fsanitize=address,undefined -o "$work/make_corpus" "$top/tests/fuzz/make_corpus.c" \

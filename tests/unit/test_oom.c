@@ -7,9 +7,9 @@
  *     and a failed create/from_state/policy_create leaves *out NULL;
  *   - a call that failed left the object's state byte-identical (state blobs compared
  *     before and after) and the accumulator untouched;
- *   - nothing leaks: the library's allocations are tracked (-Wl,--wrap=aligned_alloc and
- *     --wrap=free, see tests/unit/CMakeLists.txt) and every one is freed once the scenario
- *     has freed its objects -- in every build, not only under LeakSanitizer;
+ *   - nothing leaks: the library's allocations are tracked (-Wl,--wrap=aligned_alloc,
+ *     --wrap=posix_memalign and --wrap=free, see tests/unit/CMakeLists.txt) and every one is freed
+ * once the scenario has freed its objects -- in every build, not only under LeakSanitizer;
  *   - after the failure, the same object still works (the next call, with memory back,
  *     succeeds).
  * Scenarios: create (every codec, with error feedback, DGC and PowerSGD shapes), encode
@@ -26,8 +26,10 @@
 /* ---- allocation tracking ---------------------------------------------------------------- */
 
 void *__real_aligned_alloc(size_t align, size_t size);
+int __real_posix_memalign(void **p, size_t align, size_t size);
 void __real_free(void *p);
 void *__wrap_aligned_alloc(size_t align, size_t size);
+int __wrap_posix_memalign(void **p, size_t align, size_t size);
 void __wrap_free(void *p);
 
 #define SLOTS 65536 /* open addressing; the scenarios hold a few hundred at most */
@@ -38,16 +40,25 @@ static size_t slot_of(void *p) {
     return (size_t)(((uintptr_t)p >> 6) * 0x9e3779b97f4a7c15ull >> 48) & (SLOTS - 1);
 }
 
+static void track(void *p) {
+    size_t i = slot_of(p);
+    while (live[i]) i = (i + 1) & (SLOTS - 1);
+    live[i] = p;
+    nlive++;
+    nallocs++;
+}
+
 void *__wrap_aligned_alloc(size_t align, size_t size) {
     void *p = __real_aligned_alloc(align, size);
-    if (p) {
-        size_t i = slot_of(p);
-        while (live[i]) i = (i + 1) & (SLOTS - 1);
-        live[i] = p;
-        nlive++;
-        nallocs++;
-    }
+    if (p) track(p);
     return p;
+}
+
+/* Big workspaces on 2 MiB pages (src/common). */
+int __wrap_posix_memalign(void **p, size_t align, size_t size) {
+    int rc = __real_posix_memalign(p, align, size);
+    if (rc == 0) track(*p);
+    return rc;
 }
 
 void __wrap_free(void *p) {
