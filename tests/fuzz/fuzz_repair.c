@@ -13,7 +13,7 @@
  *            header's flags (else 0); bit 7: keep the sparse section's index length
  *   byte 1   codec: < 0xf0 picks gcomp_codec_at(byte % count), else the message's own id
  * The repair: magic, version 1, header length 40, the codec id, payload length = what
- * follows, n folded into [1, 2^16] with an accumulator ([1, 2^32 - 1] validating only),
+ * follows, n folded into [1, 8192] with an accumulator ([1, 2^32 - 1] validating only),
  * the sparse section's index length folded into the payload, then both CRCs.
  *
  * Properties: no crash (ASan, UBSan); a refused message leaves the accumulator untouched,
@@ -60,7 +60,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     const uint32_t plen = (uint32_t)(len - 40);
     fz_put32(m + 12, plen);
     const uint64_t n_raw = fz_get64(m + 16);
-    const uint64_t nmax = receiver == 2 ? 0xffffffffu : 65536;
+    const uint64_t nmax = receiver == 2 ? 0xffffffffu : 8192;
     const uint64_t n = n_raw >= 1 && n_raw <= nmax ? n_raw : 1 + n_raw % nmax;
     fz_put64(m + 16, n);
     uint16_t id = (uint16_t)(m[6] | m[7] << 8);
