@@ -50,12 +50,15 @@ fuzz-long:
 # The unit tests under valgrind's memcheck.  valgrind cannot decode AVX-512, which the
 # default -march=native build uses on such CPUs (it stops with SIGILL), so this builds
 # the portable kernels (GCOMP_NATIVE=OFF) in $(BUILD)-portable.
+# Each test runs to the end (ctest's per-test timeouts are too short for memcheck's ~50x).
 valgrind:
 	cmake -S . -B $(BUILD)-portable -DCMAKE_BUILD_TYPE=RelWithDebInfo -DGCOMP_NATIVE=OFF >/dev/null
 	cmake --build $(BUILD)-portable -j$(JOBS)
-	cd $(BUILD)-portable && OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 ctest --output-on-failure \
-	    -L unit -T memcheck --overwrite MemoryCheckCommandOptions="--error-exitcode=99 \
-	    --leak-check=full --errors-for-leak-kinds=definite"
+	@for t in $(BUILD)-portable/tests/unit/test_*; do \
+	    echo "valgrind $$t"; \
+	    OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 valgrind -q --error-exitcode=99 \
+	        --leak-check=full --errors-for-leak-kinds=definite $$t >/dev/null || exit 1; \
+	done; echo "valgrind: every unit test clean"
 
 clean:
 	rm -rf $(BUILD) $(BUILD)-asan $(BUILD)-fuzz $(BUILD)-portable
