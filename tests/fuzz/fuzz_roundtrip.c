@@ -229,7 +229,8 @@ static void check_values(const char *vc, const char *canon, const float *x, cons
                     FAIL("sign: x[%zu] = %g decoded as %g, scale %g", i, (double)x[i], dv, want);
             }
         } else if (!strcmp(vc, "ternary")) {
-            double clip = canon_num(canon, "clip", 0), s0 = -1;
+            /* clip_sigma= since keys got one meaning each; clip= before */
+            double clip = canon_num(canon, "clip_sigma", canon_num(canon, "clip", 0)), s0 = -1;
             for (size_t i = s; i < e; i++) {
                 double dv = d[i];
                 if (dv == 0) continue;
@@ -316,7 +317,7 @@ static void check_selection(const char *codec, const char *canon, const float *x
         }
         if (sent > k) FAIL("topk: %zu sent, k = %zu", sent, k);
     } else if (!strcmp(codec, "threshold")) {
-        double t = canon_num(canon, "threshold", 0);
+        double t = canon_num(canon, "tau", canon_num(canon, "threshold", 0)); /* tau= now */
         for (size_t i = 0; i < n; i++) {
             float want = fabsf(x[i]) >= (float)t ? x[i] : 0.0f;
             if (d[i] != want && !(d[i] == 0 && want == 0))
