@@ -373,8 +373,12 @@ GCOMP_API gcomp_status gcomp_compressor_decode_add(gcomp_compressor *c, const vo
 /**
  * Decodes any message (stateless; the message is untrusted) and adds `scale` times its
  * tensor into `acc`, which holds `n` floats.  `acc` may be NULL to validate only.
- * On error `acc` may have been partly updated only for GCOMP_E_NOMEM; every format error
- * is found before the first write.
+ * `scale` must be finite (GCOMP_E_ARG otherwise, before the message is read).  For
+ * |scale| <= 1 every value added is finite; a larger scale can overflow, as any float
+ * product can.  Workspace is allocated only after the payload's lengths are checked: at most
+ * a few bytes per message byte, or per element of `acc`.
+ * On any error `acc` is untouched: every format error is found, and the workspace
+ * allocated, before the first write (tests/unit/test_oom.c and the fuzz targets check it).
  * Returns GCOMP_OK, GCOMP_E_ARG, GCOMP_E_TRUNCATED, GCOMP_E_BAD_MAGIC, GCOMP_E_VERSION,
  * GCOMP_E_CODEC_ID, GCOMP_E_CHECKSUM, GCOMP_E_CORRUPT, GCOMP_E_MISMATCH (n differs),
  * GCOMP_E_LIMIT, GCOMP_E_NOMEM.
@@ -418,7 +422,12 @@ GCOMP_API gcomp_status gcomp_state_save(const gcomp_compressor *c, void *dst, si
  * state of `c` is unchanged.
  */
 GCOMP_API gcomp_status gcomp_state_load(gcomp_compressor *c, const void *src, size_t len);
-/** Creates a compressor from a saved blob alone (spec and shape come from the blob). */
+/**
+ * Creates a compressor from a saved blob alone (spec and shape come from the blob).  A blob
+ * whose fields do not describe a tensor (n = 0, rows * cols != n, ...) or whose sections do
+ * not have the sizes its spec and shape keep is GCOMP_E_STATE, found before anything of the
+ * claimed size is allocated.  Other statuses as gcomp_state_load and create.
+ */
 GCOMP_API gcomp_status gcomp_compressor_from_state(gcomp_compressor **out, const void *src,
                                                    size_t len, gcomp_error *err);
 /** Forgets residuals, momentum, warm starts and the step counter. */

@@ -72,32 +72,44 @@ int cmd_encode(int argc, char **argv) {
     gcomp_status st;
     struct stat sb;
     int rc = 1;
-    if (state && stat(state, &sb) == 0) {
-        uint8_t *blob;
-        size_t blen;
-        if (cli_read_file(cmd, state, &blob, &blen)) goto done;
-        st = gcomp_compressor_from_state(&c, blob, blen, &err);
-        free(blob);
-        if (st != GCOMP_OK) {
-            cli_fail(cmd, 1, "%s: %s", state, err.message);
-            goto done;
-        }
-        char canon[600];
-        if (gcomp_spec_canonical(full, canon, sizeof canon, NULL, &err) != GCOMP_OK) {
-            cli_fail(cmd, 2, "%s", err.message);
-            goto done;
-        }
-        if (strcmp(canon, gcomp_compressor_spec(c)) || gcomp_compressor_size(c) != n) {
-            cli_fail(cmd, 1,
-                     "%s was saved by '%s' for %zu elements, not '%s' for %zu; use another "
-                     "state file or delete it to start afresh",
-                     state, gcomp_compressor_spec(c), gcomp_compressor_size(c), canon, n);
-            goto done;
-        }
-    } else if ((st = gcomp_compressor_create(&c, full, n, rows, cols, &err)) != GCOMP_OK) {
+    if ((st = gcomp_compressor_create(&c, full, n, rows, cols, &err)) != GCOMP_OK) {
         rc = cli_fail(cmd, st == GCOMP_E_SPEC || st == GCOMP_E_UNKNOWN_CODEC ? 2 : 1, "%s",
                       err.message);
         goto done;
+    }
+    if (state && stat(state, &sb) == 0) {
+        /* The saved state must be this call's: same canonical spec, size and shape (a
+         * PowerSGD state for 100x200 is not one for 200x100).  gcomp_state_load checks all
+         * three; from_state only describes the file when it does not match. */
+        uint8_t *blob;
+        size_t blen;
+        if (cli_read_file(cmd, state, &blob, &blen)) goto done;
+        st = gcomp_state_load(c, blob, blen);
+        if (st == GCOMP_E_MISMATCH) {
+            gcomp_compressor *saved = NULL;
+            if (gcomp_compressor_from_state(&saved, blob, blen, NULL) != GCOMP_OK)
+                cli_fail(cmd, 1, "%s: %s", state, gcomp_status_str(st));
+            else if (!strcmp(gcomp_compressor_spec(saved), gcomp_compressor_spec(c)) &&
+                     gcomp_compressor_size(saved) == n)
+                cli_fail(cmd, 1,
+                         "%s was saved for another matrix shape of these %zu elements than %s; "
+                         "give the --shape it was saved with, or delete it to start afresh",
+                         state, n, shape ? shape : "a vector (no --shape)");
+            else
+                cli_fail(cmd, 1,
+                         "%s was saved by '%s' for %zu elements, not '%s' for %zu; use another "
+                         "state file or delete it to start afresh",
+                         state, gcomp_compressor_spec(saved), gcomp_compressor_size(saved),
+                         gcomp_compressor_spec(c), n);
+            gcomp_compressor_free(saved);
+            free(blob);
+            goto done;
+        }
+        free(blob);
+        if (st != GCOMP_OK) {
+            cli_fail(cmd, 1, "%s: %s", state, gcomp_status_str(st));
+            goto done;
+        }
     }
     size_t cap = gcomp_encode_bound(c), mlen;
     uint8_t *msg = malloc(cap);

@@ -31,6 +31,7 @@ from .errors import (  # noqa: F401
     SpecError,
     StateError,
     UnsupportedError,
+    UnsupportedFormat,
 )
 from .core import (  # noqa: F401
     HEADER_SIZE,

@@ -14,6 +14,7 @@ Messages go out as `bytes` (encode) or straight into a caller's byte buffer
 
 import ctypes
 import math
+import operator
 
 from . import _native
 from . import errors as _err
@@ -49,6 +50,14 @@ SPEC_FLAG_NAMES = {
 _VALUE_TYPES = {0: None, 1: "f32", 2: "f16", 3: "bf16"}
 _PARAM_TYPES = {0: "int", 1: "float", 2: "enum", 3: "bool"}
 HEADER_SIZE = 40  # GCOMP_HEADER_SIZE: the message header in wire format version 1
+_SIZE_MAX = ctypes.c_size_t(-1).value
+
+
+def _size_arg(v):
+    """A count for a size_t parameter.  ctypes wraps ints modulo 2**64 (2**64 arrived as 0,
+    "n must be > 0"), so anything above SIZE_MAX is passed as SIZE_MAX: above every limit,
+    the library then names its own (GCOMP_E_LIMIT, "at most 2^32-1")."""
+    return v if v <= _SIZE_MAX else _SIZE_MAX
 
 
 def _s(b):
@@ -198,10 +207,16 @@ def byte_buffer(obj, writable=False, what="message"):
 
 def _spec_bytes(spec):
     if isinstance(spec, bytes):
-        return spec
-    if not isinstance(spec, str):
+        b = spec
+    elif isinstance(spec, str):
+        b = spec.encode("utf-8")
+    else:
         raise TypeError(f"spec must be a str, got {type(spec).__name__}")
-    return spec.encode("utf-8")
+    if b"\0" in b:
+        # C would read the text up to the NUL and accept that prefix as the whole spec.
+        raise _err.SpecError(f"spec {spec!r}: contains a NUL character", status=_err.E_SPEC,
+                             status_name=status_name(_err.E_SPEC))
+    return b
 
 
 def _canonical(spec):
@@ -441,8 +456,14 @@ class Compressor:
         rows, cols = _matrix_shape(shape, n)
         h = ctypes.c_void_p()
         err = _native.ErrorInfo()
-        st = _lib.gcomp_compressor_create(ctypes.byref(h), _spec_bytes(spec), n, rows, cols, ctypes.byref(err))
-        _check(st, f"spec {spec!r}", err)
+        st = _lib.gcomp_compressor_create(ctypes.byref(h), _spec_bytes(spec), _size_arg(n),
+                                          _size_arg(rows), _size_arg(cols), ctypes.byref(err))
+        try:
+            _check(st, f"spec {spec!r}", err)
+        except _err.Error as e:
+            if n > _SIZE_MAX:  # name the n the caller gave, not the SIZE_MAX C saw
+                e.args = (str(e).replace(str(_SIZE_MAX), str(n)),)
+            raise
         self._init(h, n, shape)
 
     def _init(self, h, n, shape):
@@ -585,6 +606,10 @@ class Compressor:
         h = self._handle()
         gptr, _ = float_buffer(array, self.n, what="gradient")
         dptr, dlen = byte_buffer(out, writable=True, what="out")
+        try:
+            offset = operator.index(offset)
+        except TypeError:
+            raise TypeError(f"offset must be an integer, got {type(offset).__name__}") from None
         if offset < 0 or offset > dlen:
             raise ValueError(f"offset {offset} outside a buffer of {dlen} bytes")
         st = _lib.gcomp_encode(h, gptr, (dptr or 0) + offset, dlen - offset, ctypes.byref(self._len))
@@ -713,8 +738,8 @@ def spec_bytes_estimate(spec, n, shape=None):
     rows, cols = _matrix_shape(shape, int(n))
     out = ctypes.c_size_t()
     err = _native.ErrorInfo()
-    st = _need("gcomp_spec_bytes_estimate")(_spec_bytes(spec), int(n), rows, cols, ctypes.byref(out),
-                                            ctypes.byref(err))
+    st = _need("gcomp_spec_bytes_estimate")(_spec_bytes(spec), _size_arg(int(n)), _size_arg(rows),
+                                            _size_arg(cols), ctypes.byref(out), ctypes.byref(err))
     _check(st, f"spec {spec!r}", err)
     return out.value
 
@@ -730,6 +755,9 @@ class Policy:
     def __init__(self, text):
         if not isinstance(text, str):
             raise TypeError("policy must be a str")
+        if "\0" in text:
+            raise _err.SpecError(f"policy {text!r}: contains a NUL character", status=_err.E_SPEC,
+                                 status_name=status_name(_err.E_SPEC))
         h = ctypes.c_void_p()
         err = _native.ErrorInfo()
         _check(_need("gcomp_policy_create")(ctypes.byref(h), text.encode("utf-8"), ctypes.byref(err)),
@@ -752,7 +780,7 @@ class Policy:
         shape = tuple(int(d) for d in shape) or (1,)
         n = math.prod(shape)
         rows, cols = _matrix_shape(shape, n)
-        desc = _native.TensorDesc(str(name).encode("utf-8"), n, rows, cols)
+        desc = _native.TensorDesc(str(name).encode("utf-8"), _size_arg(n), _size_arg(rows), _size_arg(cols))
         plan = _native.LayerPlan()
         err = _native.ErrorInfo()
         _check(_lib.gcomp_policy_choose(self._h, ctypes.byref(desc), ctypes.byref(plan), ctypes.byref(err)),

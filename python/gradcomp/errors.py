@@ -3,8 +3,9 @@
 Every failing C call raises a subclass of gradcomp.Error carrying `.status` (the numeric
 gcomp_status), `.status_name` (gcomp_status_str) and the C library's own message when the
 call provides one (gcomp_error.message).  The classes group statuses by what a caller
-does about them: fix the spec (SpecError), drop the message (CorruptMessage), check the
-other ranks' settings (MismatchError), skip the step (NonFiniteError), ...  Argument
+does about them: fix the spec (SpecError), drop the message (CorruptMessage), upgrade the
+library (UnsupportedFormat), check the other ranks' settings (MismatchError), skip the step
+(NonFiniteError), ...  Argument
 errors also derive from ValueError and out-of-memory from MemoryError, so generic
 handlers keep working.  A status added to the C enum later maps to plain Error with its
 C name, so nothing breaks when the library grows.
@@ -61,8 +62,9 @@ class BufferTooSmall(Error):
 
 
 class CorruptMessage(Error, ValueError):
-    """The message is damaged, truncated, not a gradcomp message, or from a newer format
-    (GCOMP_E_TRUNCATED, E_BAD_MAGIC, E_VERSION, E_CODEC_ID, E_CHECKSUM, E_CORRUPT)."""
+    """The message (or state blob) cannot be used: damaged, truncated, not gradcomp's
+    (GCOMP_E_TRUNCATED, E_BAD_MAGIC, E_CHECKSUM, E_CORRUPT), or from a newer library
+    (UnsupportedFormat, a subclass)."""
 
 
 class MismatchError(Error):
@@ -89,6 +91,15 @@ class UnsupportedError(Error):
     """GCOMP_E_UNSUPPORTED: not available for this codec or in this build."""
 
 
+class UnsupportedFormat(CorruptMessage, UnsupportedError):
+    """GCOMP_E_VERSION, GCOMP_E_CODEC_ID: an intact message or state from a newer format
+    version, or naming a codec this library does not have -- upgrade the library on this
+    rank, do not drop the data as damaged.  The C side keeps corrupt and unsupported apart
+    (the header CRC is checked first); this class keeps the split.  It derives from
+    CorruptMessage, so handlers written before it existed still catch it, and from
+    UnsupportedError."""
+
+
 _CLASSES = {
     E_ARG: ArgumentError,
     E_NOMEM: OutOfMemory,
@@ -97,8 +108,8 @@ _CLASSES = {
     E_DST_SIZE: BufferTooSmall,
     E_TRUNCATED: CorruptMessage,
     E_BAD_MAGIC: CorruptMessage,
-    E_VERSION: CorruptMessage,
-    E_CODEC_ID: CorruptMessage,
+    E_VERSION: UnsupportedFormat,
+    E_CODEC_ID: UnsupportedFormat,
     E_CHECKSUM: CorruptMessage,
     E_CORRUPT: CorruptMessage,
     E_MISMATCH: MismatchError,

@@ -202,16 +202,39 @@ gcomp_status gcomp__sparse_info(const uint8_t *payload, size_t len, gcomp_messag
     return GCOMP_OK;
 }
 
+/* Order of the checks (DESIGN.md: the decoder never allocates past a limit): the section
+ * header, then the index bytes against k and the value bytes against nvals, and only then
+ * the workspace.  Allocating k + nvals entries from the header's counts first let a 68-byte
+ * message ask for 5.7 GB (tests/fuzz/regress/decode/sparse_bigalloc.gcm) and fail with
+ * GCOMP_E_NOMEM instead of GCOMP_E_CORRUPT.  Once the index length matches k (every coding
+ * spends at least a bit per entry, gcomp__index_check_len) and the value coder has accepted
+ * exactly nvals values, the workspace is at most a few bytes per message byte, or, for seeded
+ * positions, 4 (k + nvals) <= 8 n bytes of a receiver that holds n floats.  Validation alone
+ * (acc NULL) never regenerates seeded positions: k <= n is all they need to be valid, and
+ * their n-bit scratch is sized by the header's n (512 MB for n = 2^32 - 1), not by the
+ * message. */
 gcomp_status gcomp__sparse_decode(const uint8_t *payload, size_t len, size_t n, float *acc,
                                   float scale, gcomp__buf *ws) {
     section s;
     gcomp_status st = read_section(payload, len, n, &s);
     if (st != GCOMP_OK) return st;
     if (s.kind == GCOMP__IX_NONE) return s.vc->decode(s.vals, s.vlen, n, acc, scale);
+    size_t universe = s.expand == GCOMP__EXPAND_ELEM  ? n
+                      : s.expand == GCOMP__EXPAND_RUN ? (n + s.unit - 1) / s.unit
+                                                      : s.stride;
+    if (s.kind == GCOMP__IX_SEEDED) {
+        if (s.k > n) return GCOMP_E_CORRUPT;
+    } else if ((st = gcomp__index_check_len(s.kind, s.ilen, s.k, universe)) != GCOMP_OK) {
+        return st;
+    }
+    st = s.vc->decode(s.vals, s.vlen, s.nvals, NULL, 0.0f);
+    if (st != GCOMP_OK) return st;
+    if (s.kind == GCOMP__IX_SEEDED && !acc) return GCOMP_OK;
 
-    /* Workspace: k indices, then nvals floats (both bounded by n). */
+    /* Workspace: k indices, then nvals floats when values are added. */
     size_t ibytes = ((size_t)s.k * 4 + 63) & ~(size_t)63;
-    if (gcomp__buf_reserve(ws, ibytes + (size_t)s.nvals * 4 + 64) != GCOMP_OK) return GCOMP_E_NOMEM;
+    size_t vbytes = acc ? (size_t)s.nvals * 4 : 0;
+    if (gcomp__buf_reserve(ws, ibytes + vbytes + 64) != GCOMP_OK) return GCOMP_E_NOMEM;
     gcomp__selection sel = {0};
     sel.idx = ws->p;
     sel.val = (float *)(void *)((uint8_t *)ws->p + ibytes);
@@ -220,9 +243,6 @@ gcomp_status gcomp__sparse_decode(const uint8_t *payload, size_t len, size_t n, 
     sel.expand = s.expand;
     sel.unit = s.unit;
     sel.stride = s.stride;
-    size_t universe = s.expand == GCOMP__EXPAND_ELEM  ? n
-                      : s.expand == GCOMP__EXPAND_RUN ? (n + s.unit - 1) / s.unit
-                                                      : s.stride;
     if (s.kind == GCOMP__IX_SEEDED) {
         gcomp__buf bits = {0};
         st = gcomp__seeded_indices(gcomp__get64(s.ix), n, s.k, sel.idx, &bits);
@@ -239,8 +259,7 @@ gcomp_status gcomp__sparse_decode(const uint8_t *payload, size_t len, size_t n, 
         }
         if (total != s.nvals) return GCOMP_E_CORRUPT;
     }
-    st = s.vc->decode(s.vals, s.vlen, s.nvals, NULL, 0.0f);
-    if (st != GCOMP_OK || !acc) return st;
+    if (!acc) return GCOMP_OK;
     memset(sel.val, 0, (size_t)s.nvals * 4);
     st = s.vc->decode(s.vals, s.vlen, s.nvals, sel.val, 1.0f);
     if (st != GCOMP_OK) return st;

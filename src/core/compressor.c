@@ -10,6 +10,7 @@
  */
 #include "core/internal.h"
 
+#include <math.h>
 #include <stdlib.h>
 
 #define MAGIC "GCmp"
@@ -210,7 +211,9 @@ static gcomp_status read_header(const void *msg, size_t len, header *hd) {
 static gcomp_status decode_with(const header *hd, float *acc, size_t n, float scale,
                                 gcomp__buf *ws) {
     if (acc && hd->n != n) return GCOMP_E_MISMATCH;
-    if (!(scale == scale)) return GCOMP_E_ARG;
+    /* An infinite scale turns every value sent into +-Inf (and 0 * Inf into NaN): never a
+     * sum a caller meant, so it is refused like NaN, before the message is read. */
+    if (!isfinite(scale)) return GCOMP_E_ARG;
     const gcomp__codec *codec = gcomp__codec_by_id(hd->codec_id);
     if (codec->decode)
         return codec->decode(hd->payload, hd->payload_len, (size_t)hd->n, acc, scale, ws);
@@ -355,7 +358,16 @@ static gcomp_status read_blob(const void *src, size_t len, blob *b) {
     b->cs_len = gcomp__get32(p + off);
     if (b->cs_len != len - off - 8) return GCOMP_E_STATE;
     b->cs = p + off + 4;
-    if (!(b->epoch >= 0.0)) return GCOMP_E_STATE;
+    /* The fixed fields must describe a tensor a compressor can have (create's own checks,
+     * which would otherwise answer GCOMP_E_ARG or GCOMP_E_LIMIT for a damaged blob), the
+     * epoch one that set_epoch accepts, and the spec text no NUL (it would parse as its
+     * prefix). */
+    if (b->n == 0 || b->n > UINT32_MAX) return GCOMP_E_STATE;
+    if ((b->rows || b->cols) && (b->rows == 0 || b->cols == 0 || b->rows > b->n || b->n % b->rows ||
+                                 b->n / b->rows != b->cols))
+        return GCOMP_E_STATE;
+    if (!(b->epoch >= 0.0) || b->epoch > 1e15) return GCOMP_E_STATE;
+    if (memchr(b->spec, 0, b->spec_len)) return GCOMP_E_STATE;
     return GCOMP_OK;
 }
 
@@ -406,8 +418,29 @@ gcomp_status gcomp_compressor_from_state(gcomp_compressor **out, const void *src
     char spec[GCOMP__SPEC_MAX];
     memcpy(spec, b.spec, b.spec_len);
     spec[b.spec_len] = 0;
+    gcomp__spec parsed;
+    st = gcomp__spec_parse(spec, &parsed, err);
+    if (st != GCOMP_OK) return st;
+    /* The sections must have the sizes this spec and shape keep, checked before create
+     * allocates state for n elements: a blob of a few bytes that claims n = 2^32 - 1 would
+     * otherwise cost tens of GB and fail with GCOMP_E_NOMEM instead of GCOMP_E_STATE.  The
+     * state_size functions read only the spec and the shape (internal.h), so a compressor
+     * with no state answers them. */
+    gcomp_compressor *shell = gcomp__calloc(sizeof *shell);
+    if (!shell) return gcomp__fail(err, GCOMP_E_NOMEM, "state: out of memory");
+    shell->spec = parsed;
+    shell->codec = parsed.codec;
+    shell->n = (size_t)b.n;
+    shell->rows = (size_t)b.rows;
+    shell->cols = (size_t)b.cols;
+    bool sized = b.fb_len == fb_size(shell) && b.cs_len == codec_size(shell);
+    gcomp__free(shell);
+    if (!sized)
+        return gcomp__fail(err, GCOMP_E_STATE,
+                           "state: sections do not match '%s' for %llu elements", spec,
+                           (unsigned long long)b.n);
     gcomp_compressor *c;
-    st = gcomp_compressor_create(&c, spec, (size_t)b.n, (size_t)b.rows, (size_t)b.cols, err);
+    st = gcomp__compressor_build(&c, &parsed, (size_t)b.n, (size_t)b.rows, (size_t)b.cols, err);
     if (st != GCOMP_OK) return st;
     st = gcomp_state_load(c, src, len);
     if (st != GCOMP_OK) {

@@ -193,6 +193,10 @@ const char *gcomp__index_name(unsigned kind);
 size_t gcomp__index_bound(size_t k, size_t n);
 gcomp_status gcomp__index_encode(const uint32_t *idx, size_t k, size_t n, uint8_t *dst, size_t cap,
                                  size_t *len, unsigned *kind);
+/* Checks, before any allocation, that `len` index bytes of `kind` can hold k entries below
+ * n: bitmap and Elias-Fano sizes are exact, varint takes 1..5 bytes an entry.  So k is at
+ * most 8 * len and a decoder may size its workspace by k.  GCOMP_E_CORRUPT otherwise. */
+gcomp_status gcomp__index_check_len(unsigned kind, size_t len, size_t k, size_t n);
 /* Decodes and validates (strictly ascending, < n, exact length). */
 gcomp_status gcomp__index_decode(unsigned kind, const uint8_t *src, size_t len, size_t k, size_t n,
                                  uint32_t *idx);
@@ -257,7 +261,9 @@ struct gcomp__codec {
     /* Optional, with a custom decode: fills elements_sent, index_coding, value_coding of a
      * message whose header was checked (gcomp_message_inspect); the payload is untrusted. */
     gcomp_status (*inspect)(const uint8_t *payload, size_t len, gcomp_message_info *info);
-    /* Optional codec-private state (beyond feedback buffers), for save/load. */
+    /* Optional codec-private state (beyond feedback buffers), for save/load.  state_size
+     * reads only the spec, n and the shape, never codec_state: from_state sizes a blob's
+     * sections with it before anything is allocated. */
     size_t (*state_size)(const gcomp_compressor *c);
     void (*state_save)(const gcomp_compressor *c, uint8_t *dst);
     gcomp_status (*state_load)(gcomp_compressor *c, const uint8_t *src, size_t len);
@@ -325,6 +331,7 @@ struct gcomp__feedback {
     gcomp_status (*prepare)(gcomp_compressor *c, const float *g, const float **x, float **res);
     /* Called only after a successful encode: make the new state current. */
     void (*commit)(gcomp_compressor *c);
+    /* Reads only the spec, n and the shape (see the codec's state_size). */
     size_t (*state_size)(const gcomp_compressor *c);
     void (*state_save)(const gcomp_compressor *c, uint8_t *dst);
     gcomp_status (*state_load)(gcomp_compressor *c, const uint8_t *src, size_t len);

@@ -113,6 +113,20 @@ gcomp_status gcomp__index_encode(const uint32_t *idx, size_t k, size_t n, uint8_
     return GCOMP_OK;
 }
 
+gcomp_status gcomp__index_check_len(unsigned kind, size_t len, size_t k, size_t n) {
+    if (k > n) return GCOMP_E_CORRUPT;
+    switch (kind) {
+    case GCOMP__IX_BITMAP:
+        return len == bitmap_size(n) ? GCOMP_OK : GCOMP_E_CORRUPT;
+    case GCOMP__IX_VARINT: /* 1 to 5 bytes per entry */
+        return len >= k && len <= 5 * (uint64_t)k ? GCOMP_OK : GCOMP_E_CORRUPT;
+    case GCOMP__IX_ELIAS_FANO:
+        return len == ef_size(k, n) ? GCOMP_OK : GCOMP_E_CORRUPT;
+    default:
+        return GCOMP_E_CORRUPT;
+    }
+}
+
 gcomp_status gcomp__index_decode(unsigned kind, const uint8_t *src, size_t len, size_t k, size_t n,
                                  uint32_t *idx) {
     if (k > n) return GCOMP_E_CORRUPT;

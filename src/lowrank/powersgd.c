@@ -579,6 +579,19 @@ static void psgd_fini(gcomp_compressor *c) {
     c->codec_state = NULL;
 }
 
+/* The effective rank r, or 0 when every step is dense (a vector, or a shape where the
+ * factors would not be smaller by min_compression_rate).  Reads only the spec and the shape,
+ * so the state size is known before init allocates (gcomp_compressor_from_state checks a
+ * blob's sections against it first). */
+static size_t psgd_rank(const gcomp_compressor *c) {
+    if (!c->rows || !c->cols) return 0;
+    const size_t rank = (size_t)gcomp__spec_num(&c->spec, "rank", 4);
+    const size_t r = min_sz(rank, min_sz(c->rows, c->cols));
+    const double lowrank = (double)(c->rows + c->cols) * (double)r;
+    const double rate = gcomp__spec_num(&c->spec, "min_compression_rate", 2);
+    return lowrank * rate < (double)c->rows * (double)c->cols ? r : 0;
+}
+
 static gcomp_status psgd_init(gcomp_compressor *c, gcomp_error *err) {
     psgd *s = gcomp__calloc(sizeof *s);
     if (!s) return gcomp__fail(err, GCOMP_E_NOMEM, "powersgd: out of memory");
@@ -591,12 +604,8 @@ static gcomp_status psgd_init(gcomp_compressor *c, gcomp_error *err) {
     s->start_iter = (uint64_t)gcomp__spec_num(sp, "start_iter", 0);
     s->rate = gcomp__spec_num(sp, "min_compression_rate", 2);
     s->values = sp->vcoder && sp->vcoder->id == GCOMP__V_f16 ? VAL_F16 : VAL_F32;
-    size_t rank = (size_t)gcomp__spec_num(sp, "rank", 4);
-    if (c->rows && c->cols) {
-        s->r = min_sz(rank, min_sz(c->rows, c->cols));
-        double lowrank = (double)(c->rows + c->cols) * (double)s->r;
-        s->compressible = lowrank * s->rate < (double)c->rows * (double)c->cols;
-    }
+    s->r = psgd_rank(c);
+    s->compressible = s->r > 0;
     if (!s->compressible) {
         s->r = 0; /* a vector, or compression does not pay: every step is dense */
         return GCOMP_OK;
@@ -683,7 +692,15 @@ static gcomp_status step_after_q(gcomp_compressor *c) {
     return GCOMP_OK;
 }
 
-/* |scale| * sum_k max|P_k| max|Q_k| < FLT_MAX: P Q^T cannot overflow. */
+/* True when scale * P Q^T is finite however it is formed.  With bound = sum_k max|P_k| max|Q_k|,
+ * every element of P Q^T, every partial sum of its r terms and every term a_k q_kj is at most
+ * `bound` in magnitude, and scaling multiplies that by |scale|.  The product is formed
+ * unscaled and then scaled (outer_block, and sgemm's alpha applied to the sum) or with the
+ * scale inside the terms, so both bound and bound * |scale| must stay finite: checking only
+ * the scaled one let a message whose product overflows float pass at scale 0.5 and write
+ * +-Inf (found by the CRC-repairing decode fuzzer, tests/fuzz/regress/decode/psgd_overflow.gcm).
+ * Float rounding of r <= MAX_RANK terms can exceed the exact bound by (r + 1) * 2^-24
+ * relative, so the limit keeps a factor 2 in hand. */
 static bool product_bounded(const float *P, const float *qt, size_t rows, size_t cols, size_t r,
                             float scale) {
     double bound = 0.0;
@@ -693,7 +710,7 @@ static bool product_bounded(const float *P, const float *qt, size_t rows, size_t
         for (size_t j = 0; j < cols; j++) mq = fmax(mq, fabs((double)qt[k * cols + j]));
         bound += mp * mq;
     }
-    return bound * fabs((double)scale) < (double)FLT_MAX;
+    return bound * fmax(1.0, fabs((double)scale)) < 0.5 * (double)FLT_MAX;
 }
 
 /* Makes the step's results the state: W', P^, Ql, and the summed Q as the next warm start. */
@@ -972,9 +989,8 @@ static gcomp_status psgd_decode(const uint8_t *pl, size_t len, size_t n, float *
  * n x f32 E | r*cols x f32 warm-start Q^T.  docs/FORMAT.md, "PowerSGD state". */
 
 static size_t psgd_state_size(const gcomp_compressor *c) {
-    const psgd *s = c->codec_state;
-    if (!s->compressible) return STATE_FIXED;
-    return STATE_FIXED + 4 * (c->n + s->r * s->cols);
+    const size_t r = psgd_rank(c);
+    return r ? STATE_FIXED + 4 * (c->n + r * c->cols) : STATE_FIXED;
 }
 
 static void psgd_state_save(const gcomp_compressor *c, uint8_t *dst) {

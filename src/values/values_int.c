@@ -90,12 +90,18 @@ static bool min_max(const float *v, size_t n, float *mn_out, float *mx_out) {
 typedef struct bucket_q {
     float mn, sc, f, inv, qmax;
     bool stoch;
+    /* max - min overflows float (a bucket spanning more than FLT_MAX, e.g. -3e38 and 3e38):
+     * x - min is formed at half scale, or it is +Inf and every value lands on the top code
+     * (the round-trip fuzzer decoded 2.6e37 as 3.4e38).  Rare, so the portable loop alone
+     * handles it and the SIMD kernel keeps its exact operations. */
+    bool wide;
     uint64_t bkey;
 } bucket_q;
 
 /* One value, portable: the reference for the SIMD kernel below, operation for operation. */
 static inline float quant1(const bucket_q *b, float x, size_t k) {
-    float t = ((x - b->mn) * b->f) * b->inv;
+    float t = b->wide ? ((x * 0.5f - b->mn * 0.5f) * b->f) * (b->inv * 2.0f)
+                      : ((x - b->mn) * b->f) * b->inv;
     t = t > 0.0f ? t : 0.0f;
     t = t < b->qmax ? t : b->qmax;
     if (!b->stoch) return nearbyintf(t);
@@ -110,7 +116,7 @@ static void quant_range(unsigned bits, const bucket_q *b, const float *v, float 
     size_t i = s;
     (void)ahead, (void)nv; /* the SIMD loop's prefetch */
 #if GCOMP__Q_AVX512
-    if (gcomp__quant_simd() && (bits == 8 || (s & 1) == 0)) {
+    if (gcomp__quant_simd() && !b->wide && (bits == 8 || (s & 1) == 0)) {
         const __m512 vmn = _mm512_set1_ps(b->mn), vsc = _mm512_set1_ps(b->sc),
                      vf = _mm512_set1_ps(b->f), vinv = _mm512_set1_ps(b->inv),
                      vqmax = _mm512_set1_ps(b->qmax), zero = _mm512_setzero_ps(),
@@ -178,6 +184,7 @@ static gcomp_status int_encode(unsigned bits, const gcomp__vparams *p, const flo
         float mx;
         if (!min_max(v + s, e - s, &q.mn, &mx)) return GCOMP_E_NONFINITE;
         q.sc = (float)(((double)mx - (double)q.mn) / (double)q.qmax);
+        q.wide = (double)mx - (double)q.mn > (double)FLT_MAX;
         /* Keep min + qmax*scale finite (only buckets spanning more than FLT_MAX need it). */
         while (q.sc > 0.0f && !range_ok(q.mn, q.sc, q.qmax)) q.sc = nextafterf(q.sc, 0.0f);
         q.f = gcomp__q_prescale(q.sc);

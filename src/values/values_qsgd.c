@@ -282,6 +282,13 @@ static inline void emit(emitter *em, uint32_t fd, size_t k) {
     }
 }
 
+/* The largest value a bucket decodes to, level s times unit = norm / s, computed as the
+ * decoder does, is finite (also false for a non-finite norm).  Every level l <= s gives a
+ * smaller product, so the whole bucket decodes finite. */
+static bool top_level_finite(float norm, uint32_t s) {
+    return isfinite((float)s * (norm / (float)s));
+}
+
 static gcomp_status qsgd_encode(const gcomp__vparams *p, const float *v, size_t nv, float *res,
                                 uint64_t key, uint8_t *dst, size_t cap, size_t *len) {
     size_t B = gcomp__q_bucket(p, nv);
@@ -318,8 +325,10 @@ static gcomp_status qsgd_encode(const gcomp__vparams *p, const float *v, size_t 
         if (!isfinite(n2)) return GCOMP_E_NONFINITE;
         float norm = (float)sqrt(n2);
         /* A norm beyond FLT_MAX (finite values, e.g. 512 of 1e37) cannot travel as a float: the
-         * input is out of float range for this codec, as Inf would be. */
-        if (!isfinite(norm)) return GCOMP_E_NONFINITE;
+         * input is out of float range for this codec, as Inf would be.  Nor can one within an
+         * ulp of it: the top level decodes as s * (norm / s), which rounds up to +Inf there
+         * (the round-trip fuzzer found -Inf from levels=41341). */
+        if (!top_level_finite(norm, s)) return GCOMP_E_NONFINITE;
         gcomp__putf(norms + 4 * b, norm);
         q.f = gcomp__q_prescale(norm);
         q.ks = norm > 0.0f ? ((float)s * (float)(1u << q.S)) / (norm * q.f) : 0.0f;
@@ -451,7 +460,9 @@ static gcomp_status qsgd_decode(const uint8_t *src, size_t len, size_t nv, float
     size_t bytes = len - HDR - 4 * nb;
     unsigned w = field_bits(s);
     for (size_t b = 0; b < nb; b++)
-        if (gcomp__get32(norms + 4 * b) >= 0x7f800000u) return GCOMP_E_CORRUPT;
+        if (gcomp__get32(norms + 4 * b) >= 0x7f800000u ||
+            !top_level_finite(gcomp__getf(norms + 4 * b), s))
+            return GCOMP_E_CORRUPT;
     const float sl = (float)s; /* unit = norm / s, as the encoder computed it */
 
     if (coding == 0) {

@@ -51,6 +51,16 @@ grep -q "step           2" out.txt && ok || { bad "state step"; cat out.txt; }
 cmp -s s1.gcm s2.gcm && bad "steps identical" || ok
 expect_rc err "state from another spec" "$G" encode -c topk:density=0.02,feedback=ef --state st.bin -i g.f32 -o x.gcm
 grep -q "was saved by" err.txt && ok || bad "foreign state message"
+# --state keeps the shape: a PowerSGD state for 100x100 is not one for 50x200 (same spec and
+# size); it used to be used silently.
+rm -f ps.bin
+expect_rc 0 "powersgd step 1" "$G" encode -c powersgd:rank=2 --shape 100x100 --state ps.bin -i g.f32 -o p1.gcm
+expect_rc err "state for another shape" "$G" encode -c powersgd:rank=2 --shape 50x200 --state ps.bin -i g2.f32 -o p2.gcm
+grep -q "another matrix shape" err.txt && ok || { bad "other-shape message"; cat err.txt; }
+expect_rc err "state for no shape" "$G" encode -c powersgd:rank=2 --state ps.bin -i g2.f32 -o p2.gcm
+expect_rc 0 "powersgd step 2" "$G" encode -c powersgd:rank=2 --shape 100x100 --state ps.bin -i g2.f32 -o p2.gcm
+expect_rc 0 "powersgd state" "$G" state ps.bin
+grep -q "step           2" out.txt && ok || { bad "powersgd state step"; cat out.txt; }
 # seeds: same seed -> same bytes; different -> different
 "$G" encode -c randomk:density=0.01 --seed 5 -i g.f32 -o r5a.gcm && "$G" encode -c randomk:density=0.01 --seed 5 -i g.f32 -o r5b.gcm
 cmp -s r5a.gcm r5b.gcm && ok || bad "same seed differs"

@@ -1,38 +1,134 @@
 #!/bin/sh
-# run_fuzzers.sh SECONDS [WORKDIR] - builds the fuzz targets with clang's libFuzzer,
-# AddressSanitizer and UndefinedBehaviorSanitizer and runs each for SECONDS, starting from
-# the generated seed corpus.  Exits non-zero on the first crash (libFuzzer saves the
-# input as crash-* in WORKDIR).  Skips (exit 0, with a message) when clang is missing.
+# run_fuzzers.sh [SECONDS] [WORKDIR] [TARGET...] - builds the fuzz targets with clang's
+# libFuzzer, AddressSanitizer and UndefinedBehaviorSanitizer, and fuzzes each for SECONDS
+# (default $FUZZ_SECONDS, else 30), one after the other, from the generated seed corpus, the
+# saved regression inputs (tests/fuzz/regress/TARGET) and what earlier runs in WORKDIR
+# found.  Targets: decode repair roundtrip state spec (default: all).
+#
+# Fails (exit 1) on any failing input of any kind -- crash-*, leak-*, timeout-*, oom-*,
+# left in WORKDIR by this run or by an earlier one: a failing input stays a failure until
+# someone moves it into tests/fuzz/regress/TARGET/ (where ctest replays it) and fixes the
+# bug.  It also fails when a fuzzer exits non-zero without leaving a file.  Writes one
+# line of figures per target to WORKDIR/summary.txt and prints it.
+#
+# FUZZ_RUNS=N runs each target for N executions instead (the long runs behind
+# docs/TESTING.md: FUZZ_RUNS=10000000; SECONDS is then only an upper bound).
+# FUZZ_NICE=N runs the fuzzers under `nice -n N`.  Each target is one libFuzzer process
+# (no -jobs/-workers): on a shared machine the runs take one core, one after the other.  Skips (exit 0, with a message) when
+# clang is missing.
 set -eu
-secs=${1:-30}
+secs=${1:-${FUZZ_SECONDS:-30}}
 top=$(cd "$(dirname "$0")/../.." && pwd)
 work=${2:-$top/build-fuzz}
+[ $# -ge 2 ] && shift 2 || shift $#
+targets=${*:-decode repair roundtrip state spec}
+mkdir -p "$work"
+work=$(cd "$work" && pwd)
+
+# Failing inputs of earlier runs count: nothing may pass while one is lying there.
+failing() {
+    ls "$work"/crash-* "$work"/leak-* "$work"/timeout-* "$work"/oom-* 2>/dev/null || true
+}
+stale=$(failing)
+if [ -n "$stale" ]; then
+    echo "run_fuzzers: failing inputs from an earlier run in $work:"
+    echo "$stale"
+    echo "run_fuzzers: move each into tests/fuzz/regress/TARGET/ and fix the bug (ctest replays them)"
+    exit 1
+fi
+
 cc=$(command -v clang || command -v clang-14 || true)
 if [ -z "$cc" ]; then
-  echo "run_fuzzers: clang not found; skipping libFuzzer runs (apt-get install clang)"
-  exit 0
+    echo "run_fuzzers: clang not found; skipping libFuzzer runs (apt-get install clang)"
+    exit 0
 fi
-mkdir -p "$work"
-srcs=$(ls "$top"/src/common/*.c "$top"/src/core/*.c "$top"/src/select/*.c "$top"/src/values/*.c "$top"/src/index/*.c \
-          "$top"/src/feedback/*.c "$top"/src/adapt/*.c "$top"/src/lowrank/*.c 2>/dev/null || true)
-flags="-O1 -g -std=c11 -D_GNU_SOURCE -DGCOMP_BUILDING=1 -march=native -I$top/include -I$top/src"
-san="-fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined"
+
+# The library once, as a static archive with the targets' instrumentation.
+flags="-O2 -g -std=c11 -D_GNU_SOURCE -DGCOMP_BUILDING=1 -I$top/include -I$top/src"
+san="-fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-recover=undefined"
 blasinc=/usr/include/x86_64-linux-gnu/openblas-pthread
-blas=""
-if [ -f "$blasinc/cblas.h" ]; then flags="$flags -DGCOMP_HAVE_BLAS=1 -I$blasinc"; blas="-lopenblas"; fi
-# shellcheck disable=SC2086
-$cc $flags -fsanitize=address,undefined -o "$work/make_corpus" "$top/tests/fuzz/make_corpus.c" $srcs $blas -lm -lpthread
-"$work/make_corpus" "$work/corpus-decode" "$work/corpus-spec"
-for t in decode spec; do
-  # shellcheck disable=SC2086
-  $cc $flags $san -o "$work/fuzz_$t" "$top/tests/fuzz/fuzz_$t.c" $srcs $blas -lm -lpthread
-  echo "run_fuzzers: fuzz_$t for ${secs}s"
-  (cd "$work" && ./fuzz_$t -max_total_time="$secs" -max_len=65536 -rss_limit_mb=2048 \
-      -print_final_stats=1 "corpus-$t" 2>&1 | tail -n 12)
-  # libFuzzer exits non-zero on a crash; the pipeline above hides that, so check files.
-  if ls "$work"/crash-* "$work"/leak-* "$work"/timeout-* >/dev/null 2>&1; then
-    echo "run_fuzzers: fuzz_$t found a failing input:"; ls "$work"/crash-* "$work"/leak-* "$work"/timeout-* 2>/dev/null
-    exit 1
-  fi
+libs="-lm -lpthread"
+if [ -f "$blasinc/cblas.h" ]; then flags="$flags -DGCOMP_HAVE_BLAS=1 -I$blasinc"; libs="-lopenblas $libs"; fi
+mkdir -p "$work/obj"
+# Rebuilt when the source or any header is newer than its object (a test of this runner
+# reuses its work directory).
+newest=$(ls -t "$top"/include/*.h "$top"/src/*/*.h | head -n 1)
+for src in "$top"/src/common/*.c "$top"/src/core/*.c "$top"/src/select/*.c "$top"/src/values/*.c \
+           "$top"/src/index/*.c "$top"/src/feedback/*.c "$top"/src/adapt/*.c "$top"/src/lowrank/*.c; do
+    [ -f "$src" ] || continue
+    obj="$work/obj/$(basename "$(dirname "$src")")_$(basename "$src" .c).o"
+    [ "$obj" -nt "$src" ] && [ "$obj" -nt "$newest" ] && continue
+    # shellcheck disable=SC2086
+    $cc $flags $san -c "$src" -o "$obj"
 done
-echo "run_fuzzers: no crash in ${secs}s per target"
+rm -f "$work/libgradcomp_fuzz.a"
+ar rcs "$work/libgradcomp_fuzz.a" "$work"/obj/*.o
+wrap="-Wl,--wrap=aligned_alloc -Wl,--wrap=posix_memalign"
+
+# shellcheck disable=SC2086
+$cc $flags -fsanitize=address,undefined -o "$work/make_corpus" "$top/tests/fuzz/make_corpus.c" \
+    "$work/libgradcomp_fuzz.a" $libs
+"$work/make_corpus" "$work/seeds"
+
+: >"$work/summary.txt"
+# One thread each: OpenBLAS would otherwise start a thread per core for PowerSGD's products.
+export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1
+nice_cmd=""
+[ -n "${FUZZ_NICE:-}" ] && nice_cmd="nice -n $FUZZ_NICE"
+if [ -n "${FUZZ_RUNS:-}" ]; then
+    limit="-runs=$FUZZ_RUNS -max_total_time=$secs"
+    what="$FUZZ_RUNS executions (at most ${secs}s)"
+else
+    limit="-max_total_time=$secs"
+    what="${secs}s"
+fi
+rc=0
+for t in $targets; do
+    src="$top/tests/fuzz/fuzz_$t.c"
+    if [ ! -f "$src" ]; then
+        echo "run_fuzzers: no target $t ($src)"
+        exit 1
+    fi
+    # shellcheck disable=SC2086
+    $cc $flags -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined $wrap \
+        -o "$work/fuzz_$t" "$src" "$top/tests/fuzz/fuzz_alloc.c" "$work/libgradcomp_fuzz.a" $libs
+    mkdir -p "$work/corpus/$t"
+    dirs="$work/corpus/$t"
+    [ -d "$work/seeds/$t" ] && dirs="$dirs $work/seeds/$t"
+    [ -d "$top/tests/fuzz/regress/$t" ] && dirs="$dirs $top/tests/fuzz/regress/$t"
+    # Inputs long enough for every path of each target, short enough to keep it fast.
+    case $t in
+    decode | repair) maxlen=16384 ;;
+    *) maxlen=4096 ;;
+    esac
+    echo "run_fuzzers: fuzz_$t for $what"
+    start=$(date +%s)
+    set +e
+    # shellcheck disable=SC2086
+    (cd "$work" && $nice_cmd ./fuzz_$t $limit -max_len=$maxlen \
+        -rss_limit_mb=2048 -timeout=25 -print_final_stats=1 -artifact_prefix="$work/" \
+        $dirs >"$work/fuzz_$t.log" 2>&1)
+    frc=$?
+    set -e
+    end=$(date +%s)
+    log="$work/fuzz_$t.log"
+    tail -n 14 "$log"
+    execs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -n 1)
+    cov=$(grep -o 'cov: [0-9]*' "$log" | tail -n 1 | sed 's/cov: //')
+    ft=$(grep -o 'ft: [0-9]*' "$log" | tail -n 1 | sed 's/ft: //')
+    corp=$(grep -o 'corp: [0-9]*' "$log" | tail -n 1 | sed 's/corp: //')
+    echo "fuzz_$t executions=${execs:-?} seconds=$((end - start)) edges=${cov:-?} features=${ft:-?} corpus=${corp:-?} exit=$frc" |
+        tee -a "$work/summary.txt"
+    found=$(failing)
+    if [ -n "$found" ]; then
+        echo "run_fuzzers: fuzz_$t found a failing input:"
+        echo "$found"
+        exit 1
+    fi
+    if [ "$frc" -ne 0 ]; then
+        echo "run_fuzzers: fuzz_$t exited with status $frc (log: $log)"
+        rc=1
+    fi
+done
+[ "$rc" -eq 0 ] && echo "run_fuzzers: no failing input ($what per target)"
+exit "$rc"

@@ -18,14 +18,38 @@
  * so the error is reported twice: as is (what re-compression changed this step) and after
  * adding the owners' residual change (which must be ~0: nothing is lost).  Uses the public
  * headers only, like every CLI command.
+ *
+ * Every wait is bounded by --timeout.  The library's collectives time out on their own;
+ * the tool's bookkeeping around them (the barrier before each timed call, the maximum
+ * over ranks, the vote on failures, the gathers of the check) used blocking MPI on
+ * MPI_COMM_WORLD, so a dead or stopped peer hung every other rank whatever --timeout said.
+ * Each of those is the non-blocking collective and a deadline (wait_bounded, polled like
+ * the library's gm_wait_all).  A rank that gives up prints why and sends every other rank a
+ * one-int message (TAG_GIVE_UP), so ranks waiting on something else stop at once instead
+ * of at their own deadline, waits a moment for the others to say the same, and leaves with
+ * _exit: MPI_Finalize would wait for the peer that stalled.  The two dense baselines stay
+ * the blocking MPI_Allreduce users compare against (Open MPI runs MPI_Iallreduce through
+ * other algorithms, whose times would not be that baseline's): a bounded barrier before
+ * each and a watchdog timer (SIGALRM, async-signal-safe write + _exit) around the call
+ * bound them instead.  tests/mpi/run_bench_stall.sh stops a rank with SIGSTOP and checks
+ * that every other rank reports the timeout and the job ends soon after --timeout.
  */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE /* clock_gettime, nanosleep, sigaction, setitimer */
+#endif
 #include "../cli.h"
 #include "gradcomp_mpi.h"
 
 #include <math.h>
+#include <sched.h>
+#include <stdarg.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/time.h>
+#include <time.h>
+#include <unistd.h>
 
 typedef struct bench_args {
     const char *spec;
@@ -44,11 +68,159 @@ static double median(double *v, size_t n) {
     return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
+/* ---- bounded waits (top comment) ------------------------------------------------------- */
+
+#define TAG_GIVE_UP 0x6743 /* a peer gave up; the payload is its rank */
+
+static struct {
+    double timeout;
+    int rank, size;
+    MPI_Request peer_req; /* posted receive of TAG_GIVE_UP from any rank */
+    int peer;
+    char alarm_msg[256];
+    size_t alarm_len;
+} guard = {300.0, 0, 1, MPI_REQUEST_NULL, -1, "", 0};
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static void guard_init(double timeout) {
+    guard.timeout = timeout;
+    MPI_Comm_rank(MPI_COMM_WORLD, &guard.rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &guard.size);
+    /* An MPI error (a peer's death seen by the transport) is a status to report here, not
+     * the default abort of the whole job before anyone could say why. */
+    MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+    MPI_Irecv(&guard.peer, 1, MPI_INT, MPI_ANY_SOURCE, TAG_GIVE_UP, MPI_COMM_WORLD,
+              &guard.peer_req);
+}
+
+/* Prints why this rank stops, tells the others, gives them a moment to report their own
+ * timeouts (so mpirun, which ends the job at the first exit, does not cut them off), and
+ * leaves without MPI_Finalize. */
+static void give_up(const char *fmt, ...) __attribute__((noreturn, format(printf, 1, 2)));
+static void give_up(const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, "gradcomp allreduce-bench: rank %d: ", guard.rank);
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
+    va_end(ap);
+    fflush(stdout);
+    fflush(stderr);
+    MPI_Request *req = calloc((size_t)guard.size, sizeof *req);
+    int me = guard.rank;
+    for (int r = 0; req && r < guard.size; r++) {
+        req[r] = MPI_REQUEST_NULL;
+        if (r != me) MPI_Isend(&me, 1, MPI_INT, r, TAG_GIVE_UP, MPI_COMM_WORLD, &req[r]);
+    }
+    double until = now_s() + (guard.timeout < 1.0 ? guard.timeout : 1.0);
+    while (req && now_s() < until) {
+        int done = 0;
+        if (MPI_Testall(guard.size, req, &done, MPI_STATUSES_IGNORE) != MPI_SUCCESS) break;
+        struct timespec ts = {0, 1000000L};
+        nanosleep(&ts, NULL);
+    }
+    _exit(1);
+}
+
+/* Waits for `req` until --timeout has passed; gives up on a timeout, an MPI error or a
+ * peer that gave up.  `what` names the wait in the message. */
+static void wait_bounded(MPI_Request *req, const char *what) {
+    double t0 = now_s();
+    unsigned spins = 0;
+    for (;;) {
+        int done = 0, peer = 0;
+        if (MPI_Test(req, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS)
+            give_up("%s: an MPI call failed (a peer died?)", what);
+        if (done) return;
+        if (guard.peer_req != MPI_REQUEST_NULL &&
+            MPI_Test(&guard.peer_req, &peer, MPI_STATUS_IGNORE) == MPI_SUCCESS && peer)
+            give_up("%s: rank %d timed out or failed and gave up; stopping too", what, guard.peer);
+        double waited = now_s() - t0;
+        if (waited > guard.timeout)
+            give_up("timed out after %.1f s (--timeout %g) in %s: a peer is dead or stalled",
+                    waited, guard.timeout, what);
+        /* As gm_wait_all: yield first (MPI progresses only inside calls), then short sleeps. */
+        if (++spins < 1000 && waited < 0.02) {
+            sched_yield();
+        } else {
+            struct timespec ts = {0, 50000L};
+            nanosleep(&ts, NULL);
+        }
+    }
+}
+
+static void barrier(const char *what) {
+    MPI_Request req;
+    if (MPI_Ibarrier(MPI_COMM_WORLD, &req) != MPI_SUCCESS) give_up("%s: MPI_Ibarrier failed", what);
+    wait_bounded(&req, what);
+}
+
+/* MPI_Allreduce on MPI_COMM_WORLD, bounded. */
+static void allreduce(const void *in, void *out, int count, MPI_Datatype type, MPI_Op op,
+                      const char *what) {
+    MPI_Request req;
+    if (MPI_Iallreduce(in, out, count, type, op, MPI_COMM_WORLD, &req) != MPI_SUCCESS)
+        give_up("%s: MPI_Iallreduce failed", what);
+    wait_bounded(&req, what);
+}
+
+/* The watchdog around a blocking baseline call: after --timeout, print and leave from the
+ * signal handler (only async-signal-safe calls there). */
+static void on_alarm(int sig) {
+    (void)sig;
+    ssize_t w = write(2, guard.alarm_msg, guard.alarm_len);
+    (void)w;
+    _exit(1);
+}
+
+static void watchdog_arm(const char *what) {
+    int len = snprintf(guard.alarm_msg, sizeof guard.alarm_msg,
+                       "gradcomp allreduce-bench: rank %d: timed out after %g s (--timeout) in %s: "
+                       "a peer is dead or stalled\n",
+                       guard.rank, guard.timeout, what);
+    guard.alarm_len = len > 0 && (size_t)len < sizeof guard.alarm_msg ? (size_t)len : 0;
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_alarm;
+    sigaction(SIGALRM, &sa, NULL);
+    struct itimerval it;
+    memset(&it, 0, sizeof it);
+    it.it_value.tv_sec = (time_t)guard.timeout;
+    it.it_value.tv_usec = (suseconds_t)((guard.timeout - floor(guard.timeout)) * 1e6);
+    if (it.it_value.tv_sec == 0 && it.it_value.tv_usec == 0) it.it_value.tv_usec = 1;
+    setitimer(ITIMER_REAL, &it, NULL);
+}
+
+static void watchdog_disarm(void) {
+    struct itimerval it;
+    memset(&it, 0, sizeof it);
+    setitimer(ITIMER_REAL, &it, NULL);
+}
+
 /* Max over ranks of a local time. */
 static double max_time(double t) {
     double m;
-    MPI_Allreduce(&t, &m, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+    allreduce(&t, &m, 1, MPI_DOUBLE, MPI_MAX, "the maximum time over ranks");
     return m;
+}
+
+/* 1 when any rank passes 1. */
+static int any_rank(int flag, const char *what) {
+    int any = 0;
+    allreduce(&flag, &any, 1, MPI_INT, MPI_MAX, what);
+    return any;
+}
+
+/* A library status that means the peers are gone: stop now, the others are told. */
+static void give_up_if_peers_gone(gcomp_status st, const gcomp_error *err) {
+    const char *msg = err->message[0] ? err->message : gcomp_status_str(st);
+    if (st == GCOMP_E_TIMEOUT) give_up("timed out (--timeout %g): %s", guard.timeout, msg);
+    if (st == GCOMP_E_MPI || st == GCOMP_E_FAILED) give_up("%s", msg);
 }
 
 /* f32 <-> f16 (round to nearest even, saturating), portable; the compiler vectorises it. */
@@ -165,8 +337,7 @@ static int reference(const gcomp_mpi_bucket *b, size_t n, double *ref) {
     uint8_t *mine = malloc(bytes + 1), *p = mine;
     int *counts = malloc(sizeof(int) * (size_t)P), *displs = malloc(sizeof(int) * (size_t)P);
     bad |= !mine || !counts || !displs;
-    int anybad = 0;
-    MPI_Allreduce(&bad, &anybad, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+    int anybad = any_rank(bad, "the check's allocation vote");
     if (anybad) {
         free(mine);
         free(counts);
@@ -183,7 +354,10 @@ static int reference(const gcomp_mpi_bucket *b, size_t n, double *ref) {
         p += 24 + len;
     }
     int my = (int)bytes;
-    MPI_Allgather(&my, 1, MPI_INT, counts, 1, MPI_INT, MPI_COMM_WORLD);
+    MPI_Request req;
+    if (MPI_Iallgather(&my, 1, MPI_INT, counts, 1, MPI_INT, MPI_COMM_WORLD, &req) != MPI_SUCCESS)
+        give_up("gathering message sizes: MPI_Iallgather failed");
+    wait_bounded(&req, "gathering the message sizes for the check");
     size_t total = 0;
     for (int r = 0; r < P; r++) {
         displs[r] = (int)total;
@@ -192,10 +366,13 @@ static int reference(const gcomp_mpi_bucket *b, size_t n, double *ref) {
     uint8_t *all = total < 0x7fffffff ? malloc(total + 1) : NULL;
     float *tmp = malloc(n * sizeof(float));
     bad = !all || !tmp;
-    MPI_Allreduce(&bad, &anybad, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+    anybad = any_rank(bad, "the check's allocation vote");
     int rc = 0;
     if (!anybad) {
-        MPI_Allgatherv(mine, my, MPI_BYTE, all, counts, displs, MPI_BYTE, MPI_COMM_WORLD);
+        if (MPI_Iallgatherv(mine, my, MPI_BYTE, all, counts, displs, MPI_BYTE, MPI_COMM_WORLD,
+                            &req) != MPI_SUCCESS)
+            give_up("gathering messages: MPI_Iallgatherv failed");
+        wait_bounded(&req, "gathering every rank's messages for the check");
         for (size_t i = 0; i < n; i++) ref[i] = 0;
         for (size_t q = 0; q < total;) {
             uint64_t h[3];
@@ -252,13 +429,17 @@ static int run(const bench_args *a, int rank, int size) {
     o.ranks_per_node = a->ranks_per_node;
     gcomp_mpi_comm *comm = NULL;
     gcomp_mpi_bucket *b = NULL;
-    if (gcomp_mpi_comm_create(&comm, MPI_COMM_WORLD, &o, a->timeout, &err) != GCOMP_OK)
+    gcomp_status cst = gcomp_mpi_comm_create(&comm, MPI_COMM_WORLD, &o, a->timeout, &err);
+    if (cst != GCOMP_OK) {
+        give_up_if_peers_gone(cst, &err);
         return cli_fail(cmd, 1, "rank %d: %s", rank, err.message);
+    }
     gcomp_mpi_tensor t = {"tensor", a->spec, a->n, a->rows, a->cols, a->strategy};
     gcomp_mpi_bucket_options bo;
     gcomp_mpi_bucket_options_default(&bo);
     bo.bucket_bytes = a->bucket_bytes;
-    if (gcomp_mpi_bucket_create(&b, comm, &t, 1, &bo, a->timeout, &err) != GCOMP_OK) {
+    if ((cst = gcomp_mpi_bucket_create(&b, comm, &t, 1, &bo, a->timeout, &err)) != GCOMP_OK) {
+        give_up_if_peers_gone(cst, &err);
         if (rank == 0) cli_fail(cmd, 2, "%s", err.message);
         gcomp_mpi_comm_free(comm);
         return 2;
@@ -267,8 +448,8 @@ static int run(const bench_args *a, int rank, int size) {
     float *g = malloc(n * sizeof(float)), *x = malloc(n * sizeof(float));
     double *times = malloc(R * sizeof(double)), *tf = malloc(R * sizeof(double)),
            *th = malloc(R * sizeof(double));
-    int bad = !g || !x || !times || !tf || !th, anybad;
-    MPI_Allreduce(&bad, &anybad, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+    int bad = !g || !x || !times || !tf || !th;
+    int anybad = any_rank(bad, "the allocation vote");
     int rc = 0;
     bench_out r = {0};
     double *ref = NULL;
@@ -294,12 +475,14 @@ static int run(const bench_args *a, int rank, int size) {
         if (i + 1 == W + R && ref && lowrank) e0 = lowrank_residual(b, n);
         memcpy(x, g, n * sizeof(float));
         float *d = x;
-        MPI_Barrier(MPI_COMM_WORLD);
+        barrier("the barrier before a timed call");
         double t0 = MPI_Wtime();
         gcomp_status st = gcomp_mpi_allreduce(b, &d, GCOMP_MPI_SUM, a->timeout, &err);
-        double dt = max_time(MPI_Wtime() - t0);
-        int fail = st != GCOMP_OK, anyfail;
-        MPI_Allreduce(&fail, &anyfail, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+        double t1 = MPI_Wtime();
+        give_up_if_peers_gone(st, &err);
+        double dt = max_time(t1 - t0);
+        int fail = st != GCOMP_OK;
+        int anyfail = any_rank(fail, "the vote on the call's status");
         if (anyfail) {
             if (fail) cli_fail(cmd, 1, "rank %d: %s", rank, err.message);
             rc = 1;
@@ -310,13 +493,13 @@ static int run(const bench_args *a, int rank, int size) {
     gcomp_mpi_stats s;
     gcomp_mpi_stats_get(b, (size_t)-1, &s);
     double sent = (double)s.bytes_sent / (double)R, recv = (double)s.bytes_received / (double)R;
-    MPI_Allreduce(&sent, &r.sent_max, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
-    MPI_Allreduce(&sent, &r.sent_min, 1, MPI_DOUBLE, MPI_MIN, MPI_COMM_WORLD);
-    MPI_Allreduce(&recv, &r.recv_max, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+    allreduce(&sent, &r.sent_max, 1, MPI_DOUBLE, MPI_MAX, "the traffic figures");
+    allreduce(&sent, &r.sent_min, 1, MPI_DOUBLE, MPI_MIN, "the traffic figures");
+    allreduce(&recv, &r.recv_max, 1, MPI_DOUBLE, MPI_MAX, "the traffic figures");
     double loc[3] = {1e-6 * (double)s.codec_ns / (double)R, 1e-6 * (double)s.wire_ns / (double)R,
                      1e-6 * (double)s.overlap_ns / (double)R},
            mx[3];
-    MPI_Allreduce(loc, mx, 3, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+    allreduce(loc, mx, 3, MPI_DOUBLE, MPI_MAX, "the time figures");
     r.codec_ms = mx[0];
     r.wire_ms = mx[1];
     r.overlap_ms = mx[2];
@@ -331,7 +514,7 @@ static int run(const bench_args *a, int rank, int size) {
     /* correctness of the last run */
     if (a->check && ref) {
         long nm = (long)gcomp_mpi_message_count(b, 0), all_nm;
-        MPI_Allreduce(&nm, &all_nm, 1, MPI_LONG, MPI_SUM, MPI_COMM_WORLD);
+        allreduce(&nm, &all_nm, 1, MPI_LONG, MPI_SUM, "counting the messages");
         r.messages = all_nm;
         int ok = 0;
         if (lowrank) {
@@ -340,7 +523,7 @@ static int run(const bench_args *a, int rank, int size) {
             float *e1 = lowrank_residual(b, n);
             for (size_t i = 0; i < n; i++)
                 ref[i] = (double)g[i] + (e0 ? e0[i] : 0.0) - (e1 ? e1[i] : 0.0);
-            MPI_Allreduce(MPI_IN_PLACE, ref, (int)n, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+            allreduce(MPI_IN_PLACE, ref, (int)n, MPI_DOUBLE, MPI_SUM, "the exact reference sum");
             free(e1);
             ok = 1;
         } else if (all_nm > 0) {
@@ -348,7 +531,7 @@ static int run(const bench_args *a, int rank, int size) {
         } else if (gcomp_mpi_bucket_strategy(b, 0) & GCOMP_MPI_HIERARCHICAL) {
             /* one node: the exact dense sum of the inputs is the reference */
             for (size_t i = 0; i < n; i++) ref[i] = g[i];
-            MPI_Allreduce(MPI_IN_PLACE, ref, (int)n, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+            allreduce(MPI_IN_PLACE, ref, (int)n, MPI_DOUBLE, MPI_SUM, "the exact reference sum");
             ok = 1;
         }
         if (ok) {
@@ -369,9 +552,9 @@ static int run(const bench_args *a, int rank, int size) {
                 double d = fabs((double)x[off1 + i] + ((double)res1[i] - before) - ref[off1 + i]);
                 if (d > ec) ec = d;
             }
-            MPI_Allreduce(&e, &r.err, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
-            MPI_Allreduce(&ec, &r.err_conserved, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
-            MPI_Allreduce(&ms, &r.max_sum, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+            allreduce(&e, &r.err, 1, MPI_DOUBLE, MPI_MAX, "the error figures");
+            allreduce(&ec, &r.err_conserved, 1, MPI_DOUBLE, MPI_MAX, "the error figures");
+            allreduce(&ms, &r.max_sum, 1, MPI_DOUBLE, MPI_MAX, "the error figures");
             r.checked = 1;
         }
     }
@@ -379,28 +562,34 @@ static int run(const bench_args *a, int rank, int size) {
     /* the baselines, same tensor, same job */
     if (a->baseline) {
         h = malloc(n * sizeof(uint16_t));
-        bad = !h;
-        MPI_Allreduce(&bad, &anybad, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
-        if (anybad) {
+        if (any_rank(!h, "the allocation vote")) {
             rc = cli_fail(cmd, 1, "out of memory for the baselines");
             goto out;
         }
         MPI_Op half = gcomp_mpi_half_sum_op(comm, 0);
         for (size_t i = 0; i < W + R; i++) {
             memcpy(x, g, n * sizeof(float));
-            MPI_Barrier(MPI_COMM_WORLD);
+            barrier("the barrier before a dense f32 call");
+            watchdog_arm("the dense f32 MPI_Allreduce");
             double t0 = MPI_Wtime();
-            MPI_Allreduce(MPI_IN_PLACE, x, (int)n, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
-            double dt = max_time(MPI_Wtime() - t0);
+            int mrc = MPI_Allreduce(MPI_IN_PLACE, x, (int)n, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+            double t1 = MPI_Wtime();
+            watchdog_disarm();
+            if (mrc != MPI_SUCCESS) give_up("the dense f32 MPI_Allreduce failed (a peer died?)");
+            double dt = max_time(t1 - t0);
             if (i >= W) tf[i - W] = dt;
         }
         for (size_t i = 0; i < W + R; i++) {
-            MPI_Barrier(MPI_COMM_WORLD);
+            barrier("the barrier before a dense f16 call");
+            watchdog_arm("the dense f16 MPI_Allreduce");
             double t0 = MPI_Wtime();
             for (size_t k = 0; k < n; k++) h[k] = to_f16(g[k]);
-            MPI_Allreduce(MPI_IN_PLACE, h, (int)n, MPI_UINT16_T, half, MPI_COMM_WORLD);
+            int mrc = MPI_Allreduce(MPI_IN_PLACE, h, (int)n, MPI_UINT16_T, half, MPI_COMM_WORLD);
             for (size_t k = 0; k < n; k++) x[k] = from_f16(h[k]);
-            double dt = max_time(MPI_Wtime() - t0);
+            double t1 = MPI_Wtime();
+            watchdog_disarm();
+            if (mrc != MPI_SUCCESS) give_up("the dense f16 MPI_Allreduce failed (a peer died?)");
+            double dt = max_time(t1 - t0);
             if (i >= W) th[i - W] = dt;
         }
         r.f32_med = median(tf, R);
@@ -485,9 +674,14 @@ int cmd_allreduce_bench(int argc, char **argv) {
     MPI_Comm_size(MPI_COMM_WORLD, &size);
     bench_args a;
     int rc = parse(argc, argv, &a);
+    guard_init(rc == 0 ? a.timeout : 300.0);
     if (rc == 0) rc = run(&a, rank, size);
     int worst = rc;
-    MPI_Allreduce(&rc, &worst, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+    allreduce(&rc, &worst, 1, MPI_INT, MPI_MAX, "the final status vote");
+    if (guard.peer_req != MPI_REQUEST_NULL) {
+        MPI_Cancel(&guard.peer_req);
+        MPI_Wait(&guard.peer_req, MPI_STATUS_IGNORE);
+    }
     if (!inited) MPI_Finalize();
     return worst;
 }
