@@ -243,7 +243,7 @@ def main():
     if a.profile and rank == 0:
         import cProfile
         prof = cProfile.Profile()
-    train_s, step_times, curve, tx_total, steps = 0.0, [], [], 0, 0
+    train_s, step_times, curve, tx_total, steps, phases = 0.0, [], [], 0, 0, []
     eval_every = None
     acc0 = evaluate(ddp.module, xt, yt, rank, world)
     curve.append({"train_s": 0.0, "step": 0, "acc": acc0})
@@ -261,9 +261,13 @@ def main():
             t0 = time.perf_counter()
             opt.zero_grad(set_to_none=False)
             loss = F.cross_entropy(ddp(xb), yb)
-            loss.backward()
+            t1 = time.perf_counter()
+            loss.backward()  # DDP's exchange (and the hook) finish inside
+            t2 = time.perf_counter()
             opt.step()
-            dt = time.perf_counter() - t0
+            t3 = time.perf_counter()
+            dt = t3 - t0
+            phases.append((t1 - t0, t2 - t1, t3 - t2))
             if prof is not None:
                 prof.disable()
             train_s += dt
@@ -320,8 +324,14 @@ def main():
             "torch": torch.__version__,
             "powersgd_buckets": a.powersgd_buckets if a.method == "ddp-powersgd" else None,
         }
+        ph = phases[3:] or phases
+        res["phase_ms_median"] = {k: 1e3 * statistics.median(p[i] for p in ph)
+                                  for i, k in enumerate(("forward", "backward", "optimizer"))}
         if gc_state is not None:
             res["gradcomp_hook_ms_per_step"] = gc_state.stats["hook_ns"] / 1e6 / max(1, gc_state.stats["steps"])
+            res["gradcomp_c_ms_per_step"] = sum(
+                c.stats()["encode_ns"] + c.stats().get("decode_ns", 0) for c in gc_state.compressors.values()
+            ) / 1e6 / max(1, gc_state.stats["steps"])
         with open(a.out, "w") as f:
             json.dump(res, f, indent=1)
     dist.barrier()
