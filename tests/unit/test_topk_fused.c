@@ -102,13 +102,13 @@ static scenario scenarios[] = {
     {"dgc:density=0.001", 200000, G_SPARSE, 3, 0, P(RADIX), 0},
     {"dgc:density=0.01,values=f16", 1000000, G_SAMPLE_HEAVY, 2, 0, P(RADIX), 0},
     {"dgc:density=0.01", 1000000, G_RETRY, 2, 0, P(RETRY), 0},
-    {"topk:density=0.001,values=f16,feedback=ef", 300000, G_GAUSS, 6, 0, P(SAMPLED), 0},
-    {"topk:density=0.01,feedback=ef", 100003, G_GAUSS, 6, 0, P(SAMPLED), 0},
+    {"topk:density=0.001,values=f16,feedback=ef", 300000, G_GAUSS, 6, 0, P(PREPASS), 0},
+    {"topk:density=0.01,feedback=ef", 100003, G_GAUSS, 6, 0, P(PREPASS), 0},
     {"topk:density=0.001,values=bf16,feedback=ef", 200000, G_TIES, 3, 0, P(RADIX), 0},
     {"topk:density=0.001,feedback=ef", 200000, G_SPARSE, 3, 0, P(RADIX), 0},
     {"topk:density=0.01,values=f16,feedback=ef", 1000000, G_SAMPLE_HEAVY, 2, 0, P(RADIX), 0},
     {"topk:density=0.01,feedback=ef", 1000000, G_RETRY, 2, 0, P(RETRY), 0},
-    {"topk:density=0.001,values=int8,feedback=ef", 150000, G_GAUSS, 4, 0, P(SAMPLED), 0},
+    {"topk:density=0.001,values=int8,feedback=ef", 150000, G_GAUSS, 4, 0, P(PREPASS), 0},
     {"topk:density=0.001,values=f16", 300000, G_GAUSS, 3, 0, P(SAMPLED), 0},
     /* clang-format on */
 };
