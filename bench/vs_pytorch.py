@@ -158,6 +158,17 @@ def build_model(kind, seed):
     return torch.nn.Sequential(*layers)
 
 
+def keep_freed_memory():
+    """What GLIBC_TUNABLES=glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=... does, at
+    run time: blocks of any size come from the heap and freed memory stays mapped, so a
+    tensor allocated every step reuses pages that are already there."""
+    import ctypes
+    libc = ctypes.CDLL(None)
+    M_TRIM_THRESHOLD, M_MMAP_MAX = -1, -4
+    if not (libc.mallopt(M_MMAP_MAX, 0) and libc.mallopt(M_TRIM_THRESHOLD, 1 << 30)):
+        raise OSError("mallopt refused")
+
+
 # ---- measurement ------------------------------------------------------------------------------
 
 def tx_bytes(iface):
@@ -183,7 +194,9 @@ def evaluate(model, xt, yt, rank, world):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--method", required=True, choices=["ddp", "ddp-fp16", "ddp-powersgd", "ddp-gradcomp"])
+    ap.add_argument("--method", required=True,
+                    help="ddp, ddp-fp16, ddp-powersgd or ddp-gradcomp; +keepmem and +view add "
+                         "--keep-memory and --bucket-view (ddp-gradcomp+keepmem+view)")
     ap.add_argument("--model", default="mlp-large", choices=["mlp", "mlp-large"])
     ap.add_argument("--budget", type=float, default=90.0, help="seconds of training")
     ap.add_argument("--eval-every", type=float, default=10.0, help="seconds of training between evaluations")
@@ -196,10 +209,22 @@ def main():
     ap.add_argument("--powersgd-rank", type=int, default=4)
     ap.add_argument("--powersgd-start", type=int, default=10)
     ap.add_argument("--powersgd-buckets", choices=["one", "default"], default="one")
+    ap.add_argument("--bucket-view", action="store_true",
+                    help="DDP(gradient_as_bucket_view=True): gradients live in the buckets (no copies)")
+    ap.add_argument("--keep-memory", action="store_true",
+                    help="mallopt: glibc keeps freed blocks instead of unmapping them, so "
+                         "torch's per-step 64 MB temporaries stop faulting in fresh pages")
     ap.add_argument("--profile", default="", help="write a cProfile of the training loop (rank 0) here")
     ap.add_argument("--out", required=True, help="JSON written by rank 0")
     a = ap.parse_args()
+    base, *mods = a.method.split("+")
+    if base not in ("ddp", "ddp-fp16", "ddp-powersgd", "ddp-gradcomp") or set(mods) - {"keepmem", "view"}:
+        ap.error(f"--method {a.method}: unknown")
+    a.keep_memory |= "keepmem" in mods
+    a.bucket_view |= "view" in mods
 
+    if a.keep_memory:
+        keep_freed_memory()
     rank = int(os.environ.get("OMPI_COMM_WORLD_RANK", os.environ.get("RANK", "0")))
     world = int(os.environ.get("OMPI_COMM_WORLD_SIZE", os.environ.get("WORLD_SIZE", "1")))
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
@@ -213,21 +238,21 @@ def main():
     model = build_model(a.model, a.seed)
     nparams = sum(p.numel() for p in model.parameters())
     algo = None  # algorithmic bytes per step and rank, where the method says
-    if a.method == "ddp-powersgd" and a.powersgd_buckets == "one":
+    if base == "ddp-powersgd" and a.powersgd_buckets == "one":
         dist._DEFAULT_FIRST_BUCKET_BYTES = 8 * nparams
-        ddp = DDP(model, bucket_cap_mb=8 * nparams / 2**20)
+        ddp = DDP(model, bucket_cap_mb=8 * nparams / 2**20, gradient_as_bucket_view=a.bucket_view)
     else:
-        ddp = DDP(model)
+        ddp = DDP(model, gradient_as_bucket_view=a.bucket_view)
     psgd_state = gc_state = None
-    if a.method == "ddp-fp16":
+    if base == "ddp-fp16":
         ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)
-    elif a.method == "ddp-powersgd":
+    elif base == "ddp-powersgd":
         psgd_state = torch_psgd.PowerSGDState(
             process_group=None, matrix_approximation_rank=a.powersgd_rank,
             start_powerSGD_iter=a.powersgd_start, min_compression_rate=2,
             use_error_feedback=True, warm_start=True)
         ddp.register_comm_hook(psgd_state, torch_psgd.powerSGD_hook)
-    elif a.method == "ddp-gradcomp":
+    elif base == "ddp-gradcomp":
         sys.path.insert(0, os.path.join(HERE, "..", "python"))
         import gradcomp.torch as gt
         hook, gc_state = gt.hook(gt.LayerPolicy(a.spec, min_elements=a.min_elements), model=ddp)
@@ -298,14 +323,11 @@ def main():
                 break
         epoch += 1
 
-    if psgd_state is not None and steps > a.powersgd_start:
-        # PowerSGDState counts numbers per bucket call from the first compressed step on.
-        algo = None
     if gc_state is not None:
         algo = gc_state.stats["bytes_sent"] / max(1, gc_state.stats["steps"])
-    elif a.method == "ddp":
+    elif base == "ddp":
         algo = 2 * (world - 1) / world * 4 * nparams
-    elif a.method == "ddp-fp16":
+    elif base == "ddp-fp16":
         algo = 2 * (world - 1) / world * 2 * nparams
     mine_stats = torch.tensor([tx_total / steps, statistics.median(step_times[3:] or step_times)], dtype=torch.float64)
     allv = [torch.empty_like(mine_stats) for _ in range(world)]
@@ -315,14 +337,14 @@ def main():
     if rank == 0:
         res = {
             "method": a.method, "model": a.model, "params": nparams, "world": world, "batch": a.batch,
-            "spec": a.spec if a.method == "ddp-gradcomp" else None,
+            "spec": a.spec if base == "ddp-gradcomp" else None, "keep_memory": a.keep_memory, "bucket_view": a.bucket_view,
             "steps": steps, "train_s": train_s, "step_ms": 1e3 * train_s / steps,
             "step_ms_median": 1e3 * statistics.median(float(v[1]) for v in allv),
             "wire_bytes_per_step": statistics.mean(float(v[0]) for v in allv), "iface": iface,
             "algo_bytes_per_step": algo, "final_acc": curve[-1]["acc"],
             "best_acc": max(p["acc"] for p in curve), "curve": curve, "budget_s": a.budget,
             "torch": torch.__version__,
-            "powersgd_buckets": a.powersgd_buckets if a.method == "ddp-powersgd" else None,
+            "powersgd_buckets": a.powersgd_buckets if base == "ddp-powersgd" else None,
         }
         ph = phases[3:] or phases
         res["phase_ms_median"] = {k: 1e3 * statistics.median(p[i] for p in ph)
@@ -330,7 +352,7 @@ def main():
         if gc_state is not None:
             res["gradcomp_hook_ms_per_step"] = gc_state.stats["hook_ns"] / 1e6 / max(1, gc_state.stats["steps"])
             res["gradcomp_c_ms_per_step"] = sum(
-                c.stats()["encode_ns"] + c.stats().get("decode_ns", 0) for c in gc_state.compressors.values()
+                c.stats["encode_ns"] + c.stats.get("decode_ns", 0) for c in gc_state.compressors.values()
             ) / 1e6 / max(1, gc_state.stats["steps"])
         with open(a.out, "w") as f:
             json.dump(res, f, indent=1)

@@ -12,6 +12,9 @@
 #   ddp-powersgd   DDP + powerSGD_hook, rank 4 (one DDP bucket: see bench/vs_pytorch.py)
 #   ddp-gradcomp   DDP + gradcomp's hook, --spec of bench/vs_pytorch.py (powersgd:rank=4)
 #   gc:SPEC        `gradcomp train` with SPEC (gc:powersgd:rank=4, gc:dense, ...)
+#   a ddp method with +keepmem (glibc keeps freed memory: torch's per-step temporaries
+#   stop faulting in fresh pages) and/or +view (gradient_as_bucket_view), e.g.
+#   ddp-gradcomp+keepmem: what PyTorch itself costs beside the hook (docs/BENCHMARKS.md)
 # Default: "ddp ddp-fp16 ddp-powersgd ddp-gradcomp gc:powersgd:rank=4", 4 hosts at
 # 1gbit, mlp-large, 90 s, 3 repetitions: about 35 minutes.
 #

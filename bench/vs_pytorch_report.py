@@ -27,6 +27,14 @@ NAMES = {
 }
 
 
+def name_of(m):
+    if m.startswith("gc:"):
+        return "gradcomp train " + m[3:]
+    base, *mods = m.split("+")
+    extra = {"keepmem": "glibc keeps freed memory", "view": "gradient_as_bucket_view"}
+    return NAMES.get(base, base) + "".join(f", {extra.get(x, x)}" for x in mods)
+
+
 def import_gc(rundir, method, out):
     r = json.load(open(os.path.join(rundir, "results.json")))
     m = r["methods"][0]
@@ -87,7 +95,11 @@ def report(d, target_arg):
         sys.exit(f"vs_pytorch_report: no runs in {d}/runs")
     by = {}
     order = ["ddp", "ddp-fp16", "ddp-powersgd", "ddp-gradcomp"]
-    for r in sorted(runs, key=lambda r: (order.index(r["method"]) if r["method"] in order else 9, r["method"])):
+
+    def rank(m):
+        b = m.split("+")[0]
+        return (order.index(b) if b in order else 9, m)
+    for r in sorted(runs, key=lambda r: rank(r["method"])):
         by.setdefault(r["method"], []).append(r)
     if target_arg.startswith("dense-"):
         dense = by.get("ddp")
@@ -104,7 +116,7 @@ def report(d, target_arg):
     for m, rs in by.items():
         tts = [time_to(r, target) for r in rs]
         rows.append({
-            "method": m, "name": NAMES.get(m, "gradcomp train " + m[3:] if m.startswith("gc:") else m),
+            "method": m, "name": name_of(m),
             "runs": len(rs), "step_ms": med([r["step_ms"] for r in rs]),
             "wire": med([r.get("wire_bytes_per_step") for r in rs]),
             "algo": med([r.get("algo_bytes_per_step") for r in rs]),
