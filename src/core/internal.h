@@ -229,6 +229,47 @@ typedef struct gcomp__selection {
  * the fallback.  Sets *nonfinite when x holds NaN/Inf (then the output is unspecified). */
 gcomp_status gcomp__topk(gcomp_compressor *c, const float *x, size_t n, size_t k,
                          gcomp__selection *sel, bool *nonfinite);
+/* Which branch gcomp__topk took last (c->topk_path; tests check that each is reached). */
+enum {
+    GCOMP__TOPK_SMALL,   /* n <= 8192, k = 0 or k = n: every element is a candidate */
+    GCOMP__TOPK_SAMPLED, /* sampled threshold, one compaction pass over x */
+    GCOMP__TOPK_PREPASS, /* the candidates came from the feedback's pass (gcomp__topk_plan_make) */
+    GCOMP__TOPK_RETRY,   /* too few at the first threshold; a pass at a lower one */
+    GCOMP__TOPK_RADIX    /* exact radix select (ties, a zero threshold, a misleading sample) */
+};
+
+/* ---- top-k selected in the pass that builds x ----------------------------------------------
+ * A feedback builds the working vector x in a pass of its own (ef: e + g; dgc: the
+ * momentum update).  When the codec selects by exact top-k (codec->topk_k), that pass can
+ * also collect the candidates, so that the selection does not read x again.  DGC does
+ * the same (Lin et al. 2018: the top-k of a small sample estimates the threshold, and a
+ * precise one is taken among the gradients above it); here the result stays exact:
+ *   1. gcomp__topk_plan_make, before the pass: the threshold t from a sample of x, which the
+ *      feedback computes at the sampled positions only (`fill`), and room for the
+ *      candidates in the selection buffers;
+ *   2. the pass: x_i as before, and every |x_i| >= t appended to (p.idx, p.val) up to
+ *      p.cap, counting past it (select/collect.h);
+ *   3. gcomp__topk_plan_done, after a successful pass: hands the count to the selector's
+ *      gcomp__topk(c, x, n, k), which keeps the top k of the candidates (exact whenever at
+ *      least k were collected) and otherwise falls back on its own: a second pass only then.
+ * The selection is the same elements in the same order as without the plan. */
+typedef void (*gcomp__sample_fn)(const void *ctx, const uint32_t *pos, size_t count, float *out);
+typedef struct gcomp__topk_plan {
+    bool active;   /* false: the fused path does not apply (small n, k = 0 or n, fuse_off) */
+    float t;       /* collect |x| >= t (+inf: collect nothing, the selection uses radix) */
+    size_t k, cap; /* the selection's k; room in idx/val */
+    uint32_t *idx; /* the compressor's selection buffers */
+    float *val;
+} gcomp__topk_plan;
+/* `fill(ctx, pos, count, out)` writes out[j] = x[pos[j]] as the pass will compute it
+ * (pos ascending, in runs of 8).  Returns
+ * GCOMP_E_NOMEM when the buffers cannot grow (nothing changed), else GCOMP_OK. */
+gcomp_status gcomp__topk_plan_make(gcomp_compressor *c, size_t k, gcomp__sample_fn fill,
+                                   const void *ctx, gcomp__topk_plan *p);
+/* After the pass over x found m candidates (m may exceed p->cap). */
+void gcomp__topk_plan_done(gcomp_compressor *c, const gcomp__topk_plan *p, const float *x,
+                           size_t m);
+
 /* Effective density of this step (select_topk.c): c->density_override when > 0 (DGC's
  * warm-up sets it per epoch), else the spec's density=; and k = ceil(density * n) <= n.
  * Selectors that take a count from density= read these, so schedules apply to them. */
@@ -258,6 +299,10 @@ struct gcomp__codec {
                            size_t cap, size_t *len);
     gcomp_status (*decode)(const uint8_t *payload, size_t len, size_t n, float *acc, float scale,
                            gcomp__buf *ws);
+    /* Optional: for a selector that keeps exactly the k largest |x| through gcomp__topk,
+     * the k of this step.  A feedback that builds x in a pass of its own then collects the
+     * candidates in that pass (gcomp__topk_plan_make) instead of the selector reading x again. */
+    size_t (*topk_k)(const gcomp_compressor *c);
     /* Optional, with a custom decode: fills elements_sent, index_coding, value_coding of a
      * message whose header was checked (gcomp_message_inspect); the payload is untrusted. */
     gcomp_status (*inspect)(const uint8_t *payload, size_t len, gcomp_message_info *info);
@@ -373,8 +418,15 @@ struct gcomp_compressor {
     /* Workspace for selection (reused every step). */
     gcomp__buf sel_idx, sel_val, sel_tmp, sel_res, scratch;
     gcomp__selection last; /* the last successful selection (DGC masking reads it) */
-    bool last_dense;       /* the last message carried every element */
-    gcomp__buf dec_ws;     /* decode workspace */
+    struct {               /* candidates a feedback pass collected (gcomp__topk_plan_done) */
+        const float *x;    /* the vector they came from; NULL: none */
+        size_t k, m, cap, rank, s;
+        bool radix;
+    } topk_pre;
+    unsigned topk_path; /* GCOMP__TOPK_*: the branch the last gcomp__topk took */
+    bool fuse_off;      /* tests: build x and select in separate passes (the reference) */
+    bool last_dense;    /* the last message carried every element */
+    gcomp__buf dec_ws;  /* decode workspace */
 
     gcomp_stats stats;
 };

@@ -37,6 +37,7 @@
  * masking on dense steps (see above).
  */
 #include "core/internal.h"
+#include "select/collect.h"
 
 #include <float.h>
 #include <math.h>
@@ -114,6 +115,118 @@ static gcomp_status dgc_init(gcomp_compressor *c) {
     return GCOMP_OK;
 }
 
+/* The pass's inputs: this step's gradient, scaled by sc (clipping), and the state. */
+typedef struct dgc_pass {
+    const float *g, *u, *v;
+    float *uw, *vw;
+    float sc, m;
+    bool nesterov;
+} dgc_pass;
+
+/* DGC's momentum correction (Lin et al. 2018, section 3.1, equation 5 and Algorithm 1):
+ *     u <- m*u + g          v <- v + u
+ * or, with Nesterov momentum (the authors' code):
+ *     u <- m*(u + g)        v <- v + u + g
+ * One element; every other form of this arithmetic below does the same operations in
+ * the same order, so the sample, the SIMD pass and the tail agree to the bit. */
+static inline float dgc_step(const dgc_pass *p, size_t i, float *uo) {
+    float gi = p->g[i] * p->sc;
+    if (p->nesterov) {
+        float ui = p->m * (p->u[i] + gi);
+        *uo = ui;
+        return p->v[i] + ui + gi;
+    }
+    float ui = p->m * p->u[i] + gi;
+    *uo = ui;
+    return p->v[i] + ui;
+}
+
+/* The sample gcomp__topk_plan_make asks for: v at a few positions, nothing written.  The
+ * positions are far apart (three cache misses each), so fetch a few dozen ahead. */
+static void dgc_sample(const void *ctx, const uint32_t *pos, size_t count, float *out) {
+    const dgc_pass *p = ctx;
+    const size_t ahead = 64;
+    float u;
+    for (size_t j = 0; j < count; j++) {
+        if (j + ahead < count) {
+            size_t q = pos[j + ahead];
+            __builtin_prefetch(p->g + q);
+            __builtin_prefetch(p->u + q);
+            __builtin_prefetch(p->v + q);
+        }
+        out[j] = dgc_step(p, pos[j], &u);
+    }
+}
+
+#if defined(__AVX512F__)
+/* Sixteen elements of dgc_step, written to uw and vw, candidates appended.  A vector with
+ * candidates is stored through the cache: the selection will write the residual and the
+ * mask into some of those lines moments later. */
+static inline __attribute__((always_inline)) size_t
+dgc_step16(const dgc_pass *p, size_t i, __m512 sc, __m512 mm, __m512 t, bool nesterov, bool nt,
+           const gcomp__topk_plan *pl, size_t m, __m512i *vmx) {
+    __m512 gi = _mm512_mul_ps(_mm512_loadu_ps(p->g + i), sc), ui, vi;
+    if (nesterov) {
+        ui = _mm512_mul_ps(mm, _mm512_add_ps(_mm512_loadu_ps(p->u + i), gi));
+        vi = _mm512_add_ps(_mm512_add_ps(_mm512_loadu_ps(p->v + i), ui), gi);
+    } else {
+        ui = _mm512_add_ps(_mm512_mul_ps(mm, _mm512_loadu_ps(p->u + i)), gi);
+        vi = _mm512_add_ps(_mm512_loadu_ps(p->v + i), ui);
+    }
+    __mmask16 k = gcomp__hits16(vi, t, vmx);
+    if (__builtin_expect(k != 0, 0)) {
+        _mm512_storeu_ps(p->uw + i, ui);
+        _mm512_storeu_ps(p->vw + i, vi);
+        return gcomp__append16(k, vi, i, pl->idx, pl->val, m, pl->cap);
+    }
+    gcomp__store16(p->uw + i, ui, nt);
+    gcomp__store16(p->vw + i, vi, nt);
+    return m;
+}
+
+static size_t dgc_pass16(const dgc_pass *p, size_t n, const gcomp__topk_plan *pl, float t,
+                         bool nesterov, bool nt, size_t *done, uint32_t *maxbits) {
+    const __m512 tv = _mm512_set1_ps(t), sc = _mm512_set1_ps(p->sc), mm = _mm512_set1_ps(p->m);
+    __m512i vmx = _mm512_setzero_si512();
+    size_t m = 0, i = 0;
+    for (; i + 32 <= n; i += 32) {
+        m = dgc_step16(p, i, sc, mm, tv, nesterov, nt, pl, m, &vmx);
+        m = dgc_step16(p, i + 16, sc, mm, tv, nesterov, nt, pl, m, &vmx);
+    }
+    for (; i + 16 <= n; i += 16) m = dgc_step16(p, i, sc, mm, tv, nesterov, nt, pl, m, &vmx);
+    if (nt) _mm_sfence();
+    *done = i;
+    *maxbits = (uint32_t)_mm512_reduce_max_epu32(vmx);
+    return m;
+}
+#endif
+
+/* The pass: uw, vw from g, u, v (5 streams), the candidates of the plan (select/collect.h),
+ * and the largest |v| bits (NaN/Inf in g, or an overflow of u or v, show in v). */
+static size_t dgc_pass_run(const dgc_pass *p, size_t n, const gcomp__topk_plan *pl,
+                           uint32_t *maxbits) {
+    float t = pl->active ? pl->t : INFINITY;
+    size_t m = 0, i = 0;
+    uint32_t mx = 0;
+#if defined(__AVX512F__)
+    /* Four instances, so that each loop has its branches folded away. */
+    bool nt = n >= GCOMP__STREAM_MIN;
+    if (p->nesterov)
+        m = nt ? dgc_pass16(p, n, pl, t, true, true, &i, &mx)
+               : dgc_pass16(p, n, pl, t, true, false, &i, &mx);
+    else
+        m = nt ? dgc_pass16(p, n, pl, t, false, true, &i, &mx)
+               : dgc_pass16(p, n, pl, t, false, false, &i, &mx);
+#endif
+    for (; i < n; i++) {
+        float vi = dgc_step(p, i, &p->uw[i]);
+        p->vw[i] = vi;
+        m = gcomp__collect1(vi, i, t, pl->idx, pl->val, m, pl->cap, &mx);
+    }
+    *maxbits = mx;
+    return m;
+}
+
 static gcomp_status dgc_prepare(gcomp_compressor *c, const float *g, const float **x, float **res) {
     dgc_state *s = c->fb_state;
     size_t n = c->n;
@@ -130,39 +243,24 @@ static gcomp_status dgc_prepare(gcomp_compressor *c, const float *g, const float
         double norm = sqrt(ss);
         if (norm > s->clip) sc = (float)(s->clip / norm);
     }
-    const float *u = s->u, *v = s->v;
-    float *uw = s->uw, *vw = s->vw, m = s->m;
-    uint32_t mx = 0;
-    if (s->nesterov) {
-        for (size_t i = 0; i < n; i++) {
-            float gi = g[i] * sc;
-            float ui = m * (u[i] + gi);
-            float vi = v[i] + ui + gi;
-            uint32_t b;
-            uw[i] = ui;
-            vw[i] = vi;
-            memcpy(&b, &vi, 4);
-            b &= 0x7fffffffu;
-            mx = b > mx ? b : mx;
-        }
-    } else {
-        for (size_t i = 0; i < n; i++) {
-            float gi = g[i] * sc;
-            float ui = m * u[i] + gi;
-            float vi = v[i] + ui;
-            uint32_t b;
-            uw[i] = ui;
-            vw[i] = vi;
-            memcpy(&b, &vi, 4);
-            b &= 0x7fffffffu;
-            mx = b > mx ? b : mx;
-        }
-    }
-    /* A NaN/Inf in g (or an overflow of u or v) shows in v. */
-    if (mx >= 0x7f800000u) return GCOMP_E_NONFINITE;
+    dgc_pass p = {g, s->u, s->v, s->uw, s->vw, sc, s->m, s->nesterov};
+    /* The warm-up's density for this step, kept only if the step succeeds. */
+    double was = c->density_override;
     if (s->scheduled) c->density_override = schedule(s, c->epoch);
-    *x = vw;
-    *res = vw;
+    /* A top-k codec selects in this same pass (internal.h, gcomp__topk_plan_make). */
+    gcomp__topk_plan plan = {0};
+    gcomp_status st = GCOMP_OK;
+    if (c->codec->topk_k) st = gcomp__topk_plan_make(c, c->codec->topk_k(c), dgc_sample, &p, &plan);
+    uint32_t mx = 0;
+    size_t m = st == GCOMP_OK ? dgc_pass_run(&p, n, &plan, &mx) : 0;
+    if (st == GCOMP_OK && mx >= 0x7f800000u) st = GCOMP_E_NONFINITE;
+    if (st != GCOMP_OK) {
+        c->density_override = was;
+        return st;
+    }
+    if (plan.active) gcomp__topk_plan_done(c, &plan, s->vw, m);
+    *x = s->vw;
+    *res = s->vw;
     return GCOMP_OK;
 }
 
@@ -293,6 +391,7 @@ const gcomp__codec gcomp__codec_dgc = {
              "clipping, momentum masking and warm-up (feedback dgc built in)",
              dgc_codec_params, GCOMP__COUNTOF(dgc_codec_params)},
     .select = dgc_select,
+    .topk_k = gcomp__density_k,
     .init = dgc_codec_init,
     .fixed_feedback = "dgc",
     .count = GCOMP__COUNT_FIXED,

@@ -22,8 +22,20 @@
  * Either way commit swaps w in.  A stage that wants its sum fused elsewhere (a selector
  * reading e + g as it selects) takes the same road: set c->x_add and let the consumer that
  * knows how add it.
+ *
+ * When the codec selects by exact top-k (codec->topk_k: topk), the formed pass also
+ * selects (gcomp__topk_plan_make, internal.h): a threshold from e + g at a sample of
+ * positions before the pass, the candidates above it collected during it, so the selector
+ * never reads w again: e and g read, w written, three streams of n floats instead of four
+ * (plus a read-for-ownership of w, avoided with non-temporal stores on large vectors).
+ * Rejected: letting the selector form e + g through c->x_add, the road above; it would
+ * still have to write all of w, the residual of every element not sent, so it saves
+ * nothing over selecting here and spreads the residual's bookkeeping over two stages.
  */
 #include "core/internal.h"
+#include "select/collect.h"
+
+#include <math.h>
 
 typedef struct ef_state {
     float *e;   /* residual: the state */
@@ -69,6 +81,78 @@ static void ef_fini(gcomp_compressor *c) {
     c->fb_state = NULL;
 }
 
+typedef struct ef_pass {
+    const float *e, *g;
+    float *w;
+} ef_pass;
+
+/* The sample gcomp__topk_plan_make asks for: e + g at a few far-apart positions, fetched
+ * a few dozen ahead (two cache misses each). */
+static void ef_sample(const void *ctx, const uint32_t *pos, size_t count, float *out) {
+    const ef_pass *p = ctx;
+    const size_t ahead = 64;
+    for (size_t j = 0; j < count; j++) {
+        if (j + ahead < count) {
+            __builtin_prefetch(p->e + pos[j + ahead]);
+            __builtin_prefetch(p->g + pos[j + ahead]);
+        }
+        out[j] = p->e[pos[j]] + p->g[pos[j]];
+    }
+}
+
+#if defined(__AVX512F__)
+/* x = e + g for 16 elements, written to w, candidates appended; a vector with candidates
+ * goes through the cache, since the codec writes their residuals moments later. */
+static inline __attribute__((always_inline)) size_t ef_step16(const ef_pass *p, size_t i, __m512 t,
+                                                              bool nt, const gcomp__topk_plan *pl,
+                                                              size_t m, __m512i *vmx) {
+    __m512 x = _mm512_add_ps(_mm512_loadu_ps(p->e + i), _mm512_loadu_ps(p->g + i));
+    __mmask16 k = gcomp__hits16(x, t, vmx);
+    if (__builtin_expect(k != 0, 0)) {
+        _mm512_storeu_ps(p->w + i, x);
+        return gcomp__append16(k, x, i, pl->idx, pl->val, m, pl->cap);
+    }
+    gcomp__store16(p->w + i, x, nt);
+    return m;
+}
+
+static size_t ef_pass16(const ef_pass *p, size_t n, const gcomp__topk_plan *pl, float t, bool nt,
+                        size_t *done, uint32_t *maxbits) {
+    const __m512 tv = _mm512_set1_ps(t);
+    __m512i vmx = _mm512_setzero_si512();
+    size_t m = 0, i = 0;
+    for (; i + 32 <= n; i += 32) {
+        m = ef_step16(p, i, tv, nt, pl, m, &vmx);
+        m = ef_step16(p, i + 16, tv, nt, pl, m, &vmx);
+    }
+    for (; i + 16 <= n; i += 16) m = ef_step16(p, i, tv, nt, pl, m, &vmx);
+    if (nt) _mm_sfence();
+    *done = i;
+    *maxbits = (uint32_t)_mm512_reduce_max_epu32(vmx);
+    return m;
+}
+#endif
+
+/* The formed pass: w = e + g (Seide et al. 2014), the plan's candidates, the largest |w|
+ * bits (NaN/Inf in g or an overflowing sum show there). */
+static size_t ef_pass_run(const ef_pass *p, size_t n, const gcomp__topk_plan *pl,
+                          uint32_t *maxbits) {
+    float t = pl->active ? pl->t : INFINITY;
+    size_t m = 0, i = 0;
+    uint32_t mx = 0;
+#if defined(__AVX512F__)
+    m = n >= GCOMP__STREAM_MIN ? ef_pass16(p, n, pl, t, true, &i, &mx)
+                               : ef_pass16(p, n, pl, t, false, &i, &mx);
+#endif
+    for (; i < n; i++) {
+        float x = p->e[i] + p->g[i];
+        p->w[i] = x;
+        m = gcomp__collect1(x, i, t, pl->idx, pl->val, m, pl->cap, &mx);
+    }
+    *maxbits = mx;
+    return m;
+}
+
 static gcomp_status ef_prepare(gcomp_compressor *c, const float *g, const float **x, float **res) {
     ef_state *s = c->fb_state;
     if (s->fused) { /* the coder adds e, and checks that the sum is finite */
@@ -77,21 +161,17 @@ static gcomp_status ef_prepare(gcomp_compressor *c, const float *g, const float 
         c->x_add = s->e;
         return GCOMP_OK;
     }
-    const float *e = s->e;
-    float *w = s->w;
-    size_t n = c->n;
+    ef_pass p = {s->e, g, s->w};
+    gcomp__topk_plan plan = {0};
+    gcomp_status st = GCOMP_OK;
+    if (c->codec->topk_k) st = gcomp__topk_plan_make(c, c->codec->topk_k(c), ef_sample, &p, &plan);
+    if (st != GCOMP_OK) return st;
     uint32_t mx = 0;
-    for (size_t i = 0; i < n; i++) {
-        float v = e[i] + g[i];
-        uint32_t u;
-        w[i] = v;
-        memcpy(&u, &v, 4);
-        u &= 0x7fffffffu;
-        mx = u > mx ? u : mx;
-    }
+    size_t m = ef_pass_run(&p, c->n, &plan, &mx);
     if (mx >= 0x7f800000u) return GCOMP_E_NONFINITE;
-    *x = w;
-    *res = w;
+    if (plan.active) gcomp__topk_plan_done(c, &plan, s->w, m);
+    *x = s->w;
+    *res = s->w;
     return GCOMP_OK;
 }
 

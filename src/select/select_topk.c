@@ -50,6 +50,7 @@ const gcomp__codec gcomp__codec_topk = {
              "exact top-k by magnitude (ties: lower index), O(n) selection, never a full sort",
              topk_params, GCOMP__COUNTOF(topk_params)},
     .select = topk_select,
+    .topk_k = gcomp__density_k,
     .init = topk_init,
     .count = GCOMP__COUNT_FIXED,
 };

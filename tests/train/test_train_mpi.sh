@@ -68,9 +68,11 @@ PYEOF
 
 # --time-budget: a run of 100000 steps (>= 10 s even on a fast idle machine: ~0.1 ms a
 # step) must stop at the first evaluation after 1 s of training, on both ranks at the
-# same step, and say so.
+# same step, and say so.  --target-tolerance 2: the target is dense's final accuracy
+# minus 2 pp, which dense reaches no later than its last evaluation.
 timeout 300 mpirun -np 2 "$G" train --data synthetic --model mlp --hidden 64 --epochs 1000 \
-    --batch 16 --evals 4 --max-steps 100 --quiet --time-budget 1 --compare "dense,sign:feedback=ef" \
+    --batch 16 --evals 4 --max-steps 100 --quiet --time-budget 1 --target-tolerance 2 \
+    --compare "dense,sign:feedback=ef" \
     --out budget > budget.log 2>&1
 rc=$?
 [ $rc -eq 0 ] || { cat budget.log; echo "FAIL: gradcomp train --time-budget exited $rc"; exit 1; }
@@ -86,6 +88,11 @@ for m in r["methods"]:
     # the budget is checked at evaluations (every 25 steps here): it may overshoot by at most one interval
     if not (0.9 <= m["train_seconds"] < 1.0 + 25 * m["step_ms"] / 1e3 * 1.5 + 0.5):
         print("FAIL: %s trained %.2f s on a 1 s budget" % (m["method"], m["train_seconds"])); bad += 1
+dense = [m for m in r["methods"] if m["method"] == "dense"][0]
+if abs(r["target_accuracy"] - (dense["test_accuracy"] - 0.02)) > 1e-4:
+    print("FAIL: target %r, dense's final accuracy %r minus 2 pp" % (r["target_accuracy"], dense["test_accuracy"])); bad += 1
+if not (dense["time_to_target_s"] is not None and dense["time_to_target_s"] <= dense["train_seconds"] + 1e-6):
+    print("FAIL: dense reached its own target at %r s of %r" % (dense["time_to_target_s"], dense["train_seconds"])); bad += 1
 print("train_mpi budget: %d passed, %d failed" % (1 if not bad else 0, bad))
 sys.exit(1 if bad else 0)
 PYEOF
