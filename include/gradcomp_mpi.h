@@ -761,9 +761,11 @@ GCOMP_API gcomp_status gcomp_mpi_outer_progress(gcomp_mpi_outer *o, gcomp_error 
 /**
  * Synchronises every fragment now (collective): completes the exchanges in flight (as
  * when due), then starts and completes a sync of every fragment and sets the weights to
- * the result (alpha ignored), so every rank ends with the same weights.  For the end of
- * training, or before an evaluation that must see all of it.  The schedule goes on by
- * the step count.  Returns as gcomp_mpi_outer_step.
+ * the result (alpha ignored), so every rank ends with the same weights.  A fragment that
+ * completed a sync at this very step with alpha = 0 is skipped: its weights are that
+ * sync's already, and a sync of its zero pseudo-gradient would still move it by the outer
+ * momentum.  For the end of training, or before an evaluation that must see all of it.
+ * The schedule goes on by the step count.  Returns as gcomp_mpi_outer_step.
  */
 GCOMP_API gcomp_status gcomp_mpi_outer_flush(gcomp_mpi_outer *o, float *const *weights,
                                              double timeout_s, gcomp_error *err);

@@ -40,9 +40,10 @@
  *   24  u32      T tensors;          28 u32 F fragments
  *   32  u64      fingerprint of the options and the fragment assignment
  *   40  u64      inner steps counted
- *   48  F records of 32 bytes: u64 syncs completed, u64 start step of the held sync,
- *       u32 held (0: none, 1: its average follows its tensors' w_sync), u32 reserved 0,
- *       u64 L, the length of the fragment bucket's state blob
+ *   48  F records of 40 bytes: u64 syncs completed, u64 start step of the held sync,
+ *       u64 step of the last apply (0: none yet), u32 held (0: none, 1: its average
+ *       follows its tensors' w_sync), u32 reserved 0, u64 L, the length of the fragment
+ *       bucket's state blob
  *   ..  T records: u64 n, u64 FNV-1a 64 of the name, u32 fragment, u32 flags (bit 0:
  *       momentum follows), then n f32 w_sync, [n f32 momentum], [n f32 average if the
  *       fragment holds a sync]
@@ -71,7 +72,7 @@
 #define OT_MAGIC "GCmo"
 #define OT_VERSION 1u
 #define OT_HDR 48
-#define OT_FREC 32
+#define OT_FREC 40
 #define OT_TREC 24
 
 enum { FR_IDLE = 0, FR_FLIGHT = 1, FR_DONE = 2 };
@@ -94,6 +95,7 @@ typedef struct ot_frag {
     gcomp_status result; /* FR_DONE: the exchange's outcome */
     gcomp_error result_err;
     uint64_t started; /* step of the sync held (FLIGHT or DONE) */
+    uint64_t applied; /* step of the last apply; 0: none yet */
     uint64_t syncs;
     uint64_t offset;
 } ot_frag;
@@ -617,6 +619,7 @@ static gcomp_status complete_fragment(gcomp_mpi_outer *o, size_t f, float *const
         apply_tensor(o, &o->t[i], w[i], no_mix);
     }
     fr->syncs++;
+    fr->applied = o->step;
     return GCOMP_OK;
 }
 
@@ -680,7 +683,11 @@ gcomp_status gcomp_mpi_outer_flush(gcomp_mpi_outer *o, float *const *weights, do
         st = complete_fragment(o, f, weights, false, timeout_s, err);
         if (st != GCOMP_OK) return st;
     }
+    /* A fragment applied at this very step without mixing already is w_sync: a sync of its
+     * zero pseudo-gradient would still move it by the outer momentum (Nesterov: lr mu^2 b),
+     * an outer step nobody asked for.  The test is on step counts, the same on every rank. */
     for (size_t f = 0; f < o->nf; f++) {
+        if (o->f[f].applied == o->step && o->step > 0 && o->opt.mix == 0) continue;
         st = start_fragment(o, f, weights, err);
         if (st == GCOMP_OK) st = complete_fragment(o, f, weights, true, timeout_s, err);
         if (st != GCOMP_OK) return st;
@@ -841,9 +848,10 @@ gcomp_status gcomp_mpi_outer_save_state(gcomp_mpi_outer *o, void *dst, size_t ca
         if (st != GCOMP_OK) return gcomp__fail(err, st, "fragment %zu's bucket: %s", f, e.message);
         gcomp__put64(r, fr->syncs);
         gcomp__put64(r + 8, fr->state == FR_DONE ? fr->started : 0);
-        gcomp__put32(r + 16, fr->state == FR_DONE ? 1u : 0u);
-        gcomp__put32(r + 20, 0);
-        gcomp__put64(r + 24, l);
+        gcomp__put64(r + 16, fr->applied);
+        gcomp__put32(r + 24, fr->state == FR_DONE ? 1u : 0u);
+        gcomp__put32(r + 28, 0);
+        gcomp__put64(r + 32, l);
         q += l;
     }
     size_t total = (size_t)(q - p) + 4;
@@ -852,7 +860,7 @@ gcomp_status gcomp_mpi_outer_save_state(gcomp_mpi_outer *o, void *dst, size_t ca
     gcomp__put64(p + 8, total);
     crc = gcomp__crc32c(0, p, (size_t)(blobs - p));
     for (size_t f = 0, off = 0; f < o->nf; f++) {
-        size_t l = (size_t)gcomp__get64(p + OT_HDR + OT_FREC * f + 24);
+        size_t l = (size_t)gcomp__get64(p + OT_HDR + OT_FREC * f + 32);
         off += l;
         if (l >= 4) crc = gcomp__crc32c(crc, blobs + off - 4, 4);
     }
@@ -909,7 +917,7 @@ gcomp_status gcomp_mpi_outer_load_state(gcomp_mpi_outer *o, const void *src, siz
         uint32_t fr = gcomp__get32(p + pos + 16), flags = gcomp__get32(p + pos + 20);
         if (fr >= nf || (flags & ~1u) || n == 0 || n > (len - pos) / 4)
             return gcomp__fail(err, GCOMP_E_STATE, "outer-step state: tensor %u record", i);
-        uint32_t held = gcomp__get32(p + OT_HDR + (size_t)OT_FREC * fr + 16);
+        uint32_t held = gcomp__get32(p + OT_HDR + (size_t)OT_FREC * fr + 24);
         uint64_t arrays = 1 + (flags & 1u) + (held == 1);
         if (n * arrays > (len - pos - OT_TREC) / 4)
             return gcomp__fail(err, GCOMP_E_STATE, "outer-step state: tensor %u overruns", i);
@@ -917,7 +925,7 @@ gcomp_status gcomp_mpi_outer_load_state(gcomp_mpi_outer *o, const void *src, siz
     }
     size_t blobs = pos;
     for (uint32_t f = 0; f < nf; f++) {
-        uint64_t l = gcomp__get64(p + OT_HDR + (size_t)OT_FREC * f + 24);
+        uint64_t l = gcomp__get64(p + OT_HDR + (size_t)OT_FREC * f + 32);
         if (l < 4 || l > len - 4 - pos)
             return gcomp__fail(err, GCOMP_E_STATE,
                                "outer-step state: fragment %u's bucket state length", f);
@@ -927,7 +935,7 @@ gcomp_status gcomp_mpi_outer_load_state(gcomp_mpi_outer *o, const void *src, siz
         return gcomp__fail(err, GCOMP_E_STATE, "outer-step state: lengths do not add up");
     uint32_t crc = gcomp__crc32c(0, p, blobs);
     for (size_t f = 0, off = 0; f < nf; f++) {
-        size_t l = (size_t)gcomp__get64(p + OT_HDR + OT_FREC * f + 24);
+        size_t l = (size_t)gcomp__get64(p + OT_HDR + OT_FREC * f + 32);
         off += l;
         crc = gcomp__crc32c(crc, p + blobs + off - 4, 4);
     }
@@ -951,9 +959,9 @@ gcomp_status gcomp_mpi_outer_load_state(gcomp_mpi_outer *o, const void *src, siz
     uint64_t step = gcomp__get64(p + 40);
     for (uint32_t f = 0; f < nf; f++) {
         const uint8_t *r = p + OT_HDR + (size_t)OT_FREC * f;
-        uint64_t syncs = gcomp__get64(r), started = gcomp__get64(r + 8);
-        uint32_t held = gcomp__get32(r + 16);
-        if (held > 1 || gcomp__get32(r + 20) != 0 || syncs > step ||
+        uint64_t started = gcomp__get64(r + 8), applied = gcomp__get64(r + 16);
+        uint32_t held = gcomp__get32(r + 24);
+        if (held > 1 || gcomp__get32(r + 28) != 0 || applied > step ||
             (held && (started == 0 || started > step || started + o->delay <= step ||
                       !due_to_start(o, f, started))))
             return gcomp__fail(err, GCOMP_E_STATE, "outer-step state: fragment %u record", f);
@@ -972,7 +980,7 @@ gcomp_status gcomp_mpi_outer_load_state(gcomp_mpi_outer *o, const void *src, siz
         if ((flags & 1u) != (t->mom != NULL))
             return gcomp__fail(err, GCOMP_E_STATE, "outer-step state: tensor '%s' momentum flag",
                                t->name);
-        bool held = gcomp__get32(p + OT_HDR + (size_t)OT_FREC * t->frag + 16) == 1;
+        bool held = gcomp__get32(p + OT_HDR + (size_t)OT_FREC * t->frag + 24) == 1;
         q += OT_TREC + 4 * n * (1 + (t->mom != NULL) + held);
     }
     /* The buckets: keep their current states aside, so a failure can put them back. */
@@ -992,7 +1000,7 @@ gcomp_status gcomp_mpi_outer_load_state(gcomp_mpi_outer *o, const void *src, siz
     }
     size_t loaded = 0;
     for (size_t f = 0, off = blobs; st == GCOMP_OK && f < o->nf; f++) {
-        size_t l = (size_t)gcomp__get64(p + OT_HDR + (size_t)OT_FREC * f + 24);
+        size_t l = (size_t)gcomp__get64(p + OT_HDR + (size_t)OT_FREC * f + 32);
         gcomp_error e = {0};
         st = gcomp_mpi_bucket_load_state(o->f[f].b, p + off, l, &e);
         if (st != GCOMP_OK) {
@@ -1014,8 +1022,9 @@ gcomp_status gcomp_mpi_outer_load_state(gcomp_mpi_outer *o, const void *src, siz
         const uint8_t *r = p + OT_HDR + OT_FREC * f;
         ot_frag *fr = &o->f[f];
         fr->syncs = gcomp__get64(r);
-        fr->state = gcomp__get32(r + 16) ? FR_DONE : FR_IDLE;
+        fr->state = gcomp__get32(r + 24) ? FR_DONE : FR_IDLE;
         fr->started = gcomp__get64(r + 8);
+        fr->applied = gcomp__get64(r + 16);
         fr->result = GCOMP_OK;
         memset(&fr->result_err, 0, sizeof fr->result_err);
     }
