@@ -728,7 +728,12 @@ GCOMP_API gcomp_status gcomp_mpi_outer_create(gcomp_mpi_outer **out, gcomp_mpi_c
                                               const gcomp_mpi_outer_options *opt, double timeout_s,
                                               gcomp_error *err);
 
-/** Frees the object and its buckets (local).  As bucket_free about exchanges in flight. */
+/**
+ * Frees the object and its buckets.  NULL is a no-op.  A sync still in flight is waited
+ * for first (up to the communicator's default timeout), since its buckets must not be
+ * freed under MPI: so call it on every rank at the same step, or flush first; on a failed
+ * communicator nothing is waited for (the buckets' pending buffers go to it).
+ */
 GCOMP_API void gcomp_mpi_outer_free(gcomp_mpi_outer *o);
 
 /**

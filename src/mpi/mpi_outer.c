@@ -325,8 +325,14 @@ static gcomp_status setup_check(gcomp_mpi_comm *comm, const uint64_t *vals, size
 
 void gcomp_mpi_outer_free(gcomp_mpi_outer *o) {
     if (!o) return;
-    /* Buckets first: one freed with its exchange in flight hands its requests and its own
-     * buffers to the communicator (gcomp_mpi_bucket_free); MPI never holds pg itself. */
+    /* A bucket must not be freed with its exchange in flight on a healthy communicator
+     * (gcomp_mpi_bucket_free): MPI would still write into it.  Wait for such a sync (the
+     * other ranks, freeing at the same step, complete it too; a peer that does not makes
+     * the wait time out and fail the communicator, after which freeing is allowed). */
+    for (size_t f = 0; o->f && f < o->nf; f++)
+        if (o->f[f].b && o->f[f].state == FR_FLIGHT &&
+            gcomp_mpi_comm_status(o->comm, NULL) == GCOMP_OK)
+            gcomp_mpi_wait(o->f[f].b, 0, NULL);
     for (size_t f = 0; o->f && f < o->nf; f++) {
         gcomp_mpi_bucket_free(o->f[f].b);
         free(o->f[f].idx);
