@@ -830,8 +830,8 @@ GCOMP_API gcomp_status gcomp_mpi_outer_stats(const gcomp_mpi_outer *o, gcomp_mpi
  * The state of an outer step on this rank: the step count, per tensor its last-sync
  * weights and outer momentum, per fragment its sync count and a sync whose average has
  * arrived but is not applied yet (with that average), and every fragment bucket's own
- * state blob (the residuals).  Versioned and CRC-32C-checked like a bucket's (layout at
- * the top of src/mpi/mpi_outer.c and in docs/LOCAL_SGD.md).  Save it next to the live
+ * state blob (the residuals).  Versioned and CRC-32C-checked like a bucket's (layout in
+ * docs/FORMAT.md, "MPI outer-step state").  Save it next to the live
  * weights and the inner optimizer's state; a fresh object created with the same tensors,
  * options and communicator shape, loaded with it, continues bit for bit.
  *

@@ -32,7 +32,7 @@
  * equal terms).  One more float counts the ranks that failed locally, so a rank with bad
  * arguments still takes part and the others learn of it instead of timing out.
  *
- * State blob (little-endian, version 1; docs/LOCAL_SGD.md):
+ * State blob (little-endian, version 1; docs/FORMAT.md, "MPI outer-step state"):
  *   0   4 bytes  magic "GCmo"
  *   4   u32      version, 1
  *   8   u64      total length of the blob
