@@ -19,7 +19,7 @@ seed=${3:-1}
 G=$B/gradcomp
 OUTER="outer=nesterov:lr=0.7,momentum=0.5"
 METHODS="dense,powersgd:rank=4,dense;local_steps=32;$OUTER,topk:density=0.01,values=sign,feedback=ef;local_steps=16;outer=sgd,int8;local_steps=16;$OUTER"
-common="--np 4 --seed $seed --epochs 2 --evals 12 --time-budget 150"
+common="--np 4 --seed $seed --epochs 2 --evals 24 --time-budget 150"
 case "$what" in
 mlp) exec "$G" train $common --link 100mbit --model mlp --out out/local-sgd-mlp-$seed --compare "$METHODS" ;;
 cnn) exec "$G" train $common --link 100mbit --model cnn --out out/local-sgd-cnn-$seed --compare "$METHODS" ;;

@@ -389,8 +389,21 @@ static void json_num(FILE *f, const char *name, double v) {
         fputs("null", f);
 }
 
+/* mkdir -p: the output directory and any parent it lacks (out/run-1 on a fresh clone). */
+static void make_dirs(const char *path) {
+    char buf[PATH_MAX];
+    snprintf(buf, sizeof buf, "%s", path);
+    for (char *p = buf + 1; *p; p++)
+        if (*p == '/') {
+            *p = 0;
+            mkdir(buf, 0755);
+            *p = '/';
+        }
+    mkdir(buf, 0755);
+}
+
 static int write_outputs(const opts *o, gtrain_result *r, int nr, double target, int P) {
-    mkdir(o->out, 0755);
+    make_dirs(o->out);
     char path[PATH_MAX];
     snprintf(path, sizeof path, "%s/results.json", o->out);
     FILE *f = fopen(path, "w");
