@@ -63,6 +63,7 @@
 
 #include "../common/common.h"
 
+#include <limits.h>
 #include <math.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -431,8 +432,9 @@ gcomp_status gcomp_mpi_outer_create(gcomp_mpi_outer **out, gcomp_mpi_comm *comm,
     for (size_t i = 0; local == GCOMP_OK && i < count; i++) {
         if (!weights[i])
             local = gcomp__fail(err, GCOMP_E_ARG, "weights[%zu] is NULL", i);
-        else if (tensors[i].n == 0)
-            local = gcomp__fail(err, GCOMP_E_ARG, "tensor #%zu has n = 0", i);
+        else if (tensors[i].n == 0 || tensors[i].n > (size_t)INT_MAX)
+            local = gcomp__fail(err, GCOMP_E_ARG, "tensor #%zu has n = %zu: 1..%d (MPI counts)", i,
+                                tensors[i].n, INT_MAX);
     }
     if (local == GCOMP_OK) local = check_options(&o, count, err);
     for (size_t i = 0; local == GCOMP_OK && i < count; i++)
