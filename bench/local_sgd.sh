@@ -5,7 +5,7 @@
 # the same machine state, and the dense data-parallel run sets the target (its final
 # accuracy) in the same invocation.  Each method trains at most --time-budget seconds.
 #   mlp     MLP 784-1024-1024-10 (1.86 M parameters)
-#   cnn     the CNN (LeNet-5 geometry, 16-32-128: 0.11 M parameters)
+#   cnn     the CNN (LeNet-5 geometry, 16-32-128: 0.12 M parameters)
 #   wan     the MLP with 5 ms one-way delay on every host (10 ms RTT)
 #   hetero  the CNN with host 3 on a 10 Mbit/s link (an edge device), the rest 100 Mbit/s
 # BUDGET (seconds of training per method, default 150) and EVALS (per epoch, default 24)
