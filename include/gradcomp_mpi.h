@@ -578,6 +578,296 @@ GCOMP_API void gcomp_mpi_stats_reset(gcomp_mpi_bucket *b);
  */
 GCOMP_API MPI_Op gcomp_mpi_half_sum_op(const gcomp_mpi_comm *c, int bf16);
 
+/* ------------------------------------------------------------------------------------- */
+/* The outer step: local SGD, DiLoCo, Streaming DiLoCo, SparseLoCo (src/mpi/mpi_outer.c)   */
+
+/*
+ * For training over slow links (between data centres, from edge devices): every rank
+ * takes H inner optimizer steps on its own, then the ranks synchronise the weights
+ * instead of exchanging a gradient every step.  At a sync each rank forms its
+ * pseudo-gradient, the weights of the last sync minus its weights now; the ranks average
+ * it through a bucket (so with any codec and strategy, and the codec's own error
+ * feedback); an outer optimizer applies the average to the weights of the last sync, and
+ * every rank goes on from the result (DiLoCo, Douillard et al. 2023; FedOpt, Reddi et
+ * al. 2021):
+ *
+ *     d_r = w_sync - w_r                   this rank's pseudo-gradient
+ *     d   = (1/P) sum_r C_r(d_r)           averaged by the bucket; C_r: the tensor's spec
+ *                                          with this rank's residual (feedback=ef)
+ *     SGD        b = mu b + d;  w_sync -= lr b              (mu = 0: w_sync -= lr d)
+ *     Nesterov   b = mu b + d;  w_sync -= lr (d + mu b)     (DiLoCo: lr 0.7, mu 0.9)
+ *     w_r = w_sync                         on every rank, bit for bit
+ *
+ * (b is the outer momentum; these are PyTorch's SGD formulas with dampening 0, DiLoCo's
+ * outer optimizer.)  H = 1 with spec `none` and SGD at lr 1, mu 0 is plain data-parallel
+ * SGD (the average of the ranks' inner updates), up to float rounding only: d_r is the
+ * inner update recovered as w - (w - u_r), two roundings away from u_r itself.
+ *
+ * The pseudo-gradient is compressed by the tensor's spec exactly as a gradient is: `int8`
+ * (OpenDiLoCo / INTELLECT-1's 8-bit pseudo-gradients), `topk:density=0.01,values=sign,
+ * feedback=ef` (SparseLoCo's top-k with few-bit values and error feedback), `none`
+ * (DiLoCo).  With feedback=ef the residual is the compressor's own, kept from sync to sync
+ * as from step to step, so nothing held back is lost.  SparseLoCo (Sarfi et al. 2025)
+ * lets that residual replace the outer momentum: SGD with mu = 0; its decayed residual
+ * e <- beta e + d_r is ef_decay = beta (the compressor adds e itself, so it is handed
+ * d_r - (1 - beta) e).
+ *
+ * Streaming (Streaming DiLoCo, Douillard et al. 2025): the tensors are cut into F
+ * fragments (one bucket each) that synchronise on a staggered schedule, fragment f after
+ * the inner steps t with t mod H = offset(f) mod H, offset(f) = floor((f + 1) H / F)
+ * (fragment F - 1 on the plain schedule, t mod H = 0): each fragment still syncs once
+ * every H steps, but one fragment's bytes are on the link at a time.  A sync is started
+ * after inner step t (its pseudo-gradient formed and compressed then) and completed after
+ * inner step t + delay: the exchange overlaps the next `delay` inner steps, in which the
+ * rank keeps training its live weights.  The outer update computed from d then meets
+ * weights that have moved on; the two are merged with Streaming DiLoCo's mixing factor
+ * alpha (`mix`):
+ *
+ *     w_sync <- the outer update of w_sync by d     (identical on every rank)
+ *     w_r    <- (1 - alpha) w_sync + alpha w_r     (alpha = 0, the default: w_r = w_sync,
+ *                                                   dropping the fragment's local progress
+ *                                                   of the delay steps, as torchft does)
+ *
+ * With alpha = 0 every rank ends each completion with bit-identical weights for the
+ * fragment; with alpha > 0 each rank keeps a share of its own (only w_sync, see
+ * gcomp_mpi_outer_global, is then the same everywhere).  delay = ceil(H / F), the default
+ * for F > 1, hands the link from one fragment to the next as the previous one completes,
+ * so it is busy at every inner step instead of in bursts; delay 0, the default for F = 1,
+ * synchronises at once (blocking: plain DiLoCo).
+ *
+ * Use, every rank the same:
+ *
+ *     gcomp_mpi_outer_options o;
+ *     gcomp_mpi_outer_options_default(&o);          // DiLoCo: Nesterov, lr 0.7, mu 0.9
+ *     o.local_steps = 32;
+ *     gcomp_mpi_outer *out;
+ *     gcomp_mpi_outer_create(&out, comm, tensors, n, weights, &o, 60.0, &err);
+ *     for (each inner step) {
+ *         ...forward, backward, the inner optimizer's step on weights (local)...
+ *         gcomp_mpi_outer_step(out, weights, 60.0, &err);   // syncs when one is due
+ *     }
+ *     gcomp_mpi_outer_flush(out, weights, 60.0, &err);      // every fragment, now
+ *
+ * gcomp_mpi_outer_progress moves the exchanges in flight forward: call it during the
+ * inner steps when streaming (MPI makes progress only inside MPI calls).  Weights are
+ * plain float32 arrays (`count` of them, in tensor order), read and written only inside
+ * gcomp_mpi_outer_create / step / flush; between calls they are the caller's.  The object
+ * owns copies of all else (last-sync weights, outer momentum, the pseudo-gradients in
+ * flight).  Every set-up check, timeout and error rule of buckets applies to the
+ * fragments' buckets.  Thread-safety as for buckets: one thread at a time per object.
+ */
+typedef struct gcomp_mpi_outer gcomp_mpi_outer;
+
+/** The outer optimizer. */
+typedef enum gcomp_mpi_outer_optimizer {
+    GCOMP_MPI_OUTER_SGD = 0,     /**< b = mu b + d; w_sync -= lr b */
+    GCOMP_MPI_OUTER_NESTEROV = 1 /**< b = mu b + d; w_sync -= lr (d + mu b) */
+} gcomp_mpi_outer_optimizer;
+
+typedef struct gcomp_mpi_outer_options {
+    unsigned local_steps; /**< H >= 1: inner steps between syncs of a fragment. Default 16 */
+    int optimizer;        /**< gcomp_mpi_outer_optimizer. Default NESTEROV */
+    double lr;            /**< outer learning rate, finite and > 0. Default 0.7 */
+    double momentum;      /**< mu in [0, 1). Default 0.9 */
+    unsigned fragments;   /**< F, 1..min(tensors, H): streaming when > 1. Default 1 */
+    /**
+     * Inner steps between a fragment's start and its completion, 0..H-1; -1 (default):
+     * 0 for F = 1 (blocking), ceil(H / F) for F > 1 (the link never idle).
+     */
+    int delay;
+    double mix;      /**< alpha in [0, 1): weight of the live weights at a completion. Default 0 */
+    double ef_decay; /**< beta in [0, 1]: SparseLoCo's residual decay (1 = plain feedback=ef,
+                          the default); beta < 1 needs every tensor's spec to keep a residual
+                          (feedback=ef) and a strategy with one compressor per tensor
+                          (allgather, sparse, allreduce; not rsag or hierarchical) */
+    /**
+     * NULL (default): tensors go to fragments balanced by size (largest first, each to
+     * the fragment with the fewest elements so far, ties to the lower index).  Else
+     * `count` entries, fragment_of[i] < F the fragment of tensor i, every fragment used;
+     * copied.  Streaming DiLoCo assigns layers to fragments strided (layer i to i mod F).
+     */
+    const unsigned *fragment_of;
+    size_t bucket_bytes; /**< the fragments' buckets' sub-bucket size (bucket options) */
+} gcomp_mpi_outer_options;
+
+/** Fills *o with the defaults above (DiLoCo's outer Nesterov, H = 16, one fragment). */
+GCOMP_API void gcomp_mpi_outer_options_default(gcomp_mpi_outer_options *o);
+
+/**
+ * Creates an outer step over `count` tensors (collective over the communicator).
+ *  tensors   name, spec, size, shape and strategy of each tensor, as for buckets; copied.
+ *            The spec compresses its pseudo-gradient (feedback=ef keeps the residual).
+ *  weights   `count` arrays, the initial weights (read only): they become the weights of
+ *            the last sync, and must be bit-identical on every rank.
+ *  opt       may be NULL (defaults); copied (fragment_of too).
+ * First a set-up check across ranks (through a small bucket of its own): the options and
+ * the fragment assignment must be the same on every rank, and so must the initial
+ * weights of every tensor (hash); then one bucket per fragment is created (its own
+ * set-up check compares specs, sizes, shapes, strategies and names).
+ * Returns GCOMP_OK;
+ *  GCOMP_E_ARG with the reason in *err: NULL out, comm, tensors or weights, count 0,
+ *   local_steps 0, lr <= 0 or not finite, momentum outside [0, 1), an unknown optimizer,
+ *   fragments 0 or more than the tensors or than local_steps, delay outside -1..H-1, mix
+ *   outside [0, 1), ef_decay outside [0, 1] or below 1 where a tensor keeps no residual
+ *   of its own (GCOMP_E_UNSUPPORTED for a strategy without one), a fragment_of entry >= F
+ *   or a fragment left empty;
+ *  GCOMP_E_NONFINITE (an initial weight is NaN or Inf);
+ *  a bucket's status for a bad spec, with the core's reason and the tensor named in *err
+ *   (GCOMP_E_SPEC for error feedback around a codec that is no contraction, e.g.
+ *   qsgd:levels=4,feedback=ef; GCOMP_E_UNKNOWN_CODEC; GCOMP_E_UNSUPPORTED for a strategy
+ *   the codec cannot use);
+ *  GCOMP_E_MISMATCH (options or initial weights differ across ranks, or another rank
+ *   failed: every rank returns it, naming what differs);
+ *  GCOMP_E_NOMEM, GCOMP_E_TIMEOUT, GCOMP_E_MPI, GCOMP_E_FAILED.
+ * A rank whose own arguments are bad still takes part in the set-up check, so the other
+ * ranks learn of it instead of waiting; only NULL out or comm return at once.
+ */
+GCOMP_API gcomp_status gcomp_mpi_outer_create(gcomp_mpi_outer **out, gcomp_mpi_comm *comm,
+                                              const gcomp_mpi_tensor *tensors, size_t count,
+                                              float *const *weights,
+                                              const gcomp_mpi_outer_options *opt, double timeout_s,
+                                              gcomp_error *err);
+
+/**
+ * Frees the object and its buckets.  NULL is a no-op.  A sync still in flight is waited
+ * for first (up to the communicator's default timeout), since its buckets must not be
+ * freed under MPI: so call it on every rank at the same step, or flush first; on a failed
+ * communicator nothing is waited for (the buckets' pending buffers go to it).
+ */
+GCOMP_API void gcomp_mpi_outer_free(gcomp_mpi_outer *o);
+
+/**
+ * Call after every inner optimizer step, with the live weights (`count` arrays, read and
+ * written).  Counts the step t, then: completes the fragments whose sync started at
+ * t - delay (waits for their exchange, applies the outer optimizer, merges into the
+ * weights, see above), moves the other exchanges in flight forward, and starts the
+ * fragments due at t (forms and compresses their pseudo-gradients; with delay 0 it also
+ * completes them).  Between syncs it only counts.
+ * On an error from a fragment's exchange that fragment's sync is dropped: its last-sync
+ * weights and momentum stay as they were and the weights are not touched, so its next
+ * pseudo-gradient (w_sync - w) carries the dropped one again (the compressor's residual
+ * has advanced as the bucket documents); the rest of that call is skipped, and the later
+ * calls complete what is due.  Every rank gets the same error for local errors (a NaN
+ * weight: GCOMP_E_NONFINITE), as for buckets.
+ * Returns GCOMP_OK, GCOMP_E_ARG (NULL), or the bucket's status (GCOMP_E_NONFINITE,
+ * GCOMP_E_TIMEOUT, GCOMP_E_MPI, GCOMP_E_FAILED, ...), with the tensor named in *err.
+ */
+GCOMP_API gcomp_status gcomp_mpi_outer_step(gcomp_mpi_outer *o, float *const *weights,
+                                            double timeout_s, gcomp_error *err);
+
+/**
+ * Moves the exchanges in flight forward without blocking (gcomp_mpi_test on each).  For
+ * streaming, call it now and then during the inner steps.  A failed exchange is
+ * reported by the gcomp_mpi_outer_step that completes it, not here.
+ * Returns GCOMP_OK or GCOMP_E_ARG.
+ */
+GCOMP_API gcomp_status gcomp_mpi_outer_progress(gcomp_mpi_outer *o, gcomp_error *err);
+
+/**
+ * Synchronises every fragment now (collective): completes the exchanges in flight (as
+ * when due), then starts and completes a sync of every fragment and sets the weights to
+ * the result (alpha ignored), so every rank ends with the same weights.  A fragment that
+ * completed a sync at this very step with alpha = 0 is skipped: its weights are that
+ * sync's already, and a sync of its zero pseudo-gradient would still move it by the outer
+ * momentum.  For the end of training, or before an evaluation that must see all of it.
+ * The schedule goes on by the step count.  Returns as gcomp_mpi_outer_step.
+ */
+GCOMP_API gcomp_status gcomp_mpi_outer_flush(gcomp_mpi_outer *o, float *const *weights,
+                                             double timeout_s, gcomp_error *err);
+
+/**
+ * w_sync of tensor i: the weights of its fragment's last sync, the same on every rank
+ * (the model to evaluate between syncs).  n floats owned by the object, valid until free.
+ * NULL when i is out of range.
+ */
+GCOMP_API const float *gcomp_mpi_outer_global(const gcomp_mpi_outer *o, size_t i);
+
+/**
+ * d of tensor i from its fragment's last completed sync (the averaged pseudo-gradient
+ * before the outer optimizer; zeros before the first), or NULL while its fragment's
+ * exchange is in flight or i is out of range.  For tests and diagnostics.
+ */
+GCOMP_API const float *gcomp_mpi_outer_average(const gcomp_mpi_outer *o, size_t i);
+
+/** Number of tensors, and of fragments; 0 for NULL. */
+GCOMP_API size_t gcomp_mpi_outer_count(const gcomp_mpi_outer *o);
+GCOMP_API size_t gcomp_mpi_outer_fragments(const gcomp_mpi_outer *o);
+
+/**
+ * Where tensor i lives: its fragment and its index in that fragment's bucket (for
+ * gcomp_mpi_message, gcomp_mpi_compressor, statistics).  Returns GCOMP_OK or GCOMP_E_ARG.
+ */
+GCOMP_API gcomp_status gcomp_mpi_outer_locate(const gcomp_mpi_outer *o, size_t i, size_t *fragment,
+                                              size_t *index);
+
+/** The bucket of fragment f (owned by the object; do not start it yourself), or NULL. */
+GCOMP_API gcomp_mpi_bucket *gcomp_mpi_outer_bucket(const gcomp_mpi_outer *o, size_t f);
+
+/**
+ * The schedule, as resolved at create: H, the delay, and fragment f's offset (it starts
+ * after the inner steps t >= 1 with t mod H = offset mod H); UINT64_MAX for a bad f.
+ */
+GCOMP_API unsigned gcomp_mpi_outer_local_steps(const gcomp_mpi_outer *o);
+GCOMP_API unsigned gcomp_mpi_outer_delay(const gcomp_mpi_outer *o);
+GCOMP_API uint64_t gcomp_mpi_outer_offset(const gcomp_mpi_outer *o, size_t f);
+
+/** Inner steps counted so far (by gcomp_mpi_outer_step; a loaded state sets it). */
+GCOMP_API uint64_t gcomp_mpi_outer_steps(const gcomp_mpi_outer *o);
+/** Syncs of fragment f completed and applied (flush included); 0 for a bad f. */
+GCOMP_API uint64_t gcomp_mpi_outer_syncs(const gcomp_mpi_outer *o, size_t f);
+/** 1 while fragment f has a sync started and not yet applied, else 0. */
+GCOMP_API int gcomp_mpi_outer_in_flight(const gcomp_mpi_outer *o, size_t f);
+
+/**
+ * The fragments' bucket counters summed (gcomp_mpi_stats_get of each, per bucket):
+ * bytes_sent is what this rank sent over the run.  Returns GCOMP_OK or GCOMP_E_ARG.
+ */
+GCOMP_API gcomp_status gcomp_mpi_outer_stats(const gcomp_mpi_outer *o, gcomp_mpi_stats *out);
+
+/* ---- outer-step checkpoints ----------------------------------------------------------- */
+
+/*
+ * The state of an outer step on this rank: the step count, per tensor its last-sync
+ * weights and outer momentum, per fragment its sync count and a sync whose average has
+ * arrived but is not applied yet (with that average), and every fragment bucket's own
+ * state blob (the residuals).  Versioned and CRC-32C-checked like a bucket's (layout in
+ * docs/FORMAT.md, "MPI outer-step state").  Save it next to the live
+ * weights and the inner optimizer's state; a fresh object created with the same tensors,
+ * options and communicator shape, loaded with it, continues bit for bit.
+ *
+ * Streaming keeps a fragment in flight at almost every step, so saving first completes
+ * the exchanges in flight (waits for them, as a later step would) without applying them:
+ * their averages are saved and applied at their scheduled step after a load.  So every
+ * rank must save at the same step (as for buckets, whose residuals must be of one step).
+ */
+
+/** Upper bound of this rank's state blob in bytes; 0 for NULL. */
+GCOMP_API size_t gcomp_mpi_outer_state_size(const gcomp_mpi_outer *o);
+
+/**
+ * Writes this rank's state into dst (`cap` bytes, at least gcomp_mpi_outer_state_size)
+ * and its length into *len.  Waits for the exchanges in flight first (at most
+ * timeout_s), see above; on a failed communicator it drops them (their syncs are lost,
+ * as after any failure) and saves the rest.
+ * Returns GCOMP_OK; GCOMP_E_ARG (NULL); GCOMP_E_DST_SIZE; an exchange's error (nothing
+ * is written; that sync is dropped, as in gcomp_mpi_outer_step; save again); a bucket's
+ * save status.  *err says which.
+ */
+GCOMP_API gcomp_status gcomp_mpi_outer_save_state(gcomp_mpi_outer *o, void *dst, size_t cap,
+                                                  size_t *len, double timeout_s, gcomp_error *err);
+
+/**
+ * Loads a blob saved by gcomp_mpi_outer_save_state on this rank (local).  The blob is
+ * untrusted; on any error nothing changes.
+ * Returns GCOMP_OK; GCOMP_E_ARG (NULL); GCOMP_E_PROTOCOL (a sync in flight: load into an
+ * object between syncs, e.g. a fresh one); GCOMP_E_BAD_MAGIC; GCOMP_E_TRUNCATED;
+ * GCOMP_E_VERSION (a newer library); GCOMP_E_CHECKSUM (corrupt); GCOMP_E_STATE
+ * (inconsistent); GCOMP_E_MISMATCH (another rank, number of ranks, options, fragment
+ * assignment, tensor size or name; *err names it); a bucket's load status; GCOMP_E_NOMEM.
+ */
+GCOMP_API gcomp_status gcomp_mpi_outer_load_state(gcomp_mpi_outer *o, const void *src, size_t len,
+                                                  gcomp_error *err);
+
 #ifdef __cplusplus
 }
 #endif

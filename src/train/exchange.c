@@ -13,6 +13,7 @@
 #include "exchange.h"
 
 #include "gradcomp_mpi.h"
+#include "plan.h"
 
 #include <stdarg.h>
 #include <stdbool.h>
@@ -26,8 +27,8 @@ struct gtrain_exchange {
     gtrain_tensor *t;
     size_t nt;
     gcomp_mpi_bucket **b;
-    char **spec;
-    unsigned char *owns_momentum, *started;
+    gtrain_plan plan;
+    unsigned char *started;
     double timeout_s, wait_s, msg_bytes;
     double *sent_before; /* per tensor, bytes_sent at the end of the previous step */
     int nranks;
@@ -51,11 +52,9 @@ static int xfail(gtrain_exchange *ex, const char *fmt, ...) {
 void gtrain_exchange_free(gtrain_exchange *ex) {
     if (!ex) return;
     for (size_t i = 0; ex->b && i < ex->nt; i++) gcomp_mpi_bucket_free(ex->b[i]);
-    for (size_t i = 0; ex->spec && i < ex->nt; i++) free(ex->spec[i]);
     gcomp_mpi_comm_free(ex->comm);
+    gtrain_plan_free(&ex->plan);
     free(ex->b);
-    free(ex->spec);
-    free(ex->owns_momentum);
     free(ex->started);
     free(ex->sent_before);
     free(ex);
@@ -69,43 +68,6 @@ static int efail(char *err, size_t errlen, const char *fmt, ...) {
     return 1;
 }
 
-/* Whether the ';'-separated items of `items` set policy key `key`. */
-static bool sets_key(const char *items, const char *key) {
-    size_t kl = strlen(key);
-    for (const char *p = items; p; p = strchr(p, ';')) {
-        if (*p == ';') p++;
-        while (*p == ' ') p++;
-        if (!strncmp(p, key, kl) && p[kl] == '=') return true;
-    }
-    return false;
-}
-
-/* The policy string a method stands for: "dense", "dense-f16", "policy:<policy>", or
- * "SPEC[;KEY=VALUE...]", a spec for the compressed tensors plus policy items of this method
- * only (e.g. twobit:threshold=0.5;min_elements=16384), the trainer's --min-elements and
- * --dense-spec filling in what the method leaves out. */
-static void method_policy(const char *method, size_t min_elements, const char *dense_spec,
-                          char *out, size_t cap) {
-    const char *semi = strchr(method, ';');
-    if (!strcmp(method, "dense"))
-        snprintf(out, cap, "spec=none;dense=none");
-    else if (!strcmp(method, "dense-f16")) {
-        /* The dense codec with f16 values (a bad spec makes the policy refuse "spec="). */
-        char f16[128] = "";
-        gcomp_spec_set("none", "values", "f16", f16, sizeof f16, NULL);
-        snprintf(out, cap, "spec=%s;dense=%s", f16, f16);
-    } else if (!strncmp(method, "policy:", 7))
-        snprintf(out, cap, "%s", method + 7);
-    else {
-        int n = snprintf(out, cap, "spec=%s", method);
-        if (n < 0 || (size_t)n >= cap) return;
-        if (!semi || !sets_key(semi, "min_elements"))
-            n += snprintf(out + n, cap - (size_t)n, ";min_elements=%zu", min_elements);
-        if ((size_t)n < cap && (!semi || !sets_key(semi, "dense")))
-            snprintf(out + n, cap - (size_t)n, ";dense=%s", dense_spec);
-    }
-}
-
 int gtrain_exchange_create(gtrain_exchange **out, const char *method, gtrain_tensor *t, size_t nt,
                            size_t min_elements, const char *dense_spec, int strategy,
                            double timeout_s, MPI_Comm comm, char *err, size_t errlen) {
@@ -116,32 +78,18 @@ int gtrain_exchange_create(gtrain_exchange **out, const char *method, gtrain_ten
     ex->nt = nt;
     ex->timeout_s = timeout_s;
     ex->b = calloc(nt, sizeof *ex->b);
-    ex->spec = calloc(nt, sizeof *ex->spec);
-    ex->owns_momentum = calloc(nt, 1);
     ex->started = calloc(nt, 1);
     ex->sent_before = calloc(nt, sizeof(double));
     MPI_Comm_size(comm, &ex->nranks);
     gcomp_error e = {0};
-    gcomp_policy *policy = NULL;
     int rc = 0;
-    char pol[1200], mbuf[1024];
-    if (!ex->b || !ex->spec || !ex->owns_momentum || !ex->started || !ex->sent_before) {
+    if (!ex->b || !ex->started || !ex->sent_before) {
         rc = efail(err, errlen, "out of memory");
         goto out;
     }
-    /* "SPEC@STRATEGY" picks the strategy of this method's compressed tensors. */
-    snprintf(mbuf, sizeof mbuf, "%s", method);
-    char *at = strrchr(mbuf, '@');
-    if (at) {
-        *at = 0;
-        if (gcomp_mpi_strategy_parse(at + 1, &strategy) != GCOMP_OK) {
-            rc = efail(err, errlen, "method '%s': unknown strategy '%s'", method, at + 1);
-            goto out;
-        }
-    }
-    method_policy(mbuf, min_elements, dense_spec ? dense_spec : "none", pol, sizeof pol);
-    if (gcomp_policy_create(&policy, pol, &e) != GCOMP_OK) {
-        rc = efail(err, errlen, "method '%s': %s", method, e.message);
+    if (gtrain_plan_create(&ex->plan, method, t, nt, min_elements, dense_spec, strategy, err,
+                           errlen)) {
+        rc = 1;
         goto out;
     }
     if (gcomp_mpi_comm_create(&ex->comm, comm, NULL, timeout_s, &e) != GCOMP_OK) {
@@ -149,36 +97,13 @@ int gtrain_exchange_create(gtrain_exchange **out, const char *method, gtrain_ten
         goto out;
     }
     for (size_t i = 0; i < nt; i++) {
-        size_t rows = t[i].is_bias || t[i].cols == 1 ? 0 : t[i].rows;
-        size_t cols = rows ? t[i].cols : 0;
-        gcomp_tensor_desc d = {t[i].name, t[i].n, rows, cols};
-        gcomp_layer_plan plan;
-        if (gcomp_policy_choose(policy, &d, &plan, &e) != GCOMP_OK) {
-            rc = efail(err, errlen, "%s: %s", t[i].name, e.message);
-            goto out;
-        }
-        ex->spec[i] = strdup(plan.spec);
-        gcomp_spec_info info;
-        if (!ex->spec[i] || gcomp_spec_describe(plan.spec, t[i].n, &info, &e) != GCOMP_OK) {
-            rc = efail(err, errlen, "%s: %s", t[i].name, ex->spec[i] ? e.message : "out of memory");
-            goto out;
-        }
-        /* DGC's momentum correction keeps the momentum: the optimizer must not add its own. */
-        ex->owns_momentum[i] = (info.flags & GCOMP_SPEC_MOMENTUM) != 0;
-        /* A codec that neither selects, quantizes nor factorises sends the tensor as it is:
-         * the method's strategy is for the compressed tensors, these go by auto. */
-        bool uncompressed = !(info.flags & (GCOMP_SPEC_SPARSE | GCOMP_SPEC_MULTIPHASE)) &&
-                            !(info.codec->flags & GCOMP_CODEC_QUANTIZER);
-        bool dense = plan.rule == GCOMP_RULE_1D || plan.rule == GCOMP_RULE_SMALL || uncompressed;
-        gcomp_mpi_tensor mt = {t[i].name, plan.spec, t[i].n,
-                               rows,      cols,      dense ? GCOMP_MPI_AUTO : strategy};
-        if (gcomp_mpi_bucket_create(&ex->b[i], ex->comm, &mt, 1, NULL, timeout_s, &e) != GCOMP_OK) {
+        if (gcomp_mpi_bucket_create(&ex->b[i], ex->comm, &ex->plan.mt[i], 1, NULL, timeout_s, &e) !=
+            GCOMP_OK) {
             rc = efail(err, errlen, "%s: %s", t[i].name, e.message);
             goto out;
         }
     }
 out:
-    gcomp_policy_free(policy);
     if (rc)
         gtrain_exchange_free(ex);
     else
@@ -187,28 +112,11 @@ out:
 }
 
 void gtrain_exchange_describe(const gtrain_exchange *ex, char *out, size_t cap) {
-    size_t used = 0;
-    out[0] = 0;
-    for (size_t i = 0; i < ex->nt; i++) {
-        bool seen = false;
-        for (size_t j = 0; j < i; j++) seen |= !strcmp(ex->spec[j], ex->spec[i]);
-        if (seen) continue;
-        int w = snprintf(out + used, cap - used, "%s%s: ", used ? "; " : "", ex->spec[i]);
-        if (w < 0 || (size_t)w >= cap - used) return;
-        used += (size_t)w;
-        bool first = true;
-        for (size_t j = i; j < ex->nt; j++) {
-            if (strcmp(ex->spec[j], ex->spec[i])) continue;
-            w = snprintf(out + used, cap - used, "%s%s", first ? "" : ",", ex->t[j].name);
-            if (w < 0 || (size_t)w >= cap - used) return;
-            used += (size_t)w;
-            first = false;
-        }
-    }
+    gtrain_plan_describe(&ex->plan, out, cap);
 }
 
 int gtrain_exchange_owns_momentum(const gtrain_exchange *ex, size_t i) {
-    return i < ex->nt && ex->owns_momentum[i];
+    return i < ex->nt && ex->plan.dgc[i];
 }
 
 void gtrain_exchange_set_epoch(gtrain_exchange *ex, double epoch) {
@@ -309,7 +217,7 @@ void gtrain_exchange_cost_tensors(const gtrain_exchange *ex, gcomp_cost_tensor *
         const gtrain_tensor *t = &ex->t[i];
         size_t rows = t->is_bias || t->cols == 1 ? 0 : t->rows;
         out[i] = (gcomp_cost_tensor){
-            t->name, ex->spec[i],        t->n,
+            t->name, ex->plan.spec[i],   t->n,
             rows,    rows ? t->cols : 0, gcomp_mpi_bucket_strategy(ex->b[i], 0)};
     }
 }

@@ -20,6 +20,7 @@
 
 #include "exchange.h"
 #include "model.h"
+#include "outer.h"
 
 #include <math.h>
 #include <stdbool.h>
@@ -160,12 +161,28 @@ static void predict(const gtrain_config *cfg, const gtrain_exchange *ex, size_t 
 
 typedef struct ready_ctx {
     gtrain_exchange *ex;
+    gtrain_outer *ox; /* local SGD: no exchange per step, but the syncs in flight move on */
     int failed;
 } ready_ctx;
 
 static void on_ready(void *ctx, size_t i) {
     ready_ctx *r = ctx;
-    if (!r->failed && gtrain_exchange_start(r->ex, i) != 0) r->failed = 1;
+    if (r->ox)
+        gtrain_outer_progress(r->ox);
+    else if (!r->failed && gtrain_exchange_start(r->ex, i) != 0)
+        r->failed = 1;
+}
+
+/* Evaluates the model the ranks share and checks that they do share it: the weights, or
+ * with an outer step its global weights (the last syncs'; the live ones differ between
+ * syncs by design).  Collective. */
+static int eval_shared(gtrain_model *m, gtrain_outer *ox, const gtrain_data *test, int rank, int P,
+                       MPI_Comm comm, double *acc, double *loss, int *same) {
+    if (ox) gtrain_outer_eval_begin(ox);
+    int rc = evaluate(m, test, rank, P, comm, acc, loss);
+    *same = same_weights(m, comm);
+    if (ox) gtrain_outer_eval_end(ox);
+    return rc;
 }
 
 static void progress_line(const gtrain_config *cfg, const char *method, const gtrain_point *p,
@@ -206,15 +223,31 @@ int gtrain_run(const gtrain_config *cfg, const char *method, const gtrain_data *
     out->params = gtrain_model_num_params(m);
     out->dense_bytes_per_step = 4.0 * (double)out->params;
 
+    /* The method's outer-step items (local SGD) come off before the layer policy sees it. */
+    gtrain_outer_cfg oc = cfg->outer;
+    char core[1024];
     gtrain_exchange *ex = NULL;
-    if (gtrain_exchange_create(&ex, method, t, nt, cfg->min_elements, cfg->dense_spec,
-                               cfg->strategy, cfg->timeout_s, comm, err, errlen)) {
+    gtrain_outer *ox = NULL;
+    if (gtrain_outer_method(method, &oc, core, sizeof core, err, errlen) ||
+        (oc.local_steps > 0
+             ? gtrain_outer_create(&ox, &oc, core, t, nt, cfg->min_elements, cfg->dense_spec,
+                                   cfg->strategy, cfg->timeout_s, comm, err, errlen)
+             : gtrain_exchange_create(&ex, core, t, nt, cfg->min_elements, cfg->dense_spec,
+                                      cfg->strategy, cfg->timeout_s, comm, err, errlen))) {
         gtrain_model_free(m);
         return 1;
     }
-    gtrain_exchange_describe(ex, out->detail, sizeof out->detail);
+    out->local_steps = oc.local_steps;
+    gtrain_outer_cfg_describe(&oc, out->outer, sizeof out->outer);
+    if (ex)
+        gtrain_exchange_describe(ex, out->detail, sizeof out->detail);
+    else
+        gtrain_outer_describe(ox, out->detail, sizeof out->detail);
+    /* DGC's compressor keeps the momentum of a gradient it sends each step; a local-SGD
+     * inner step keeps its own (a DGC spec there compresses pseudo-gradients). */
     unsigned char *skip = calloc(nt, 1);
-    for (size_t i = 0; i < nt; i++) skip[i] = (unsigned char)gtrain_exchange_owns_momentum(ex, i);
+    for (size_t i = 0; ex && skip && i < nt; i++)
+        skip[i] = (unsigned char)gtrain_exchange_owns_momentum(ex, i);
 
     size_t shard_cap = train->n / (size_t)P + 1;
     uint32_t *perm = malloc(train->n * sizeof(uint32_t)),
@@ -240,7 +273,7 @@ int gtrain_run(const gtrain_config *cfg, const char *method, const gtrain_data *
     /* The compute the cost model is given: forward+backward without any exchange, on the
      * first batch (gradients are overwritten by the first real step; weights untouched). */
     double fb_s = measure_compute(m, train, cfg->batch, comm);
-    ready_ctx rctx = {ex, 0};
+    ready_ctx rctx = {ex, ox, 0};
     gtrain_model_set_grad_ready(m, on_ready, &rctx);
 
     /* Starting point. */
@@ -260,10 +293,10 @@ int gtrain_run(const gtrain_config *cfg, const char *method, const gtrain_data *
         (void)got;
         for (size_t s = 0; s < steps_per_epoch; s++, step++) {
             double t0 = now_s();
-            gtrain_exchange_set_epoch(ex, epoch + (double)s / (double)steps_per_epoch);
+            if (ex) gtrain_exchange_set_epoch(ex, epoch + (double)s / (double)steps_per_epoch);
             gtrain_data_gather(train, mine + s * cfg->batch, cfg->batch, xb, yb);
             float loss;
-            if (gtrain_exchange_begin_step(ex) != 0) {
+            if (ex && gtrain_exchange_begin_step(ex) != 0) {
                 rc = fail(err, errlen, "%s", gtrain_exchange_error(ex));
                 break;
             }
@@ -274,13 +307,17 @@ int gtrain_run(const gtrain_config *cfg, const char *method, const gtrain_data *
                           st ? gtrain_strerror(st) : gtrain_exchange_error(ex));
                 break;
             }
-            if (gtrain_exchange_finish(ex) != 0) {
+            if (ex && gtrain_exchange_finish(ex) != 0) {
                 rc = fail(err, errlen, "step %zu: %s", step, gtrain_exchange_error(ex));
                 break;
             }
             double t2 = now_s();
             float lr = gtrain_lr_at(cfg, (double)step / (double)(steps_per_epoch * cfg->epochs));
             gtrain_sgd_step(m, lr, cfg->momentum, cfg->weight_decay, cfg->nesterov, skip);
+            if (ox && gtrain_outer_step(ox) != 0) {
+                rc = fail(err, errlen, "step %zu: %s", step, gtrain_outer_error(ox));
+                break;
+            }
             double t3 = now_s();
             compute_s += t1 - t0;
             wait_s += t2 - t1;
@@ -297,17 +334,18 @@ int gtrain_run(const gtrain_config *cfg, const char *method, const gtrain_data *
                 gtrain_point p = {0};
                 p.epoch = epoch + (double)(s + 1) / (double)steps_per_epoch;
                 p.wall_s = wall;
-                p.bytes = gtrain_exchange_bytes_sent(ex);
+                p.bytes = ex ? gtrain_exchange_bytes_sent(ex) : gtrain_outer_bytes_sent(ox);
                 double ls[2] = {loss_sum, (double)loss_n};
                 MPI_Allreduce(MPI_IN_PLACE, ls, 2, MPI_DOUBLE, MPI_SUM, comm);
                 p.train_loss = ls[0] / ls[1];
                 loss_sum = 0;
                 loss_n = 0;
-                if (evaluate(m, test, rank, P, comm, &p.test_acc, &p.test_loss)) {
+                int same;
+                if (eval_shared(m, ox, test, rank, P, comm, &p.test_acc, &p.test_loss, &same)) {
                     rc = fail(err, errlen, "evaluation failed");
                     break;
                 }
-                if (!same_weights(m, comm)) {
+                if (!same) {
                     rc = fail(err, errlen, "the ranks' weights differ after step %zu", step);
                     break;
                 }
@@ -330,17 +368,40 @@ int gtrain_run(const gtrain_config *cfg, const char *method, const gtrain_data *
         }
         if (out->stopped_by_budget) break;
     }
+    /* Local SGD: the steps since each fragment's last sync are synced too, and the model
+     * that results is the run's last point. */
+    if (!rc && ox) {
+        double t0 = now_s();
+        if (gtrain_outer_flush(ox) != 0) {
+            rc = fail(err, errlen, "%s", gtrain_outer_error(ox));
+        } else {
+            wall += now_s() - t0;
+            gtrain_point p = out->points[out->npoints - 1];
+            p.wall_s = wall;
+            p.bytes = gtrain_outer_bytes_sent(ox);
+            int same;
+            if (eval_shared(m, ox, test, rank, P, comm, &p.test_acc, &p.test_loss, &same))
+                rc = fail(err, errlen, "evaluation failed");
+            else if (!same)
+                rc = fail(err, errlen, "the ranks' weights differ after the last sync");
+            else if (out->npoints < cap_points)
+                out->points[out->npoints++] = p;
+        }
+    }
     if (rc) goto done;
 
     out->weights_identical = same_weights(m, comm);
     {
         double sgd = sgd_s / (double)step;
         MPI_Allreduce(MPI_IN_PLACE, &sgd, 1, MPI_DOUBLE, MPI_MAX, comm);
-        predict(cfg, ex, nt, P, fb_s, sgd, out);
+        if (ex) predict(cfg, ex, nt, P, fb_s, sgd, out); /* the model knows no outer step */
     }
 
     gtrain_exchange_stats xs;
-    gtrain_exchange_get_stats(ex, &xs);
+    if (ex)
+        gtrain_exchange_get_stats(ex, &xs);
+    else
+        gtrain_outer_get_stats(ox, &xs);
     double v[7] = {1e3 * wall / (double)step,      1e3 * xs.codec_s / (double)step,
                    1e3 * xs.comm_s / (double)step, 1e3 * compute_s / (double)step,
                    xs.bytes_sent / (double)step,   wall,
@@ -353,6 +414,7 @@ int gtrain_run(const gtrain_config *cfg, const char *method, const gtrain_data *
     out->bytes_per_step = v[4] / P;
     out->wall_s = v[5] / P;
     out->steps = step;
+    out->bytes_total = out->bytes_per_step * (double)step;
     out->ratio = out->dense_bytes_per_step / (v[6] / P);
     out->traffic_ratio =
         P > 1 ? 2.0 * (P - 1) / P * out->dense_bytes_per_step / out->bytes_per_step : 1.0;
@@ -366,6 +428,7 @@ int gtrain_run(const gtrain_config *cfg, const char *method, const gtrain_data *
 done:
     gtrain_model_set_grad_ready(m, NULL, NULL);
     gtrain_exchange_free(ex);
+    gtrain_outer_free(ox);
     gtrain_model_free(m);
     free(skip);
     free(perm);

@@ -13,6 +13,12 @@
  * "policy:spec=...;min_elements=...".  A spec with DGC (codec dgc, or feedback=dgc)
  * owns the momentum of the tensors it compresses: the optimizer skips its own momentum
  * there (Lin et al. 2018).  PowerSGD runs its two reductions per step.
+ *
+ * Local SGD / DiLoCo (cfg->outer.local_steps = H > 0, or a method's local_steps=H): no
+ * exchange per step; each rank's SGD runs on its own gradient and the outer step (outer.h)
+ * syncs the weights every H steps, the method's spec compressing the pseudo-gradients.
+ * Evaluations then see the global weights (the last syncs'), and a last sync of every
+ * fragment ends the run.
  */
 #ifndef GTRAIN_TRAINER_H
 #define GTRAIN_TRAINER_H
@@ -24,6 +30,7 @@
 
 #include "data.h"
 #include "gradcomp.h"
+#include "outer.h"
 
 enum { GTRAIN_LR_CONST = 0, GTRAIN_LR_COSINE = 1, GTRAIN_LR_STEP = 2 };
 
@@ -52,6 +59,8 @@ typedef struct gtrain_config {
      * calibration's measured one). */
     const gcomp_cost_calibration *calibration;
     double link_bps;
+    gtrain_outer_cfg outer;     /* local SGD / DiLoCo (outer.local_steps > 0); a method's own
+                                   items (local_steps=, outer=, ...) override it */
 } gtrain_config;
 
 typedef struct gtrain_point {
@@ -68,7 +77,11 @@ typedef struct gtrain_result {
     char detail[512]; /* the specs actually used, e.g. "fc1.weight,fc2.weight: dgc:...; rest: none"
                        */
     double final_acc, final_loss, best_acc;
+    char outer[160];             /* the outer step ("H=32 nesterov lr=0.7 ..."), "" for
+                                    data-parallel training */
+    unsigned local_steps;        /* H; 0 for data-parallel training */
     double bytes_per_step;       /* mean bytes sent per step per rank, all tensors */
+    double bytes_total;          /* bytes sent per rank over the whole run */
     double dense_bytes_per_step; /* 4 * parameters */
     double ratio;                /* compression: 4 * parameters * steps / compressed bytes produced,
                                     over the whole run, warm-up included */

@@ -31,11 +31,16 @@
 
 #define MAX_METHODS 16
 
+#define MAX_HOST_RATES 8
+
 typedef struct opts {
     gtrain_config cfg;
     int np;
     const char *link, *out, *data, *calibration;
     double target, tolerance; /* --target-acc (fraction, < 0: dense's); --target-tolerance */
+    const char *host_rate[MAX_HOST_RATES]; /* netsim: "I:RATE", host I's own link */
+    int nhost_rates;
+    const char *delay_us; /* netsim: one-way delay per host */
     char *methods[MAX_METHODS];
     int nmethods;
 } opts;
@@ -49,10 +54,13 @@ static const char *usage_text =
     "                      [--dense-spec SPEC] [--strategy S] [--max-steps N] [--timeout SEC]\n"
     "                      [--lr-schedule const|cosine|step] [--loss mean|sum]\n"
     "                      [--time-budget SEC] [--calibration FILE] [--quiet]\n"
+    "                      [--local-steps H] [--outer sgd|nesterov[:lr=X,momentum=M]]\n"
+    "                      [--stream F] [--stream-delay D] [--mix A] [--ef-decay B]\n"
+    "                      [--host-rate I:RATE]... [--delay-us D]\n"
     "methods: dense, dense-f16, any spec (e.g. dgc:density=0.001, powersgd:rank=4,\n"
     "         twobit:threshold=0.5, sign:feedback=ef), or policy:<policy string>;\n"
-    "         --compare splits on commas, and a piece without ':' but with '=' continues\n"
-    "         the previous spec (dgc:density=0.001,momentum=0.9 stays one method);\n"
+    "         --compare splits on commas, and a piece KEY=VALUE (no ':' or ';' before the\n"
+    "         '=') continues the previous one (dgc:density=0.001,momentum=0.9 stays one);\n"
     "         METHOD@STRATEGY picks the MPI strategy for one method (sign@allgather);\n"
     "         SPEC;KEY=VALUE sets policy items for one method (twobit;min_elements=16384).\n"
     "policy:  tensors under --min-elements (default 8192) and 1-D tensors use --dense-spec\n"
@@ -73,7 +81,18 @@ static const char *usage_text =
     "         threshold's) mean B times less in the summed unit.\n"
     "--calibration: the cost model's calibration (gradcomp plan --calibrate; default\n"
     "         $GRADCOMP_CALIBRATION or ~/.cache/gradcomp/calibration.txt): each method's\n"
-    "         predicted step time is recorded beside the measured one.\n";
+    "         predicted step time is recorded beside the measured one.\n"
+    "--local-steps H: local SGD / DiLoCo (docs/LOCAL_SGD.md): each rank takes H steps of\n"
+    "         its own SGD, then the method's spec compresses the pseudo-gradient (weights at\n"
+    "         the last sync minus weights now), the ranks average it and --outer applies it\n"
+    "         (sgd: lr 1, momentum 0; nesterov: DiLoCo's lr 0.7, momentum 0.9). --stream F\n"
+    "         syncs F fragments of the model on a staggered schedule, each overlapping\n"
+    "         --stream-delay inner steps (default ceil(H/F)), merged with --mix alpha\n"
+    "         (Streaming DiLoCo); --ef-decay beta decays the residual (SparseLoCo).\n"
+    "         One method alone: SPEC;local_steps=H;outer=...;stream=F;stream_delay=D;mix=A;\n"
+    "         ef_decay=B (dense;local_steps=32;outer=nesterov is DiLoCo next to dense).\n"
+    "--host-rate I:RATE, --delay-us D (with --link): host I gets its own link rate (an\n"
+    "         edge device), every host D microseconds of one-way delay (scripts/netsim).\n";
 
 /* Splits a --compare list into methods (see usage_text). */
 static int split_methods(opts *o, const char *list) {
@@ -81,7 +100,10 @@ static int split_methods(opts *o, const char *list) {
     for (char *p = strtok_r(copy, ",", &save); p; p = strtok_r(NULL, ",", &save)) {
         while (*p == ' ') p++;
         if (!*p) continue;
-        if (strchr(p, '=') && !strchr(p, ':') && o->nmethods > 0) {
+        /* KEY=VALUE with a bare key continues the previous method (its spec's next key);
+         * "dense;local_steps=8" or "topk:..." starts a new one. */
+        size_t kl = strcspn(p, "=");
+        if (p[kl] == '=' && strcspn(p, ":;") >= kl && o->nmethods > 0) {
             char *prev = o->methods[o->nmethods - 1];
             size_t l = strlen(prev) + strlen(p) + 2;
             char *joined = malloc(l);
@@ -115,6 +137,7 @@ static int parse(int argc, char **argv, opts *o) {
     c->dense_spec = "none:values=f16";
     c->timeout_s = 120;
     c->progress = isatty(2) ? 2 : 1;
+    gtrain_outer_cfg_default(&c->outer);
     o->out = "out";
     o->target = -1;
     for (int i = 1; i < argc; i++) {
@@ -209,12 +232,51 @@ static int parse(int argc, char **argv, opts *o) {
             o->calibration = v;
         } else if (!strcmp(a, "--timeout"))
             c->timeout_s = strtod(v, NULL);
-        else
+        else if (!strcmp(a, "--local-steps")) {
+            if (cli_parse_count(v, &cnt) || cnt < 1 || cnt > 1000000)
+                return cli_fail("train", 2, "--local-steps %s: 1..1000000 inner steps", v);
+            c->outer.local_steps = (unsigned)cnt;
+        } else if (!strcmp(a, "--outer")) {
+            char e[256];
+            if (gtrain_outer_parse(v, &c->outer, e, sizeof e))
+                return cli_fail("train", 2, "--outer: %s", e);
+        } else if (!strcmp(a, "--stream")) {
+            if (cli_parse_count(v, &cnt) || cnt < 1 || cnt > 1024)
+                return cli_fail("train", 2, "--stream %s: 1..1024 fragments", v);
+            c->outer.stream = (unsigned)cnt;
+        } else if (!strcmp(a, "--stream-delay")) {
+            if (cli_parse_count(v, &cnt) || cnt > 1000000)
+                return cli_fail("train", 2, "--stream-delay %s: inner steps", v);
+            c->outer.delay = (int)cnt;
+        } else if (!strcmp(a, "--mix")) {
+            char *end;
+            c->outer.mix = strtod(v, &end);
+            if (*end || !(c->outer.mix >= 0 && c->outer.mix < 1))
+                return cli_fail("train", 2, "--mix %s: alpha in [0, 1)", v);
+        } else if (!strcmp(a, "--ef-decay")) {
+            char *end;
+            c->outer.ef_decay = strtod(v, &end);
+            if (*end || !(c->outer.ef_decay >= 0 && c->outer.ef_decay <= 1))
+                return cli_fail("train", 2, "--ef-decay %s: beta in [0, 1]", v);
+        } else if (!strcmp(a, "--host-rate")) {
+            if (o->nhost_rates == MAX_HOST_RATES)
+                return cli_fail("train", 2, "at most %d --host-rate", MAX_HOST_RATES);
+            if (!strchr(v, ':'))
+                return cli_fail("train", 2, "--host-rate %s: I:RATE, e.g. 3:10mbit", v);
+            o->host_rate[o->nhost_rates++] = v;
+        } else if (!strcmp(a, "--delay-us")) {
+            if (cli_parse_count(v, &cnt))
+                return cli_fail("train", 2, "--delay-us %s: microseconds", v);
+            o->delay_us = v;
+        } else
             return cli_fail("train", 2, "unknown option '%s'\n%s", a, usage_text);
     }
     if (!(c->lr > 0) || !(c->momentum >= 0 && c->momentum < 1) || !(c->weight_decay >= 0))
         return cli_fail("train", 2, "--lr must be > 0, --momentum in [0, 1), --wd >= 0");
     if (o->nmethods == 0) split_methods(o, "dense");
+    if ((o->nhost_rates || o->delay_us) && !o->link)
+        return cli_fail("train", 2,
+                        "--host-rate and --delay-us shape netsim links: add --link RATE");
     return 0;
 }
 
@@ -228,7 +290,7 @@ static int relaunch(int argc, char **argv, const opts *o) {
     ssize_t l = readlink("/proc/self/exe", self, sizeof self - 1);
     if (l <= 0) return cli_fail("train", 1, "cannot find my own executable: %s", strerror(errno));
     self[l] = 0;
-    char **av = calloc((size_t)argc + 40, sizeof *av);
+    char **av = calloc((size_t)argc + 64, sizeof *av);
     int n = 0;
     char np[16], cores[16];
     snprintf(np, sizeof np, "%d", o->np);
@@ -248,6 +310,14 @@ static int relaunch(int argc, char **argv, const opts *o) {
         av[n++] = np;
         av[n++] = (char *)o->link;
         av[n++] = np;
+        for (int k = 0; k < o->nhost_rates; k++) {
+            av[n++] = "--host-rate";
+            av[n++] = (char *)o->host_rate[k];
+        }
+        if (o->delay_us) {
+            av[n++] = "--delay-us";
+            av[n++] = (char *)o->delay_us;
+        }
         av[n++] = "-x";
         av[n++] = "OPENBLAS_NUM_THREADS=1";
         av[n++] = "-x";
@@ -274,7 +344,8 @@ static int relaunch(int argc, char **argv, const opts *o) {
     av[n++] = "train";
     static char outabs[PATH_MAX + 8], dataabs[PATH_MAX + 8];
     for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--np") || !strcmp(argv[i], "--link")) {
+        if (!strcmp(argv[i], "--np") || !strcmp(argv[i], "--link") ||
+            !strcmp(argv[i], "--host-rate") || !strcmp(argv[i], "--delay-us")) {
             i++;
             continue;
         }
@@ -329,8 +400,21 @@ static void json_num(FILE *f, const char *name, double v) {
         fputs("null", f);
 }
 
+/* mkdir -p: the output directory and any parent it lacks (out/run-1 on a fresh clone). */
+static void make_dirs(const char *path) {
+    char buf[PATH_MAX];
+    snprintf(buf, sizeof buf, "%s", path);
+    for (char *p = buf + 1; *p; p++)
+        if (*p == '/') {
+            *p = 0;
+            mkdir(buf, 0755);
+            *p = '/';
+        }
+    mkdir(buf, 0755);
+}
+
 static int write_outputs(const opts *o, gtrain_result *r, int nr, double target, int P) {
-    mkdir(o->out, 0755);
+    make_dirs(o->out);
     char path[PATH_MAX];
     snprintf(path, sizeof path, "%s/results.json", o->out);
     FILE *f = fopen(path, "w");
@@ -361,10 +445,16 @@ static int write_outputs(const opts *o, gtrain_result *r, int nr, double target,
         json_string(f, x->method);
         fprintf(f, ",\"specs\":");
         json_string(f, x->detail);
+        fprintf(f, ",\"local_steps\":%u,\"outer\":", x->local_steps);
+        if (x->local_steps)
+            json_string(f, x->outer);
+        else
+            fputs("null", f);
         json_num(f, "test_accuracy", x->final_acc);
         json_num(f, "best_accuracy", x->best_acc);
         json_num(f, "delta_vs_dense_pp", 100 * (x->final_acc - dense_acc));
         json_num(f, "bytes_per_step", x->bytes_per_step);
+        json_num(f, "bytes_per_worker", x->bytes_total);
         json_num(f, "dense_bytes_per_step", x->dense_bytes_per_step);
         json_num(f, "effective_ratio", x->ratio);
         json_num(f, "traffic_ratio", x->traffic_ratio);
@@ -462,9 +552,11 @@ static void print_table(gtrain_result *r, int nr, double target, const char *why
             dense_acc = r[i].final_acc;
             dense_tt = gtrain_time_to(&r[i], target);
         }
-    printf("\n%-34s %8s %7s %12s %9s %8s %8s %8s %8s %8s %16s\n", "method", "test acc", "Δ dense",
-           "bytes/step", "ratio", "traffic", "step ms", "pred ms", "codec ms", "comm ms",
-           "t→target");
+    bool outer = false;
+    for (int i = 0; i < nr; i++) outer |= r[i].local_steps > 0;
+    printf("\n%-34s %8s %7s %12s %9s %9s %8s %8s %8s %8s %8s %16s\n", "method", "test acc",
+           "Δ dense", "bytes/step", "MB/rank", "ratio", "traffic", "step ms", "pred ms", "codec ms",
+           "comm ms", "t→target");
     for (int i = 0; i < nr; i++) {
         double tt = gtrain_time_to(&r[i], target);
         char tts[32], delta[16];
@@ -480,9 +572,10 @@ static void print_table(gtrain_result *r, int nr, double target, const char *why
             snprintf(delta, sizeof delta, "-");
         char pred[16] = "-";
         if (r[i].predicted) snprintf(pred, sizeof pred, "%.2f", r[i].pred_step_ms);
-        printf("%-34.34s %7.2f%% %7s %12.0f %8.1fx %7.1fx %8.2f %8s %8.2f %8.2f %16s%s",
-               r[i].method, 100 * r[i].final_acc, delta, r[i].bytes_per_step, r[i].ratio,
-               r[i].traffic_ratio, r[i].step_ms, pred, r[i].codec_ms, r[i].comm_ms, tts,
+        printf("%-34.34s %7.2f%% %7s %12.0f %9.2f %8.1fx %7.1fx %8.2f %8s %8.2f %8.2f %16s%s",
+               r[i].method, 100 * r[i].final_acc, delta, r[i].bytes_per_step,
+               r[i].bytes_total / 1e6, r[i].ratio, r[i].traffic_ratio, r[i].step_ms, pred,
+               r[i].codec_ms, r[i].comm_ms, tts,
                !r[i].weights_identical  ? "  RANKS DIVERGED"
                : r[i].stopped_by_budget ? "  (time budget: stopped at epoch "
                                         : "");
@@ -491,11 +584,16 @@ static void print_table(gtrain_result *r, int nr, double target, const char *why
         else
             printf("\n");
     }
+    if (outer) {
+        printf("local SGD (outer step; accuracy of the global weights, the last syncs'):\n");
+        for (int i = 0; i < nr; i++)
+            if (r[i].local_steps) printf("  %-32.32s %s\n", r[i].method, r[i].outer);
+    }
     printf("target accuracy %.2f%% (%s); t→target: training time until the first evaluation at "
            "or above it (N.Nx: that many times sooner than dense)\nbytes/step: sent per rank per "
-           "step, all tensors (as the algorithm counts it); ratio: gradient bytes / compressed "
-           "bytes over the whole run; traffic: dense f32 ring allreduce bytes / bytes sent; pred: "
-           "the cost model's step time (gradcomp plan)\n",
+           "step, all tensors (as the algorithm counts it); MB/rank: sent per rank over the run; "
+           "ratio: gradient bytes / compressed bytes over the whole run; traffic: dense f32 ring "
+           "allreduce bytes / bytes sent; pred: the cost model's step time (gradcomp plan)\n",
            100 * target, why);
 }
 

@@ -1,0 +1,147 @@
+/*
+ * plan.c - a method's spec and strategy for each tensor (plan.h), through the core's layer
+ * policy (gcomp_policy): small and 1-D tensors dense, the rest the method's spec.  Moved
+ * out of exchange.c when the outer step (outer.c) needed the same decisions.
+ */
+#define _POSIX_C_SOURCE 200809L
+#include "plan.h"
+
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static int pfail(char *err, size_t errlen, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err, errlen, fmt, ap);
+    va_end(ap);
+    return 1;
+}
+
+/* Whether the ';'-separated items of `items` set policy key `key`. */
+static bool sets_key(const char *items, const char *key) {
+    size_t kl = strlen(key);
+    for (const char *p = items; p; p = strchr(p, ';')) {
+        if (*p == ';') p++;
+        while (*p == ' ') p++;
+        if (!strncmp(p, key, kl) && p[kl] == '=') return true;
+    }
+    return false;
+}
+
+/* The policy string a method stands for: "dense", "dense-f16", "policy:<policy>", or
+ * "SPEC[;KEY=VALUE...]", a spec for the compressed tensors plus policy items of this method
+ * only (e.g. twobit:threshold=0.5;min_elements=16384), the trainer's --min-elements and
+ * --dense-spec filling in what the method leaves out. */
+static void method_policy(const char *method, size_t min_elements, const char *dense_spec,
+                          char *out, size_t cap) {
+    const char *semi = strchr(method, ';');
+    if (!strcmp(method, "dense"))
+        snprintf(out, cap, "spec=none;dense=none");
+    else if (!strcmp(method, "dense-f16")) {
+        /* The dense codec with f16 values (a bad spec makes the policy refuse "spec="). */
+        char f16[128] = "";
+        gcomp_spec_set("none", "values", "f16", f16, sizeof f16, NULL);
+        snprintf(out, cap, "spec=%s;dense=%s", f16, f16);
+    } else if (!strncmp(method, "policy:", 7))
+        snprintf(out, cap, "%s", method + 7);
+    else {
+        int n = snprintf(out, cap, "spec=%s", method);
+        if (n < 0 || (size_t)n >= cap) return;
+        if (!semi || !sets_key(semi, "min_elements"))
+            n += snprintf(out + n, cap - (size_t)n, ";min_elements=%zu", min_elements);
+        if ((size_t)n < cap && (!semi || !sets_key(semi, "dense")))
+            snprintf(out + n, cap - (size_t)n, ";dense=%s", dense_spec);
+    }
+}
+
+void gtrain_plan_free(gtrain_plan *p) {
+    if (!p) return;
+    for (size_t i = 0; p->spec && i < p->nt; i++) free(p->spec[i]);
+    free(p->spec);
+    free(p->mt);
+    free(p->dgc);
+    memset(p, 0, sizeof *p);
+}
+
+int gtrain_plan_create(gtrain_plan *p, const char *method, const gtrain_tensor *t, size_t nt,
+                       size_t min_elements, const char *dense_spec, int strategy, char *err,
+                       size_t errlen) {
+    memset(p, 0, sizeof *p);
+    p->nt = nt;
+    p->spec = calloc(nt, sizeof *p->spec);
+    p->mt = calloc(nt, sizeof *p->mt);
+    p->dgc = calloc(nt, 1);
+    if (!p->spec || !p->mt || !p->dgc) {
+        gtrain_plan_free(p);
+        return pfail(err, errlen, "out of memory");
+    }
+    /* "SPEC@STRATEGY" picks the strategy of this method's compressed tensors. */
+    char mbuf[1024], pol[1200];
+    snprintf(mbuf, sizeof mbuf, "%s", method);
+    char *at = strrchr(mbuf, '@');
+    if (at) {
+        *at = 0;
+        if (gcomp_mpi_strategy_parse(at + 1, &strategy) != GCOMP_OK) {
+            gtrain_plan_free(p);
+            return pfail(err, errlen, "method '%s': unknown strategy '%s'", method, at + 1);
+        }
+    }
+    method_policy(mbuf, min_elements, dense_spec ? dense_spec : "none", pol, sizeof pol);
+    gcomp_error e = {0};
+    gcomp_policy *policy = NULL;
+    if (gcomp_policy_create(&policy, pol, &e) != GCOMP_OK) {
+        gtrain_plan_free(p);
+        return pfail(err, errlen, "method '%s': %s", method, e.message);
+    }
+    int rc = 0;
+    for (size_t i = 0; i < nt && !rc; i++) {
+        size_t rows = t[i].is_bias || t[i].cols == 1 ? 0 : t[i].rows;
+        size_t cols = rows ? t[i].cols : 0;
+        gcomp_tensor_desc d = {t[i].name, t[i].n, rows, cols};
+        gcomp_layer_plan plan;
+        gcomp_spec_info info;
+        if (gcomp_policy_choose(policy, &d, &plan, &e) != GCOMP_OK ||
+            !(p->spec[i] = strdup(plan.spec)) ||
+            gcomp_spec_describe(plan.spec, t[i].n, &info, &e) != GCOMP_OK) {
+            rc = pfail(err, errlen, "%s: %s", t[i].name, p->spec[i] ? e.message : "out of memory");
+            break;
+        }
+        /* DGC's momentum correction keeps the momentum: the optimizer must not add its own. */
+        p->dgc[i] = (info.flags & GCOMP_SPEC_MOMENTUM) != 0;
+        /* A codec that neither selects, quantizes nor factorises sends the tensor as it is:
+         * the method's strategy is for the compressed tensors, these go by auto. */
+        bool uncompressed = !(info.flags & (GCOMP_SPEC_SPARSE | GCOMP_SPEC_MULTIPHASE)) &&
+                            !(info.codec->flags & GCOMP_CODEC_QUANTIZER);
+        bool dense = plan.rule == GCOMP_RULE_1D || plan.rule == GCOMP_RULE_SMALL || uncompressed;
+        gcomp_mpi_tensor mt = {t[i].name, p->spec[i], t[i].n,
+                               rows,      cols,       dense ? GCOMP_MPI_AUTO : strategy};
+        p->mt[i] = mt;
+    }
+    gcomp_policy_free(policy);
+    if (rc) gtrain_plan_free(p);
+    return rc;
+}
+
+void gtrain_plan_describe(const gtrain_plan *p, char *out, size_t cap) {
+    size_t used = 0;
+    out[0] = 0;
+    for (size_t i = 0; i < p->nt; i++) {
+        bool seen = false;
+        for (size_t j = 0; j < i; j++) seen |= !strcmp(p->spec[j], p->spec[i]);
+        if (seen) continue;
+        int w = snprintf(out + used, cap - used, "%s%s: ", used ? "; " : "", p->spec[i]);
+        if (w < 0 || (size_t)w >= cap - used) return;
+        used += (size_t)w;
+        bool first = true;
+        for (size_t j = i; j < p->nt; j++) {
+            if (strcmp(p->spec[j], p->spec[i])) continue;
+            w = snprintf(out + used, cap - used, "%s%s", first ? "" : ",", p->mt[j].name);
+            if (w < 0 || (size_t)w >= cap - used) return;
+            used += (size_t)w;
+            first = false;
+        }
+    }
+}
