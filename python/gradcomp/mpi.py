@@ -282,33 +282,46 @@ def _mpi4py_comm(comm):
     if comm is None:
         return MPI.COMM_WORLD
     if isinstance(comm, Communicator):
-        return comm.mpi_comm
+        return comm.control
     if isinstance(comm, MPI.Comm):
         return comm
     raise TypeError(f"expected an mpi4py communicator or gradcomp.mpi.Communicator, got {type(comm).__name__}")
 
 
-def _wait_requests(reqs, timeout, what):
+# Requests abandoned at a timeout, with the buffers MPI may still write into, and the
+# communicators they were posted on: kept for the life of the process (never freed under
+# MPI's feet, as the library does with its own).
+_ABANDONED = []
+
+
+def _wait_requests(reqs, timeout, what, keep=(), comm=None):
     """Waits for mpi4py requests with a deadline, polling like the library does (yield,
     then short sleeps once the wait has lasted 20 ms).  A request that never completes is
-    left pending (MPI cannot cancel a collective); the caller's communicator is then in an
-    undefined state, as after any timeout."""
+    left pending (MPI cannot cancel a collective) together with `keep` (its buffers) and
+    `comm`, which must then never be freed; the caller's communicator is in an undefined
+    state, as after any timeout."""
     t0 = time.monotonic()
     deadline = t0 + (timeout if timeout and timeout > 0 else 300.0)
     while not MPI.Request.Testall(reqs):
         now = time.monotonic()
         if now >= deadline:
+            _ABANDONED.append((reqs, keep, comm))
             raise _err.CollectiveTimeout(
                 f"gradcomp.mpi: {what} did not complete within {deadline - t0:.3g} s "
                 "(a peer is dead or stalled)", status=_err.E_TIMEOUT, status_name="GCOMP_E_TIMEOUT")
         time.sleep(0 if now - t0 < 0.02 else 5e-5)
 
 
+def _abandoned_on(comm):
+    return any(c is comm for _, _, c in _ABANDONED)
+
+
 def allgather_object(obj, comm=None, timeout=None):
     """Every rank's picklable `obj`, as a list in rank order, on every rank.
 
-    Collective over `comm` (an mpi4py communicator, a Communicator, or None for
-    COMM_WORLD), bounded by `timeout` seconds (None: 300): non-blocking MPI_Iallgather(v)
+    Collective over `comm` (an mpi4py communicator, a Communicator - then over its private
+    duplicate, so it never meets the caller's own collectives - or None for COMM_WORLD),
+    bounded by `timeout` seconds (None: 300): non-blocking MPI_Iallgather(v)
     with a deadline, so a dead peer gives CollectiveTimeout instead of a hang (unlike
     mpi4py's own comm.allgather).  For set-up checks and diagnostics, not for bulk data."""
     import numpy as np
@@ -318,14 +331,14 @@ def allgather_object(obj, comm=None, timeout=None):
     size = c.Get_size()
     mine = np.array([data.size], np.int64)
     lens = np.zeros(size, np.int64)
-    _wait_requests([c.Iallgather(mine, lens)], timeout, "allgather of object sizes")
+    _wait_requests([c.Iallgather(mine, lens)], timeout, "allgather of object sizes", (mine, lens), c)
     counts = [int(x) for x in lens]
     displs = [0] * size
     for r in range(1, size):
         displs[r] = displs[r - 1] + counts[r - 1]
     out = np.empty(max(sum(counts), 1), np.uint8)
     req = c.Iallgatherv(data, [out, counts, displs, MPI.BYTE])
-    _wait_requests([req], timeout, "allgather of objects")
+    _wait_requests([req], timeout, "allgather of objects", (data, out), c)
     return [pickle.loads(out[displs[r]:displs[r] + counts[r]].tobytes()) for r in range(size)]
 
 
@@ -344,7 +357,7 @@ def all_agree(value, comm=None, timeout=None):
     buf = np.array([v, v ^ ((1 << 64) - 1)], np.uint64)
     out = np.zeros(2, np.uint64)
     c = _mpi4py_comm(comm)
-    _wait_requests([c.Iallreduce(buf, out, op=MPI.MAX)], timeout, "agreement check")
+    _wait_requests([c.Iallreduce(buf, out, op=MPI.MAX)], timeout, "agreement check", (buf, out), c)
     return int(out[0]) == int(out[1]) ^ ((1 << 64) - 1)
 
 
@@ -385,6 +398,7 @@ class Communicator:
                 "gradcomp.mpi: MPI was initialised with MPI_THREAD_SINGLE; the library needs "
                 "MPI_THREAD_FUNNELED or more (mpi4py.rc.thread_level)", status=_err.E_ARG)
         self.mpi_comm = comm
+        self.control = None
         o = Options()
         _lib.gcomp_mpi_options_default(ctypes.byref(o))
         if timeout is not None:
@@ -402,6 +416,16 @@ class Communicator:
                                         ctypes.byref(err))
         _check(st, "gradcomp.mpi.Communicator", err)
         self._h = h
+        # A private duplicate for this package's own small collectives (set-up checks,
+        # diagnostics), so they can never match a collective the caller runs on `comm`.
+        # MPI_Comm_idup: bounded like everything else.
+        try:
+            ctl, req = comm.Idup()
+            _wait_requests([req], self.timeout, "MPI_Comm_idup of the control communicator", (ctl,), comm)
+        except BaseException:
+            self.close()
+            raise
+        self.control = ctl
 
     def _handle(self):
         if not self._h:
@@ -456,7 +480,7 @@ class Communicator:
 
     def close(self):
         """Frees the communicator and the buckets still open on it (local)."""
-        h, self._h = getattr(self, "_h", None), None
+        h = getattr(self, "_h", None)
         if not h:
             return
         for ref in list(getattr(self, "_buckets", [])):
@@ -464,8 +488,13 @@ class Communicator:
             if b is not None:
                 b.close()
         self._buckets = []
+        healthy = self.status() is None
+        self._h = None
         if not MPI.Is_finalized():
             _lib.gcomp_mpi_comm_free(h)
+            if self.control is not None and healthy and not _abandoned_on(self.control):
+                self.control.Free()  # not with a request abandoned on it
+        self.control = None
 
     def __del__(self):
         try:
