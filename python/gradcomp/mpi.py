@@ -379,16 +379,18 @@ def _float_ptrs(arrays, ns, what):
 class Communicator:
     """A gradcomp communicator (gcomp_mpi_comm) over an MPI communicator.
 
-    Communicator(comm=None, timeout=None, ranks_per_node=0): collective over `comm` (an
-    mpi4py communicator; None: MPI.COMM_WORLD), which must outlive this object.
-    timeout: the default, in seconds, for every blocking call that passes none, and the
-    bound of this creation (None: the library's 300 s).  ranks_per_node: 0 groups ranks
+    Communicator(comm=None, timeout=None, ranks_per_node=0, setup_timeout=None): collective
+    over `comm` (an mpi4py communicator; None: MPI.COMM_WORLD), which must outlive this
+    object.  timeout: the default, in seconds, for every blocking call that passes none
+    (None: the library's 300 s).  setup_timeout: the bound of this creation and the default
+    for bucket creation (None: max(timeout, 300 s)): ranks reach set-up at very different
+    times (imports, data loading), steps at nearly the same.  ranks_per_node: 0 groups ranks
     into nodes by shared memory (the hierarchical strategy's nodes); k > 0 makes nodes of
     k consecutive ranks (to exercise hierarchical on one machine).
     Raises ArgumentError, CollectiveTimeout, MPIError, OutOfMemory.
     """
 
-    def __init__(self, comm=None, timeout=None, ranks_per_node=0):
+    def __init__(self, comm=None, timeout=None, ranks_per_node=0, setup_timeout=None):
         comm = _mpi4py_comm(comm)
         if not MPI.Is_initialized() or MPI.Is_finalized():
             raise _err.ArgumentError("gradcomp.mpi: MPI is not initialised (or already finalised)",
@@ -407,13 +409,14 @@ class Communicator:
             o.timeout_s = float(timeout)
         o.ranks_per_node = int(ranks_per_node)
         self.timeout = o.timeout_s
+        self.setup_timeout = float(setup_timeout) if setup_timeout else max(o.timeout_s, 300.0)
         self.ranks_per_node = o.ranks_per_node
         h = _P()
         err = _native.ErrorInfo()
         self._h = None
         self._buckets = []
-        st = _lib.gcomp_mpi_comm_create(ctypes.byref(h), MPI._handleof(comm), ctypes.byref(o), o.timeout_s,
-                                        ctypes.byref(err))
+        st = _lib.gcomp_mpi_comm_create(ctypes.byref(h), MPI._handleof(comm), ctypes.byref(o),
+                                        self.setup_timeout, ctypes.byref(err))
         _check(st, "gradcomp.mpi.Communicator", err)
         self._h = h
         # A private duplicate for this package's own small collectives (set-up checks,
@@ -421,7 +424,7 @@ class Communicator:
         # MPI_Comm_idup: bounded like everything else.
         try:
             ctl, req = comm.Idup()
-            _wait_requests([req], self.timeout, "MPI_Comm_idup of the control communicator", (ctl,), comm)
+            _wait_requests([req], self.setup_timeout, "MPI_Comm_idup of the control communicator", (ctl,), comm)
         except BaseException:
             self.close()
             raise
@@ -573,7 +576,8 @@ class Bucket:
     check: ranks whose tensors differ in spec, size, shape, strategy or name all raise
     MismatchError naming the first tensor that differs.  tensors: Tensor objects or
     (name, spec, shape[, strategy]) tuples.  bucket_bytes: the pipelining sub-bucket size
-    in dense bytes (None: 4 MiB; 0: no limit); must be the same on every rank.
+    in dense bytes (None: 4 MiB; 0: no limit); must be the same on every rank.  timeout:
+    the bound of this creation (None: the communicator's setup_timeout).
     Each rank must start the allreduces of one bucket in the same order; different
     buckets are independent (each has its own MPI communicator) and may be in flight
     together.  Used by one thread at a time.
@@ -604,7 +608,7 @@ class Bucket:
         h = _P()
         err = _native.ErrorInfo()
         st = _lib.gcomp_mpi_bucket_create(ctypes.byref(h), comm._handle(), desc, len(ts), ctypes.byref(opt),
-                                          float(timeout or 0), ctypes.byref(err))
+                                          float(timeout or comm.setup_timeout), ctypes.byref(err))
         _check(st, f"gradcomp.mpi.Bucket({self.name})", err)
         self._h = h
         import weakref

@@ -99,13 +99,14 @@ class _Param:
 
 
 class _Bucket:
-    __slots__ = ("index", "params", "mpi", "pending", "started", "nbytes")
+    __slots__ = ("index", "params", "mpi", "pending", "started", "error", "nbytes")
 
     def __init__(self, index, params):
         self.index, self.params = index, params
         self.mpi = None
         self.pending = len(params)
         self.started = False
+        self.error = None  # found during backward, raised by synchronize
         self.nbytes = 4 * sum(math.prod(p.shape) for p in params)
 
 
@@ -169,17 +170,18 @@ class _DistributedMixin:
     optimizer's class (see DistributedOptimizer)."""
 
     def __init__(self, optimizer, named_parameters, compression, strategy, backward_passes_per_step,
-                 timeout, bucket_bytes, pipeline_bytes, comm, op):
+                 timeout, setup_timeout, bucket_bytes, pipeline_bytes, comm, op):
         if backward_passes_per_step < 1:
             raise ValueError(f"backward_passes_per_step must be >= 1, got {backward_passes_per_step}")
         self._gc_closed = True  # until fully built: close() and __del__ do nothing
         self._gc_hooks = []
         self._gc_buckets = []
         owns_comm = not isinstance(comm, _gm.Communicator)
-        gcomm = comm if not owns_comm else _gm.Communicator(comm, timeout=timeout)
+        gcomm = comm if not owns_comm else _gm.Communicator(comm, timeout=timeout, setup_timeout=setup_timeout)
         try:
-            plan, policy = self._gc_plan(optimizer, named_parameters, compression, strategy, gcomm, timeout)
-            buckets = self._gc_make_buckets(plan, bucket_bytes, pipeline_bytes, gcomm, timeout)
+            plan, policy = self._gc_plan(optimizer, named_parameters, compression, strategy, gcomm,
+                                         gcomm.setup_timeout)
+            buckets = self._gc_make_buckets(plan, bucket_bytes, pipeline_bytes, gcomm, gcomm.setup_timeout)
         except BaseException:
             if owns_comm:
                 gcomm.close()
@@ -358,22 +360,35 @@ class _DistributedMixin:
             b.pending -= 1
             if b.pending == 0:
                 self._gc_start(b)
-        for b in self._gc_inflight:  # keep the transfers in flight moving
-            b.mpi.test()
+        # Keep the transfers in flight moving.  An error (a NaN found by a peer, a timeout)
+        # is kept for synchronize(): raised here it would leave backward half done on this
+        # rank, with later buckets never started, while the peers wait for them.
+        still = []
+        for b in self._gc_inflight:
+            try:
+                if not b.mpi.test():
+                    still.append(b)
+            except _err.Error as err:
+                b.error = err
+        self._gc_inflight = still
 
     def _gc_start(self, b):
-        grads = []
-        for e in b.params:
-            g = e.param.grad
-            if g is None:  # no gradient this step (an unused parameter): zeros, as Horovod
-                with torch.no_grad():
-                    g = e.param.grad = torch.zeros_like(e.param)
-            elif g.dtype != _F32 or g.layout != torch.strided or not g.is_contiguous():
-                raise TypeError(f"gradcomp: gradient of {e.key!r} must be a contiguous float32 tensor, "
-                                f"got {g.dtype} {g.layout}{'' if g.is_contiguous() else ' (not contiguous)'}")
-            grads.append(g)
         b.started = True
-        b.mpi.start(grads, self._gc_op)
+        try:
+            grads = []
+            for e in b.params:
+                g = e.param.grad
+                if g is None:  # no gradient this step (an unused parameter): zeros, as Horovod
+                    with torch.no_grad():
+                        g = e.param.grad = torch.zeros_like(e.param)
+                elif g.dtype != _F32 or g.layout != torch.strided or not g.is_contiguous():
+                    raise TypeError(f"gradcomp: gradient of {e.key!r} must be a contiguous float32 tensor, got "
+                                    f"{g.dtype} {g.layout}{'' if g.is_contiguous() else ' (not contiguous)'}")
+                grads.append(g)
+            b.mpi.start(grads, self._gc_op)
+        except (_err.Error, TypeError, ValueError) as err:
+            b.error = err
+            return
         self._gc_inflight.append(b)
 
     def synchronize(self):
@@ -384,26 +399,24 @@ class _DistributedMixin:
         the next backward.  Raises the exchange's error on every rank (the pending ones are
         still waited for, so the next step starts clean)."""
         self._gc_check_open()
-        if self._gc_fired == 0 and not self._gc_inflight:
+        if self._gc_fired == 0 and not any(b.started for b in self._gc_buckets):
             return
-        first = None
         t0 = time.perf_counter_ns()
-        try:
-            for b in self._gc_buckets:
-                if not b.started:
-                    self._gc_start(b)
-        except _err.Error as e:
-            first = e
         for b in self._gc_buckets:
-            if b.started:
+            if not b.started:
+                self._gc_start(b)
+        first = None
+        for b in self._gc_buckets:
+            if b.error is None and b.mpi.in_flight:
                 try:
                     b.mpi.wait(self._gc_timeout)
-                except _err.Error as e:
-                    first = first or e
+                except _err.Error as err:
+                    b.error = err
+            first = first or b.error
         self._gc_wait_ns += time.perf_counter_ns() - t0
         self._gc_inflight = []
         for b in self._gc_buckets:
-            b.started = False
+            b.started, b.error = False, None
             b.pending = len(b.params)
         self._gc_delay = [self._gc_passes] * len(self._gc_params)
         self._gc_fired = 0
@@ -451,8 +464,11 @@ class _DistributedMixin:
         super().step()
         return loss
 
+    def _gc_pending(self):
+        return self._gc_fired or any(b.started for b in self._gc_buckets)
+
     def zero_grad(self, set_to_none=False):
-        if self._gc_fired or self._gc_inflight:
+        if self._gc_pending():
             raise AssertionError("gradcomp: zero_grad() was called after backward() but before step() "
                                  "or synchronize(): the exchange of those gradients is still in flight")
         return super().zero_grad(set_to_none)
@@ -509,7 +525,7 @@ class _DistributedMixin:
         """The wrapped optimizer's state_dict plus, under "gradcomp", this rank's bucket
         states.  Between steps only (ProtocolError while an exchange is in flight)."""
         self._gc_check_open()
-        if self._gc_fired or self._gc_inflight:
+        if self._gc_pending():
             raise _err.ProtocolError("gradcomp: state_dict() between backward() and step(): save between "
                                      "steps", status=_err.E_PROTOCOL, status_name="GCOMP_E_PROTOCOL")
         sd = super().state_dict()
@@ -549,7 +565,7 @@ class _DistributedMixin:
         if g["layout"] != mine or len(g["buckets"]) != len(self._gc_buckets):
             fail("saved for another bucket layout (model, bucket_bytes or parameter order differ)",
                  _err.MismatchError, _err.E_MISMATCH)
-        if self._gc_fired or self._gc_inflight:
+        if self._gc_pending():
             fail("called between backward() and step()", _err.ProtocolError, _err.E_PROTOCOL)
         before = [b.mpi.state_bytes() for b in self._gc_buckets]
         done = 0
@@ -592,8 +608,8 @@ class _DistributedMixin:
 
 
 def DistributedOptimizer(optimizer, named_parameters=None, compression="none", strategy="auto",
-                         backward_passes_per_step=1, timeout=None, bucket_bytes=None, pipeline_bytes=None,
-                         comm=None, op="average"):
+                         backward_passes_per_step=1, timeout=None, setup_timeout=None, bucket_bytes=None,
+                         pipeline_bytes=None, comm=None, op="average"):
     """Wraps `optimizer` so that step() uses gradients averaged over MPI ranks, compressed.
 
     Collective: every rank builds it with the same model, settings and order.
@@ -610,6 +626,8 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression="none", s
       backward_passes_per_step  backward passes accumulated locally (summed in p.grad)
                      before the exchange, as in Horovod.
       timeout        seconds any exchange may take before CollectiveTimeout (None: 300).
+      setup_timeout  the bound of this constructor's collectives (None: max(timeout, 300 s);
+                     ranks reach it at different times: imports, data loading).
       bucket_bytes   float32 bytes per bucket (None: 4 MiB; 0: one bucket per parameter).
       pipeline_bytes the library's sub-bucket size inside a bucket (None: 4 MiB).
       comm           an mpi4py communicator (None: COMM_WORLD) or a gradcomp.mpi.Communicator
@@ -625,7 +643,7 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression="none", s
     base = optimizer.__class__
     cls = type(base.__name__, (_DistributedMixin, base), {"__module__": __name__})
     return cls(optimizer, named_parameters, compression, strategy, backward_passes_per_step, timeout,
-               bucket_bytes, pipeline_bytes, comm, op)
+               setup_timeout, bucket_bytes, pipeline_bytes, comm, op)
 
 
 # ---- making every rank start equal -------------------------------------------------------------
