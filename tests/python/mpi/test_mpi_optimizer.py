@@ -309,9 +309,12 @@ def test_synchronize_skip_synchronize_zero_grad():
     opt.synchronize()  # idempotent: no second exchange
     assert all(torch.equal(g, p.grad) for g, p in zip(grads, model.parameters()))
     torch.nn.utils.clip_grad_norm_(model.parameters(), 0.1)
+    assert isinstance(opt, torch.optim.SGD)
+    sched = torch.optim.lr_scheduler.StepLR(opt, 1, gamma=0.5)  # wraps opt.step: still ours
     with opt.skip_synchronize():
         opt.step()
-    assert opt.stats()["steps"] == 1
+    sched.step()
+    assert opt.stats()["steps"] == 1 and opt.param_groups[0]["lr"] == 0.05
     assert same_everywhere(digest(model))
     opt.close()
 
