@@ -55,6 +55,7 @@ import math
 import os
 import pickle
 import time
+import weakref
 
 try:
     from mpi4py import MPI
@@ -611,8 +612,6 @@ class Bucket:
                                           float(timeout or comm.setup_timeout), ctypes.byref(err))
         _check(st, f"gradcomp.mpi.Bucket({self.name})", err)
         self._h = h
-        import weakref
-
         comm._buckets = [r for r in comm._buckets if r() is not None]
         comm._buckets.append(weakref.ref(self))
         self._state_size = _lib.gcomp_mpi_bucket_state_size(h)

@@ -269,7 +269,7 @@ class _DistributedMixin:
         # Names and order here; sizes and specs are the library's set-up check's (each
         # bucket's), but a different parameter count would give ranks different numbers of
         # buckets, which no single bucket can see.
-        layouts = [[x[0] for x in g[1]] for _, g in enumerate(gathered)]
+        layouts = [[x[0] for x in plan_r] for _, plan_r in gathered]
         if any(lay != layouts[0] for lay in layouts):
             msg = _first_difference([g[1] for g in gathered], "gradcomp: the ranks' models differ")
             raise _err.MismatchError(msg, status=_err.E_MISMATCH, status_name="GCOMP_E_MISMATCH")
