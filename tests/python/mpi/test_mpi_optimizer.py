@@ -241,6 +241,20 @@ def test_other_model_raises_on_every_rank():
     assert "parameters" in str(e.value), str(e.value)
 
 
+def test_extra_first_parameter_raises_on_every_rank():
+    # One bucket per parameter, buckets in reverse registration order: a parameter
+    # registered first on one rank only would be that rank's last bucket, which no peer
+    # ever creates - caught before any bucket is made, by comparing the parameter lists.
+    model = make_model()
+    named = list(model.named_parameters())
+    if RANK == 0:
+        named = [("pre.weight", torch.nn.Parameter(torch.zeros(8, 8)))] + named
+    opt = torch.optim.SGD([p for _, p in named], lr=0.1)
+    with pytest.raises(gradcomp.MismatchError) as e:
+        gt.DistributedOptimizer(opt, named, bucket_bytes=0, timeout=TIMEOUT, setup_timeout=TIMEOUT)
+    assert "pre.weight" in str(e.value), str(e.value)
+
+
 def test_local_setup_error_fails_every_rank():
     spec = "topk:densty=0.05" if RANK == 0 else "topk:density=0.05"
     with pytest.raises(gradcomp.Error) as e:
