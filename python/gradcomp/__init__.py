@@ -14,6 +14,11 @@ A thin layer over libgradcomp (ctypes; the compression runs in C):
 PyTorch DDP: `hook, state = gradcomp.torch.hook("powersgd:rank=4")`, then
 `ddp_model.register_comm_hook(state, hook)` (see gradcomp/torch.py).
 
+Over MPI (mpirun -np P python3 train.py; needs mpi4py): gradcomp.mpi (communicators and
+buckets of libgradcomp_mpi: allgather, sparse allreduce, allreduce, rsag, hierarchical) and
+gradcomp.torch.DistributedOptimizer (Horovod-style; gradcomp/optimizer.py).  Neither is
+imported here, so `import gradcomp` never initialises MPI.
+
 The library is found through $GRADCOMP_LIB, the package's directory, the build tree
 (<repo>/build*/libgradcomp.so) or the system's library path, in that order.
 """
@@ -21,10 +26,14 @@ The library is found through $GRADCOMP_LIB, the package's directory, the build t
 from .errors import (  # noqa: F401
     ArgumentError,
     BufferTooSmall,
+    CollectiveTimeout,
+    CommunicatorFailed,
     CorruptMessage,
     Error,
+    IOFailure,
     LimitError,
     MismatchError,
+    MPIError,
     NonFiniteError,
     OutOfMemory,
     ProtocolError,
@@ -59,9 +68,10 @@ __version__ = "0.1.0"
 
 
 def __getattr__(name):
-    # `gradcomp.torch` is imported on first use so the core works without PyTorch.
-    if name == "torch":
+    # `gradcomp.torch` and `gradcomp.mpi` are imported on first use, so the core works
+    # without PyTorch and never initialises MPI by itself.
+    if name in ("torch", "mpi"):
         import importlib
 
-        return importlib.import_module(".torch", __name__)
+        return importlib.import_module("." + name, __name__)
     raise AttributeError(f"module 'gradcomp' has no attribute {name!r}")

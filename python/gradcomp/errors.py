@@ -100,6 +100,25 @@ class UnsupportedFormat(CorruptMessage, UnsupportedError):
     UnsupportedError."""
 
 
+class CollectiveTimeout(Error, TimeoutError):
+    """GCOMP_E_TIMEOUT: a collective did not complete within its timeout (a dead or stalled
+    peer); the communicator is failed from then on (gradcomp.mpi)."""
+
+
+class MPIError(Error):
+    """GCOMP_E_MPI: an MPI call returned an error (often a peer that died); the
+    communicator is failed from then on (gradcomp.mpi)."""
+
+
+class CommunicatorFailed(Error):
+    """GCOMP_E_FAILED: the communicator failed earlier (timeout or MPI error) and stays
+    failed until reset (gradcomp.mpi.Communicator.reset) or freed."""
+
+
+class IOFailure(Error, OSError):
+    """GCOMP_E_IO: a file or data-set could not be read or written."""
+
+
 _CLASSES = {
     E_ARG: ArgumentError,
     E_NOMEM: OutOfMemory,
@@ -118,6 +137,10 @@ _CLASSES = {
     E_LIMIT: LimitError,
     E_PROTOCOL: ProtocolError,
     E_UNSUPPORTED: UnsupportedError,
+    E_TIMEOUT: CollectiveTimeout,
+    E_MPI: MPIError,
+    E_FAILED: CommunicatorFailed,
+    E_IO: IOFailure,
 }
 
 

@@ -613,3 +613,17 @@ def hook(spec_or_policy, process_group=None, model=None, check_specs=True):
     default group.  Works with the gloo backend on CPU tensors.
     """
     return gradcomp_hook, GradcompState(spec_or_policy, process_group, model, check_specs)
+
+
+# ---- over MPI: the Horovod-style optimizer (gradcomp/optimizer.py) ----------------------------
+# Imported on first use: it needs mpi4py, which initialises MPI, and the gloo hook above
+# must not.
+_OPTIMIZER_NAMES = ("DistributedOptimizer", "broadcast_parameters", "broadcast_optimizer_state")
+
+
+def __getattr__(name):
+    if name in _OPTIMIZER_NAMES:
+        from . import optimizer
+
+        return getattr(optimizer, name)
+    raise AttributeError(f"module 'gradcomp.torch' has no attribute {name!r}")

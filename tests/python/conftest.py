@@ -17,6 +17,9 @@ sys.path.insert(0, os.path.join(REPO, "python"))
 
 import gradcomp  # noqa: E402
 
+# The MPI half runs under mpirun, on its own (ctest python.mpi.np2/np4; see mpi/conftest.py).
+collect_ignore = ["mpi"]
+
 
 def has_codec(name):
     return gradcomp.codec_info(name) is not None

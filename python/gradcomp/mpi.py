@@ -1,0 +1,817 @@
+"""gradcomp.mpi - compressed collectives over MPI from Python (ctypes over libgradcomp_mpi).
+
+    from mpi4py import MPI                       # initialises MPI (mpirun -np P python3 ...)
+    import gradcomp.mpi as gm
+
+    comm = gm.Communicator(MPI.COMM_WORLD, timeout=60)
+    bucket = comm.bucket([gm.Tensor("fc1.weight", "topk:density=0.01,feedback=ef", (1024, 784)),
+                          gm.Tensor("fc1.bias", "none", (1024,))])
+    bucket.allreduce([w_grad, b_grad])           # numpy arrays or CPU tensors, averaged in place
+    bucket.start([w_grad, b_grad]); ...; bucket.wait()     # or non-blocking, with test()
+
+include/gradcomp_mpi.h is the manual of what runs underneath: the strategies (allgather,
+sparse, allreduce, rsag, hierarchical), the pipelined sub-buckets, the set-up check that
+turns ranks with different settings into MismatchError on every rank, the timeouts that turn
+a dead or stalled peer into CollectiveTimeout / MPIError instead of a hang, and the state
+blobs that checkpoints carry.  This module adds no algorithm of its own: it marshals buffers
+(by address, never copied), maps every status to the package's exceptions
+(gradcomp/errors.py) and owns the C objects' lifetimes.  gradcomp.torch.DistributedOptimizer
+is built on it.
+
+How MPI gets initialised, and where the MPI_Comm comes from: mpi4py (Debian's
+python3-mpi4py), and nothing else.  The alternative - the package calling MPI_Init itself
+when mpi4py is absent - was rejected:
+  * libgradcomp_mpi never calls MPI_Init or MPI_Finalize (the library contract), so a second
+    helper library would have to, and it would have to redo what mpi4py already does right:
+    negotiate the thread level, finalise at interpreter exit only after every object that
+    holds an MPI handle is gone, and not finalise an MPI someone else initialised;
+  * the MPI_Comm handle's ABI differs between MPIs (a pointer in Open MPI, an int in MPICH);
+    mpi4py knows it for the MPI it was built with (MPI._sizeof, MPI._handleof), a helper
+    would hard-code one;
+  * users of mpirun from Python already have mpi4py, and it gives them any communicator
+    (MPI.COMM_WORLD.Split(...) for a subset of ranks), not only the world;
+  * two owners of MPI_Init in one process (the helper's, and mpi4py imported later by the
+    user's own code) is a known source of "MPI_Init called twice" aborts.
+So `import gradcomp.mpi` needs mpi4py and says how to install it when it is missing; the
+rest of the package (gradcomp, gradcomp.torch's gloo hook) never imports it.  At import this
+module checks that mpi4py and libgradcomp_mpi use the same MPI library.
+
+Threads: the library needs MPI_THREAD_FUNNELED or more (mpi4py asks for MULTIPLE by default);
+a communicator and its buckets are used by one thread at a time - the one that may call MPI.
+Process exit: objects are freed when collected (or by close()); mpi4py finalises MPI after
+that.  After a peer died, MPI_Finalize itself may wait for it: report, save what you need
+(Bucket.state_bytes works on a failed bucket) and leave with os._exit.
+
+Library search order for libgradcomp_mpi.so (the core, libgradcomp.so, is found as
+gradcomp/_native.py says and must be loaded first): $GRADCOMP_MPI_LIB, the package's own
+directory, the build tree of the loaded core (<build>/src/mpi/), <repo>/build*/src/mpi/
+newest first, the system's library path.
+"""
+
+import ctypes
+import ctypes.util
+import glob
+import math
+import os
+import pickle
+import time
+import weakref
+
+try:
+    from mpi4py import MPI
+except ImportError as e:  # pragma: no cover - depends on the machine
+    raise ImportError(
+        "gradcomp.mpi needs mpi4py for MPI_Init and the communicator handle: "
+        "apt-get install python3-mpi4py (Debian), then run under mpirun"
+    ) from e
+
+from . import _native
+from . import core as _core
+from . import errors as _err
+
+_P = ctypes.c_void_p
+_S = ctypes.c_size_t
+_I = ctypes.c_int
+_SP = ctypes.POINTER(ctypes.c_size_t)
+_EP = ctypes.POINTER(_native.ErrorInfo)
+
+# MPI_Comm is a pointer in Open MPI and an int in MPICH: mpi4py knows which.
+_COMM_T = _P if MPI._sizeof(MPI.Comm) == ctypes.sizeof(_P) else ctypes.c_int
+
+# Strategy values and the op, from include/gradcomp_mpi.h.
+AUTO, ALLGATHER, SPARSE, ALLREDUCE, RSAG = 0, 1, 2, 3, 4
+HIERARCHICAL = 0x100
+SUM, AVERAGE = 0, 1
+
+
+class Options(ctypes.Structure):
+    """gcomp_mpi_options."""
+
+    _fields_ = [("timeout_s", ctypes.c_double), ("ranks_per_node", ctypes.c_int)]
+
+
+class TensorDesc(ctypes.Structure):
+    """gcomp_mpi_tensor."""
+
+    _fields_ = [
+        ("name", ctypes.c_char_p),
+        ("spec", ctypes.c_char_p),
+        ("n", _S),
+        ("rows", _S),
+        ("cols", _S),
+        ("strategy", ctypes.c_int),
+    ]
+
+
+class BucketOptions(ctypes.Structure):
+    """gcomp_mpi_bucket_options."""
+
+    _fields_ = [("bucket_bytes", _S)]
+
+
+class Stats(ctypes.Structure):
+    """gcomp_mpi_stats."""
+
+    _fields_ = [
+        ("calls", ctypes.c_uint64),
+        ("bytes_sent", ctypes.c_uint64),
+        ("bytes_received", ctypes.c_uint64),
+        ("node_bytes", ctypes.c_uint64),
+        ("codec_ns", ctypes.c_uint64),
+        ("wire_ns", ctypes.c_uint64),
+        ("elapsed_ns", ctypes.c_uint64),
+        ("overlap_ns", ctypes.c_uint64),
+    ]
+
+
+PROTOTYPES = {
+    "gcomp_mpi_strategy_parse": (_I, [ctypes.c_char_p, ctypes.POINTER(_I)]),
+    "gcomp_mpi_strategy_name": (ctypes.c_char_p, [_I]),
+    "gcomp_mpi_strategy_auto": (_I, [ctypes.c_char_p, _I, ctypes.POINTER(_I)]),
+    "gcomp_mpi_options_default": (None, [ctypes.POINTER(Options)]),
+    "gcomp_mpi_comm_create": (_I, [ctypes.POINTER(_P), _COMM_T, ctypes.POINTER(Options), ctypes.c_double, _EP]),
+    "gcomp_mpi_comm_free": (_I, [_P]),
+    "gcomp_mpi_comm_status": (_I, [_P, _EP]),
+    "gcomp_mpi_comm_reset": (_I, [_P, ctypes.c_double, _EP]),
+    "gcomp_mpi_comm_rank": (_I, [_P]),
+    "gcomp_mpi_comm_size": (_I, [_P]),
+    "gcomp_mpi_comm_nodes": (_I, [_P]),
+    "gcomp_mpi_comm_node": (_I, [_P]),
+    "gcomp_mpi_bucket_options_default": (None, [ctypes.POINTER(BucketOptions)]),
+    "gcomp_mpi_bucket_create": (
+        _I,
+        [ctypes.POINTER(_P), _P, ctypes.POINTER(TensorDesc), _S, ctypes.POINTER(BucketOptions), ctypes.c_double, _EP],
+    ),
+    "gcomp_mpi_bucket_free": (None, [_P]),
+    "gcomp_mpi_bucket_count": (_S, [_P]),
+    "gcomp_mpi_bucket_strategy": (_I, [_P, _S]),
+    "gcomp_mpi_allreduce": (_I, [_P, ctypes.POINTER(_P), _I, ctypes.c_double, _EP]),
+    "gcomp_mpi_start": (_I, [_P, ctypes.POINTER(_P), _I, _EP]),
+    "gcomp_mpi_test": (_I, [_P, ctypes.POINTER(_I), _EP]),
+    "gcomp_mpi_wait": (_I, [_P, ctypes.c_double, _EP]),
+    "gcomp_mpi_message": (_I, [_P, _S, _S, ctypes.POINTER(_P), _SP, _SP, _SP]),
+    "gcomp_mpi_message_count": (_S, [_P, _S]),
+    "gcomp_mpi_owner_residual": (_I, [_P, _S, ctypes.POINTER(ctypes.POINTER(ctypes.c_float)), _SP, _SP]),
+    "gcomp_mpi_owner_spec": (ctypes.c_char_p, [_P, _S]),
+    "gcomp_mpi_worker_spec": (ctypes.c_char_p, [_P, _S]),
+    "gcomp_mpi_compressor": (_P, [_P, _S]),
+    "gcomp_mpi_bucket_state_size": (_S, [_P]),
+    "gcomp_mpi_bucket_save_state": (_I, [_P, _P, _S, _SP, _EP]),
+    "gcomp_mpi_bucket_load_state": (_I, [_P, _P, _S, _EP]),
+    "gcomp_mpi_stats_get": (_I, [_P, _S, ctypes.POINTER(Stats)]),
+    "gcomp_mpi_stats_reset": (None, [_P]),
+}
+
+
+def _candidates():
+    env = os.environ.get("GRADCOMP_MPI_LIB")
+    if env:
+        if not os.path.exists(env):
+            raise OSError(f"GRADCOMP_MPI_LIB={env!r} does not exist")
+        return [env]
+    here = os.path.dirname(os.path.abspath(__file__))
+    out = sorted(glob.glob(os.path.join(here, "libgradcomp_mpi.so*")))
+    core_dir = os.path.dirname(os.path.abspath(_core.LIBRARY_PATH))
+    out += [p for p in (os.path.join(core_dir, "src", "mpi", "libgradcomp_mpi.so"),
+                        os.path.join(core_dir, "libgradcomp_mpi.so")) if os.path.exists(p)]
+    repo = os.path.dirname(os.path.dirname(here))
+    built = glob.glob(os.path.join(repo, "build*", "src", "mpi", "libgradcomp_mpi.so"))
+    out += sorted(built, key=os.path.getmtime, reverse=True)
+    found = ctypes.util.find_library("gradcomp_mpi")
+    if found:
+        out.append(found)
+    return out
+
+
+def _load():
+    tried = []
+    for path in _candidates():
+        try:
+            # RTLD_GLOBAL: Open MPI's plugins resolve libmpi's symbols through the global
+            # namespace (mpi4py loads libmpi the same way).
+            lib = ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
+        except OSError as e:
+            tried.append(f"{path}: {e}")
+            continue
+        for name, (res, args) in PROTOTYPES.items():
+            fn = getattr(lib, name, None)
+            if fn is None:
+                raise OSError(f"{path} lacks {name}: too old for this package")
+            fn.restype, fn.argtypes = res, args
+        return lib, path
+    raise OSError(
+        "gradcomp.mpi: cannot find libgradcomp_mpi.so; build it (cmake --build, with Open MPI "
+        "installed) or set GRADCOMP_MPI_LIB" + "".join("\n  " + t for t in tried)
+    )
+
+
+_lib, LIBRARY_PATH = _load()
+
+
+def _mpi_library_version(lib):
+    fn = getattr(lib, "MPI_Get_library_version", None)
+    if fn is None:
+        return None
+    buf = ctypes.create_string_buffer(8192)
+    ln = ctypes.c_int()
+    fn.restype, fn.argtypes = ctypes.c_int, [ctypes.c_char_p, ctypes.POINTER(ctypes.c_int)]
+    if fn(buf, ctypes.byref(ln)) != 0:
+        return None
+    return buf.value.decode("utf-8", "replace")
+
+
+def _check_same_mpi():
+    ours, theirs = _mpi_library_version(_lib), MPI.Get_library_version()
+    if ours is not None and ours.strip("\0\n ") != theirs.strip("\0\n "):
+        raise ImportError(
+            "gradcomp.mpi: mpi4py and libgradcomp_mpi use different MPI libraries:\n"
+            f"  mpi4py:           {theirs.splitlines()[0] if theirs else '?'}\n"
+            f"  libgradcomp_mpi:  {ours.splitlines()[0] if ours else '?'}\n"
+            "build gradcomp against the MPI that mpi4py uses"
+        )
+
+
+_check_same_mpi()
+
+
+def _s(b):
+    return b.decode("utf-8", "replace") if b is not None else None
+
+
+def _check(st, context, err=None):
+    _core._check(st, context, err)
+
+
+# ---- strategies ------------------------------------------------------------------------
+
+
+def strategy_value(strategy):
+    """A strategy as the C enum value: an int is returned as is, a name ("auto",
+    "allgather", "sparse", "allreduce", "rsag", "hierarchical", "hierarchical:rsag", ...)
+    is parsed by the library.  Raises ArgumentError for an unknown name."""
+    if isinstance(strategy, int):
+        return strategy
+    if strategy is None:
+        return AUTO
+    out = ctypes.c_int()
+    st = _lib.gcomp_mpi_strategy_parse(str(strategy).encode(), ctypes.byref(out))
+    if st:
+        _core._raise(st, f"strategy {strategy!r}",
+                     "unknown strategy; use auto, allgather, sparse, allreduce, rsag, "
+                     "hierarchical or hierarchical:NAME")
+    return out.value
+
+
+def strategy_name(value):
+    """The library's name of a strategy value ("allgather", "hierarchical:rsag", ...)."""
+    return _s(_lib.gcomp_mpi_strategy_name(int(value)))
+
+
+def strategy_auto(spec, nranks=0):
+    """The strategy the library picks for `spec` when asked for "auto" (a name)."""
+    out = ctypes.c_int()
+    err_ctx = f"spec {spec!r}"
+    st = _lib.gcomp_mpi_strategy_auto(_core._spec_bytes(spec), int(nranks), ctypes.byref(out))
+    _check(st, err_ctx)
+    return strategy_name(out.value)
+
+
+# ---- bounded helpers on the caller's MPI communicator ---------------------------------
+
+
+def _mpi4py_comm(comm):
+    if comm is None:
+        return MPI.COMM_WORLD
+    if isinstance(comm, Communicator):
+        return comm.control
+    if isinstance(comm, MPI.Comm):
+        return comm
+    raise TypeError(f"expected an mpi4py communicator or gradcomp.mpi.Communicator, got {type(comm).__name__}")
+
+
+# Requests abandoned at a timeout, with the buffers MPI may still write into, and the
+# communicators they were posted on: kept for the life of the process (never freed under
+# MPI's feet, as the library does with its own).
+_ABANDONED = []
+
+
+def _wait_requests(reqs, timeout, what, keep=(), comm=None):
+    """Waits for mpi4py requests with a deadline, polling like the library does (yield,
+    then short sleeps once the wait has lasted 20 ms).  A request that never completes is
+    left pending (MPI cannot cancel a collective) together with `keep` (its buffers) and
+    `comm`, which must then never be freed; the caller's communicator is in an undefined
+    state, as after any timeout."""
+    t0 = time.monotonic()
+    deadline = t0 + (timeout if timeout and timeout > 0 else 300.0)
+    while not MPI.Request.Testall(reqs):
+        now = time.monotonic()
+        if now >= deadline:
+            _ABANDONED.append((reqs, keep, comm))
+            raise _err.CollectiveTimeout(
+                f"gradcomp.mpi: {what} did not complete within {deadline - t0:.3g} s "
+                "(a peer is dead or stalled)", status=_err.E_TIMEOUT, status_name="GCOMP_E_TIMEOUT")
+        time.sleep(0 if now - t0 < 0.02 else 5e-5)
+
+
+def _abandoned_on(comm):
+    return any(c is comm for _, _, c in _ABANDONED)
+
+
+def allgather_object(obj, comm=None, timeout=None):
+    """Every rank's picklable `obj`, as a list in rank order, on every rank.
+
+    Collective over `comm` (an mpi4py communicator, a Communicator - then over its private
+    duplicate, so it never meets the caller's own collectives - or None for COMM_WORLD),
+    bounded by `timeout` seconds (None: 300): non-blocking MPI_Iallgather(v)
+    with a deadline, so a dead peer gives CollectiveTimeout instead of a hang (unlike
+    mpi4py's own comm.allgather).  For set-up checks and diagnostics, not for bulk data."""
+    import numpy as np
+
+    c = _mpi4py_comm(comm)
+    data = np.frombuffer(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL), np.uint8)
+    size = c.Get_size()
+    mine = np.array([data.size], np.int64)
+    lens = np.zeros(size, np.int64)
+    _wait_requests([c.Iallgather(mine, lens)], timeout, "allgather of object sizes", (mine, lens), c)
+    counts = [int(x) for x in lens]
+    displs = [0] * size
+    for r in range(1, size):
+        displs[r] = displs[r - 1] + counts[r - 1]
+    out = np.empty(max(sum(counts), 1), np.uint8)
+    req = c.Iallgatherv(data, [out, counts, displs, MPI.BYTE])
+    _wait_requests([req], timeout, "allgather of objects", (data, out), c)
+    return [pickle.loads(out[displs[r]:displs[r] + counts[r]].tobytes()) for r in range(size)]
+
+
+def all_agree(value, comm=None, timeout=None):
+    """True on every rank when every rank passed the same 64-bit `value` (an int or a
+    string/bytes, hashed), False on every rank otherwise: one MPI_Iallreduce (MAX) of the
+    value and its complement, bounded by `timeout`."""
+    import hashlib
+
+    import numpy as np
+
+    if not isinstance(value, int):
+        raw = value.encode() if isinstance(value, str) else bytes(value)
+        value = int.from_bytes(hashlib.blake2b(raw, digest_size=8).digest(), "little")
+    v = int(value) & ((1 << 64) - 1)
+    buf = np.array([v, v ^ ((1 << 64) - 1)], np.uint64)
+    out = np.zeros(2, np.uint64)
+    c = _mpi4py_comm(comm)
+    _wait_requests([c.Iallreduce(buf, out, op=MPI.MAX)], timeout, "agreement check", (buf, out), c)
+    return int(out[0]) == int(out[1]) ^ ((1 << 64) - 1)
+
+
+# ---- buffers -----------------------------------------------------------------------------
+
+
+def _float_ptrs(arrays, ns, what):
+    if len(arrays) != len(ns):
+        raise ValueError(f"{what}: expected {len(ns)} arrays (one per tensor of the bucket), got {len(arrays)}")
+    ptrs = (_P * len(ns))()
+    for i, (a, n) in enumerate(zip(arrays, ns)):
+        ptrs[i] = _core.float_buffer(a, n, writable=True, what=f"{what}[{i}]")[0]
+    return ptrs
+
+
+# ---- the communicator ---------------------------------------------------------------------
+
+
+class Communicator:
+    """A gradcomp communicator (gcomp_mpi_comm) over an MPI communicator.
+
+    Communicator(comm=None, timeout=None, ranks_per_node=0, setup_timeout=None): collective
+    over `comm` (an mpi4py communicator; None: MPI.COMM_WORLD), which must outlive this
+    object.  timeout: the default, in seconds, for every blocking call that passes none
+    (None: the library's 300 s).  setup_timeout: the bound of this creation and the default
+    for bucket creation (None: max(timeout, 300 s)): ranks reach set-up at very different
+    times (imports, data loading), steps at nearly the same.  ranks_per_node: 0 groups ranks
+    into nodes by shared memory (the hierarchical strategy's nodes); k > 0 makes nodes of
+    k consecutive ranks (to exercise hierarchical on one machine).
+    Raises ArgumentError, CollectiveTimeout, MPIError, OutOfMemory.
+    """
+
+    def __init__(self, comm=None, timeout=None, ranks_per_node=0, setup_timeout=None):
+        comm = _mpi4py_comm(comm)
+        if not MPI.Is_initialized() or MPI.Is_finalized():
+            raise _err.ArgumentError("gradcomp.mpi: MPI is not initialised (or already finalised)",
+                                     status=_err.E_ARG)
+        if MPI.Query_thread() < MPI.THREAD_FUNNELED:
+            raise _err.ArgumentError(
+                "gradcomp.mpi: MPI was initialised with MPI_THREAD_SINGLE; the library needs "
+                "MPI_THREAD_FUNNELED or more (mpi4py.rc.thread_level)", status=_err.E_ARG)
+        self.mpi_comm = comm
+        self.control = None
+        o = Options()
+        _lib.gcomp_mpi_options_default(ctypes.byref(o))
+        if timeout is not None:
+            if not timeout > 0:
+                raise ValueError(f"timeout must be > 0 seconds, got {timeout}")
+            o.timeout_s = float(timeout)
+        o.ranks_per_node = int(ranks_per_node)
+        self.timeout = o.timeout_s
+        self.setup_timeout = float(setup_timeout) if setup_timeout else max(o.timeout_s, 300.0)
+        self.ranks_per_node = o.ranks_per_node
+        h = _P()
+        err = _native.ErrorInfo()
+        self._h = None
+        self._buckets = []
+        st = _lib.gcomp_mpi_comm_create(ctypes.byref(h), MPI._handleof(comm), ctypes.byref(o),
+                                        self.setup_timeout, ctypes.byref(err))
+        _check(st, "gradcomp.mpi.Communicator", err)
+        self._h = h
+        # A private duplicate for this package's own small collectives (set-up checks,
+        # diagnostics), so they can never match a collective the caller runs on `comm`.
+        # MPI_Comm_idup: bounded like everything else.
+        try:
+            ctl, req = comm.Idup()
+            _wait_requests([req], self.setup_timeout, "MPI_Comm_idup of the control communicator", (ctl,), comm)
+        except BaseException:
+            self.close()
+            raise
+        self.control = ctl
+
+    def _handle(self):
+        if not self._h:
+            raise ValueError("gradcomp.mpi: communicator is closed")
+        return self._h
+
+    @property
+    def rank(self):
+        return _lib.gcomp_mpi_comm_rank(self._handle())
+
+    @property
+    def size(self):
+        return _lib.gcomp_mpi_comm_size(self._handle())
+
+    @property
+    def nodes(self):
+        """Number of nodes (see ranks_per_node)."""
+        return _lib.gcomp_mpi_comm_nodes(self._handle())
+
+    @property
+    def node(self):
+        """This rank's node index."""
+        return _lib.gcomp_mpi_comm_node(self._handle())
+
+    def status(self):
+        """None while usable; after a timeout or MPI error, the exception that failed it
+        (not raised)."""
+        err = _native.ErrorInfo()
+        st = _lib.gcomp_mpi_comm_status(self._handle(), ctypes.byref(err))
+        if st == _err.OK:
+            return None
+        try:
+            _check(st, "gradcomp.mpi.Communicator", err)
+        except _err.Error as e:
+            return e
+        return None
+
+    @property
+    def failed(self):
+        return self.status() is not None
+
+    def reset(self, timeout=None):
+        """Collective: makes a failed communicator usable again (every peer must be alive and
+        call it).  Buckets made before stay failed: close them and make new ones."""
+        err = _native.ErrorInfo()
+        st = _lib.gcomp_mpi_comm_reset(self._handle(), float(timeout or 0), ctypes.byref(err))
+        _check(st, "gradcomp.mpi.Communicator.reset", err)
+
+    def bucket(self, tensors, bucket_bytes=None, timeout=None):
+        """Bucket(self, tensors, ...): see Bucket."""
+        return Bucket(self, tensors, bucket_bytes=bucket_bytes, timeout=timeout)
+
+    def close(self):
+        """Frees the communicator and the buckets still open on it (local)."""
+        h = getattr(self, "_h", None)
+        if not h:
+            return
+        for ref in list(getattr(self, "_buckets", [])):
+            b = ref()
+            if b is not None:
+                b.close()
+        self._buckets = []
+        healthy = self.status() is None
+        self._h = None
+        if not MPI.Is_finalized():
+            _lib.gcomp_mpi_comm_free(h)
+            if self.control is not None and healthy and not _abandoned_on(self.control):
+                self.control.Free()  # not with a request abandoned on it
+        self.control = None
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __repr__(self):
+        if not self._h:
+            return "gradcomp.mpi.Communicator(closed)"
+        return (f"gradcomp.mpi.Communicator(rank {self.rank} of {self.size}, "
+                f"{self.nodes} node(s), timeout {self.timeout:g} s)")
+
+
+# ---- tensors and buckets --------------------------------------------------------------------
+
+
+def _rows_cols(shape):
+    """The matrix view C takes: 2-D as is, N-D as (shape[0], rest) like PowerSGD's view of a
+    conv kernel, vectors (0, 0)."""
+    if len(shape) < 2:
+        return 0, 0
+    n = math.prod(shape)
+    return shape[0], (n // shape[0] if shape[0] else 0)
+
+
+class Tensor:
+    """One tensor of a bucket: Tensor(name, spec, shape_or_n, strategy="auto").
+
+    shape_or_n: an int (a vector) or a shape tuple (a matrix view for codecs that need
+    one, such as powersgd).  strategy: a name or value (strategy_value).  The same
+    description must be given on every rank, in the same order."""
+
+    __slots__ = ("name", "spec", "shape", "n", "rows", "cols", "strategy")
+
+    def __init__(self, name, spec, shape, strategy="auto"):
+        self.name = str(name)
+        self.spec = spec
+        self.shape = (int(shape),) if isinstance(shape, int) else tuple(int(d) for d in shape)
+        self.n = math.prod(self.shape)
+        if self.n <= 0:
+            raise ValueError(f"tensor {self.name!r}: shape {self.shape} holds no element")
+        self.rows, self.cols = _rows_cols(self.shape)
+        self.strategy = strategy_value(strategy)
+
+    def __repr__(self):
+        return f"gradcomp.mpi.Tensor({self.name!r}, {self.spec!r}, {self.shape}, {strategy_name(self.strategy)!r})"
+
+
+class _BorrowedCompressor(_core.Compressor):
+    """A bucket's own compressor of one tensor: read its residual, statistics, step and
+    spec, or set its epoch; never encode with it (the bucket does)."""
+
+    def __init__(self, h, n, shape, bucket):
+        self._init(h, n, shape)
+        self._bucket = bucket  # keeps the C object alive
+
+    def close(self):
+        self._h = None
+
+    def __reduce__(self):
+        raise TypeError("a bucket's compressor cannot be pickled; save the bucket's state_bytes()")
+
+
+class Bucket:
+    """A fixed list of tensors exchanged together (gcomp_mpi_bucket).
+
+    Bucket(comm, tensors, bucket_bytes=None, timeout=None): collective over the
+    communicator; creates each tensor's compressors from its spec and runs the set-up
+    check: ranks whose tensors differ in spec, size, shape, strategy or name all raise
+    MismatchError naming the first tensor that differs.  tensors: Tensor objects or
+    (name, spec, shape[, strategy]) tuples.  bucket_bytes: the pipelining sub-bucket size
+    in dense bytes (None: 4 MiB; 0: no limit); must be the same on every rank.  timeout:
+    the bound of this creation (None: the communicator's setup_timeout).
+    Each rank must start the allreduces of one bucket in the same order; different
+    buckets are independent (each has its own MPI communicator) and may be in flight
+    together.  Used by one thread at a time.
+    """
+
+    def __init__(self, comm, tensors, bucket_bytes=None, timeout=None):
+        if not isinstance(comm, Communicator):
+            raise TypeError("Bucket needs a gradcomp.mpi.Communicator")
+        ts = [t if isinstance(t, Tensor) else Tensor(*t) for t in tensors]
+        if not ts:
+            raise ValueError("a bucket needs at least one tensor")
+        self.comm = comm
+        self.tensors = ts
+        self._h = None
+        self._inflight = None
+        self.name = ts[0].name if len(ts) == 1 else f"{ts[0].name}..{ts[-1].name}"
+        self._ns = [t.n for t in ts]
+        self._specs = [_core._spec_bytes(t.spec) for t in ts]
+        self._names = [t.name.encode("utf-8") for t in ts]
+        desc = (TensorDesc * len(ts))()
+        for i, t in enumerate(ts):
+            desc[i] = TensorDesc(self._names[i], self._specs[i], t.n, t.rows, t.cols, t.strategy)
+        opt = BucketOptions()
+        _lib.gcomp_mpi_bucket_options_default(ctypes.byref(opt))
+        if bucket_bytes is not None:
+            opt.bucket_bytes = int(bucket_bytes)
+        self.bucket_bytes = opt.bucket_bytes
+        h = _P()
+        err = _native.ErrorInfo()
+        st = _lib.gcomp_mpi_bucket_create(ctypes.byref(h), comm._handle(), desc, len(ts), ctypes.byref(opt),
+                                          float(timeout or comm.setup_timeout), ctypes.byref(err))
+        _check(st, f"gradcomp.mpi.Bucket({self.name})", err)
+        self._h = h
+        comm._buckets = [r for r in comm._buckets if r() is not None]
+        comm._buckets.append(weakref.ref(self))
+        self._state_size = _lib.gcomp_mpi_bucket_state_size(h)
+
+    # -- lifetime --
+    def _handle(self):
+        if not self._h:
+            raise ValueError(f"gradcomp.mpi: bucket {self.name} is closed")
+        return self._h
+
+    def close(self):
+        """Frees the bucket (local).  One still in flight on a healthy communicator is
+        waited for first (bounded by the communicator's timeout)."""
+        h = getattr(self, "_h", None)
+        if not h:
+            return
+        if self._inflight is not None and self.comm._h and not self.comm.failed:
+            try:
+                self.wait()
+            except _err.Error:
+                pass
+        self._h = None
+        self._inflight = None
+        if not MPI.Is_finalized():
+            _lib.gcomp_mpi_bucket_free(h)
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __len__(self):
+        return len(self.tensors)
+
+    def __repr__(self):
+        return f"gradcomp.mpi.Bucket({self.name!r}, {len(self.tensors)} tensor(s))"
+
+    # -- the exchange --
+    def _op(self, op):
+        if op in (AVERAGE, "average", "avg", "mean"):
+            return AVERAGE
+        if op in (SUM, "sum"):
+            return SUM
+        raise ValueError(f"op must be 'average' or 'sum', got {op!r}")
+
+    def allreduce(self, arrays, op="average", timeout=None):
+        """Blocking allreduce: on return each array (this rank's gradient on entry; a
+        float32 C-contiguous NumPy array or CPU tensor of the tensor's size, written in
+        place, never copied) holds the sum or average over ranks of what every rank's
+        codec sent.  Raises the call's status as an exception (NonFiniteError and
+        MismatchError on every rank, CollectiveTimeout / MPIError when a peer is gone)."""
+        ptrs = _float_ptrs(arrays, self._ns, "allreduce")
+        err = _native.ErrorInfo()
+        st = _lib.gcomp_mpi_allreduce(self._handle(), ptrs, self._op(op), float(timeout or 0), ctypes.byref(err))
+        _check(st, f"gradcomp.mpi allreduce of bucket {self.name}", err)
+
+    def start(self, arrays, op="average"):
+        """Starts a non-blocking allreduce (compresses everything, sends what it can) and
+        returns; the arrays are borrowed (kept alive here) until test() says done or wait()
+        returns: do not read or write them before."""
+        ptrs = _float_ptrs(arrays, self._ns, "start")
+        err = _native.ErrorInfo()
+        st = _lib.gcomp_mpi_start(self._handle(), ptrs, self._op(op), ctypes.byref(err))
+        _check(st, f"gradcomp.mpi start of bucket {self.name}", err)
+        self._inflight = list(arrays)
+
+    @property
+    def in_flight(self):
+        return self._inflight is not None
+
+    def test(self):
+        """Makes progress without blocking; True once the allreduce has finished (an idle
+        bucket: True).  Raises the allreduce's error when it finished with one."""
+        done = ctypes.c_int()
+        err = _native.ErrorInfo()
+        st = _lib.gcomp_mpi_test(self._handle(), ctypes.byref(done), ctypes.byref(err))
+        if st or done.value:
+            self._inflight = None
+        _check(st, f"gradcomp.mpi test of bucket {self.name}", err)
+        return bool(done.value)
+
+    def wait(self, timeout=None):
+        """Waits at most `timeout` seconds (None: the communicator's default) for the
+        allreduce in flight; raises its error, CollectiveTimeout on timeout (the
+        communicator is then failed)."""
+        err = _native.ErrorInfo()
+        st = _lib.gcomp_mpi_wait(self._handle(), float(timeout or 0), ctypes.byref(err))
+        self._inflight = None
+        _check(st, f"gradcomp.mpi wait of bucket {self.name}", err)
+
+    # -- what it is and what it did --
+    def strategy(self, i):
+        """The strategy tensor i actually uses, as a name."""
+        return strategy_name(_lib.gcomp_mpi_bucket_strategy(self._handle(), int(i)))
+
+    def strategy_value(self, i):
+        return _lib.gcomp_mpi_bucket_strategy(self._handle(), int(i))
+
+    def worker_spec(self, i):
+        """The canonical spec this rank's compressors of tensor i encode with (its own seed
+        for codecs whose draws only round); None on ranks that compress nothing."""
+        return _s(_lib.gcomp_mpi_worker_spec(self._handle(), int(i)))
+
+    def owner_spec(self, i):
+        """The spec rsag/sparse owners re-compress tensor i's region with, else None."""
+        return _s(_lib.gcomp_mpi_owner_spec(self._handle(), int(i)))
+
+    def messages(self, i):
+        """This rank's messages for tensor i in the last completed allreduce: a list of
+        (message bytes, offset, count) - each message decodes to elements [offset,
+        offset + count) of the tensor (gcomp_mpi_message)."""
+        h = self._handle()
+        out = []
+        m, ln, off, cnt = _P(), _S(), _S(), _S()
+        for j in range(_lib.gcomp_mpi_message_count(h, int(i))):
+            st = _lib.gcomp_mpi_message(h, int(i), j, ctypes.byref(m), ctypes.byref(ln), ctypes.byref(off),
+                                        ctypes.byref(cnt))
+            _check(st, "gradcomp.mpi message")
+            out.append((ctypes.string_at(m.value, ln.value), off.value, cnt.value))
+        return out
+
+    def message_bytes(self, i):
+        """Total length of this rank's messages for tensor i in the last allreduce."""
+        h = self._handle()
+        m, ln = _P(), _S()
+        total = 0
+        for j in range(_lib.gcomp_mpi_message_count(h, int(i))):
+            _lib.gcomp_mpi_message(h, int(i), j, ctypes.byref(m), ctypes.byref(ln), None, None)
+            total += ln.value
+        return total
+
+    def owner_residual(self, i):
+        """(copy of the owner-side residual as a NumPy array, offset) for tensor i on this
+        rank (sparse and rsag owners), or None when it keeps none."""
+        import numpy as np
+
+        res = ctypes.POINTER(ctypes.c_float)()
+        off, cnt = _S(), _S()
+        _check(_lib.gcomp_mpi_owner_residual(self._handle(), int(i), ctypes.byref(res), ctypes.byref(off),
+                                             ctypes.byref(cnt)), "gradcomp.mpi owner_residual")
+        if not res or cnt.value == 0:
+            return None
+        return np.ctypeslib.as_array(res, shape=(cnt.value,)).copy(), off.value
+
+    def compressor(self, i):
+        """The bucket's worker compressor of tensor i (allgather, sparse, allreduce; on
+        leaders for hierarchical), or None (rsag keeps one per chunk).  For reading its
+        residual, stats or step and for set_epoch; never encode with it."""
+        c = _lib.gcomp_mpi_compressor(self._handle(), int(i))
+        if not c:
+            return None
+        t = self.tensors[int(i)]
+        return _BorrowedCompressor(_P(c), t.n, t.shape, self)
+
+    def set_epoch(self, epoch):
+        """Fractional epoch for the schedules (DGC warm-up) of every compressor that has
+        one (gcomp_compressor_set_epoch)."""
+        h = self._handle()
+        for i in range(len(self.tensors)):
+            c = _lib.gcomp_mpi_compressor(h, i)
+            if c:
+                _check(_core._lib.gcomp_compressor_set_epoch(c, float(epoch)), "set_epoch")
+
+    def stats(self, i=None):
+        """Counters since creation or reset_stats() (gcomp_mpi_stats) as a dict: calls,
+        bytes_sent, bytes_received, node_bytes, codec_ns, wire_ns, elapsed_ns, overlap_ns.
+        i=None: the whole bucket; else tensor i (its wire time is its sub-bucket's)."""
+        s = Stats()
+        idx = ctypes.c_size_t(-1).value if i is None else int(i)
+        _check(_lib.gcomp_mpi_stats_get(self._handle(), idx, ctypes.byref(s)), "gradcomp.mpi stats")
+        return {name: getattr(s, name) for name, _ in Stats._fields_}
+
+    def reset_stats(self):
+        _lib.gcomp_mpi_stats_reset(self._handle())
+
+    # -- checkpoints --
+    def state_bytes(self):
+        """This rank's state (residuals, momentum, PowerSGD's Q, step counters) as a
+        versioned, checksummed blob (gcomp_mpi_bucket_save_state).  Local.  Allowed on a
+        failed bucket; ProtocolError while an allreduce is in flight on a healthy one."""
+        h = self._handle()
+        cap = self._state_size
+        buf = ctypes.create_string_buffer(max(cap, 1))
+        ln = _S()
+        err = _native.ErrorInfo()
+        _check(_lib.gcomp_mpi_bucket_save_state(h, buf, cap, ctypes.byref(ln), ctypes.byref(err)),
+               f"gradcomp.mpi state of bucket {self.name}", err)
+        return ctypes.string_at(buf, ln.value)
+
+    def load_state(self, blob):
+        """Loads a blob saved by state_bytes() on this rank, for this bucket (untrusted:
+        checked; on any error nothing changes).  All ranks must load blobs of one step."""
+        bp, bl = _core.byte_buffer(blob, what="state")
+        err = _native.ErrorInfo()
+        _check(_lib.gcomp_mpi_bucket_load_state(self._handle(), bp, bl, ctypes.byref(err)),
+               f"gradcomp.mpi load_state of bucket {self.name}", err)

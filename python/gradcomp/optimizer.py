@@ -1,0 +1,739 @@
+"""gradcomp.optimizer - a Horovod-style DistributedOptimizer on libgradcomp_mpi.
+
+    from mpi4py import MPI                      # mpirun -np 4 python3 train.py
+    import gradcomp.torch as gt
+
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    opt = gt.DistributedOptimizer(opt, model.named_parameters(),
+                                  compression="dgc:density=0.001", strategy="auto")
+    gt.broadcast_parameters(model.state_dict(), root_rank=0)
+    gt.broadcast_optimizer_state(opt, root_rank=0)
+    for x, y in data:
+        opt.zero_grad()
+        loss_fn(model(x), y).backward()         # buckets start exchanging during backward
+        opt.step()                              # waits for them, then the SGD step
+
+How it works (Horovod's design, Sergeev & Del Balso 2018, on gradcomp's collectives):
+  * Each trainable parameter gets a hook on its AccumulateGrad node (the node that writes
+    p.grad; torch 1.13 has no post-accumulate tensor hook), which fires once p.grad holds
+    this backward pass's gradient.
+  * Parameters are grouped into buckets in reverse registration order (the order backward
+    produces gradients), each about `bucket_bytes` of float32.  A bucket is one
+    gcomp_mpi_bucket with each parameter's own spec and strategy.  The moment a bucket's
+    last gradient is ready, its exchange starts (gcomp_mpi_start: compress, send what can
+    be sent) while backward goes on with earlier layers, and every later hook pokes the
+    buckets in flight (gcomp_mpi_test: MPI moves data only inside MPI calls).
+  * step() = synchronize() + the wrapped optimizer's step.  synchronize() starts any bucket
+    whose gradients never all arrived (unused parameters get zero gradients, as in Horovod),
+    waits for every bucket with the timeout, and leaves the average over ranks in p.grad.
+  * The returned object is an instance of a subclass of the wrapped optimizer's class
+    (Horovod's trick), built on the same parameter groups and state: isinstance checks,
+    LR schedulers and the class's own step() keep working.
+Rejected: torch.distributed with an MPI backend (Debian's torch is built without one);
+DDP communication hooks (DDP's buckets, gloo's collectives: no sparse allreduce, rsag,
+hierarchical or timeouts); one bucket per model (no overlap with backward); one per
+parameter as the default (per-bucket latency and Python overhead on many small tensors -
+bucket_bytes=0 gives it, as `gradcomp train` does).
+
+Compression: `compression` is a spec ("topk:density=0.01,feedback=ef"), a C policy string
+("spec=dgc:density=0.001;min_elements=8192;dense=none:values=f16"), a LayerPolicy, or any
+callable (name, shape) -> spec or None (None: dense f32).  A spec means LayerPolicy(spec):
+tensors under 1024 elements and 1-D tensors (biases, norms) go dense.  `strategy` applies
+to the tensors that get the method's spec; dense ones keep "auto" (allreduce).
+
+DGC keeps its momentum inside the compressor (momentum correction, Lin et al. 2018): for
+the parameters whose spec does, the wrapped optimizer must not apply momentum a second
+time.  Those parameters move to a sibling parameter group with momentum 0 (and nesterov
+off), everything else equal - the same rule as `gradcomp train` (skip momentum where DGC
+owns it).  Optimizers without a `momentum` setting (Adam) are left alone.  Call
+set_epoch(fractional_epoch) before each step for DGC's warm-up schedule.
+
+Checkpoints: state_dict() holds the wrapped optimizer's state and, under "gradcomp", this
+rank's state of every bucket (residuals, DGC momentum, PowerSGD's Q, the step counters that
+key random draws).  It is per rank: save one file per rank, load each rank's own.
+load_state_dict() into an optimizer built the same way on the same number of ranks
+resumes bit for bit.
+
+Errors: every rank raises, never hangs.  A rank with another model (parameter names, count,
+shapes) or another spec raises MismatchError on every rank at construction, naming the
+first parameter that differs and what each rank has; a dead or stalled peer raises
+CollectiveTimeout (or MPIError) from step() on every survivor within `timeout`; a NaN or
+Inf gradient anywhere raises NonFiniteError on every rank (skip the step and go on).
+"""
+
+import contextlib
+import io
+import math
+import time
+import weakref
+
+import torch
+
+from . import core as _core
+from . import errors as _err
+from . import mpi as _gm
+
+_F32 = torch.float32
+_RULE_METHOD = (0, 3)  # GCOMP_RULE_OVERRIDE, GCOMP_RULE_DEFAULT: the method's own spec
+
+
+# ---- LEAD: the one place that reads a property out of a spec string ------------------------
+# Switch to the core's answer (gcomp_spec_describe, flag GCOMP_SPEC_MOMENTUM, through a
+# gradcomp.* wrapper) once it lands (issue 12); nothing else in this module or in
+# gradcomp/mpi.py looks inside a spec.
+def _spec_keeps_momentum(canonical_spec):
+    """True when the compressor of `canonical_spec` keeps the momentum (DGC)."""
+    params = canonical_spec.partition(":")[2]
+    return "feedback=dgc" in params.split(",")
+
+
+# ---- planning ------------------------------------------------------------------------------
+
+
+class _Param:
+    __slots__ = ("index", "key", "param", "shape", "spec", "strategy", "rule", "bucket")
+
+    def __init__(self, index, key, param):
+        self.index, self.key, self.param = index, key, param
+        self.shape = tuple(param.shape)
+
+
+class _Bucket:
+    __slots__ = ("index", "params", "mpi", "pending", "started", "error", "nbytes")
+
+    def __init__(self, index, params):
+        self.index, self.params = index, params
+        self.mpi = None
+        self.pending = len(params)
+        self.started = False
+        self.error = None  # found during backward, raised by synchronize
+        self.nbytes = 4 * sum(math.prod(p.shape) for p in params)
+
+
+def _policy_of(compression):
+    from .torch import LayerPolicy  # torch.py re-exports this module: import late
+
+    if compression is None:
+        compression = "none"
+    if isinstance(compression, str):
+        return LayerPolicy(compression)
+    if callable(compression):
+        return compression
+    raise TypeError("compression must be a spec or policy string, a LayerPolicy, or a callable "
+                    "(name, shape) -> spec or None")
+
+
+def _plan_spec(policy, key, shape):
+    """(canonical spec, rule) for one parameter; rule is the C policy's rule, or 3 (the
+    method's spec) / 2 (dense) for a plain callable."""
+    if hasattr(policy, "plan"):
+        d = policy.plan(key, shape)
+        spec, rule = d["spec"], d["rule"]
+    else:
+        spec = policy(key, shape)
+        rule = 3 if spec is not None else 2
+        if spec is None:
+            spec = "none"
+    return _core.canonical(spec), rule
+
+
+def _describe(p):
+    return f"shape {tuple(p[1])}, spec {p[2]!r}, strategy {p[3]}"
+
+
+def _first_difference(gathered, what):
+    """A message naming the first entry where some rank differs from rank 0, or None."""
+    ref = gathered[0]
+    for r, other in enumerate(gathered[1:], 1):
+        for i in range(max(len(ref), len(other))):
+            a = ref[i] if i < len(ref) else None
+            b = other[i] if i < len(other) else None
+            if a == b:
+                continue
+            if a is None or b is None:
+                has, lacks = (0, r) if b is None else (r, 0)
+                x = a if b is None else b
+                return (f"{what}: rank {has} has {len(gathered[has])} parameters, rank {lacks} "
+                        f"{len(gathered[lacks])} (rank {has}'s parameter #{i} is {x[0]!r})")
+            if a[0] != b[0]:
+                return (f"{what}: parameter #{i} is {a[0]!r} on rank 0 but {b[0]!r} on rank {r} "
+                        "(another model, or parameters registered in another order)")
+            return f"{what}: parameter {a[0]!r}: rank 0 has {_describe(a)}; rank {r} has {_describe(b)}"
+    return None
+
+
+# ---- the optimizer ---------------------------------------------------------------------------
+
+
+class _DistributedMixin:
+    """The methods the DistributedOptimizer subclass puts in front of the wrapped
+    optimizer's class (see DistributedOptimizer)."""
+
+    def __init__(self, optimizer, named_parameters, compression, strategy, backward_passes_per_step,
+                 timeout, setup_timeout, bucket_bytes, pipeline_bytes, comm, op):
+        if backward_passes_per_step < 1:
+            raise ValueError(f"backward_passes_per_step must be >= 1, got {backward_passes_per_step}")
+        self._gc_closed = True  # until fully built: close() and __del__ do nothing
+        self._gc_hooks = []
+        self._gc_buckets = []
+        owns_comm = not isinstance(comm, _gm.Communicator)
+        gcomm = comm if not owns_comm else _gm.Communicator(comm, timeout=timeout, setup_timeout=setup_timeout)
+        try:
+            plan, policy = self._gc_plan(optimizer, named_parameters, compression, strategy, gcomm,
+                                         gcomm.setup_timeout)
+            buckets = self._gc_make_buckets(plan, bucket_bytes, pipeline_bytes, gcomm, gcomm.setup_timeout)
+        except BaseException:
+            if owns_comm:
+                gcomm.close()
+            raise
+        groups = self._gc_groups(optimizer, plan)
+        super().__init__(groups)
+        self.defaults = dict(optimizer.defaults)
+        for p, s in optimizer.state.items():
+            self.state[p] = s
+        self._gc_comm, self._gc_owns_comm = gcomm, owns_comm
+        self._gc_policy = policy
+        self._gc_params = plan
+        self._gc_buckets = buckets
+        self._gc_timeout = timeout
+        self._gc_op = op
+        self._gc_passes = int(backward_passes_per_step)
+        self._gc_delay = [self._gc_passes] * len(plan)
+        self._gc_fired = 0  # hook calls since the last synchronize
+        self._gc_inflight = []
+        self._gc_should_sync = True
+        self._gc_epoch = None
+        self._gc_steps = 0
+        self._gc_msg_bytes = 0.0
+        self._gc_sent_before = {}
+        self._gc_wait_ns = 0
+        self._gc_closed = False
+        wself = weakref.ref(self)
+        for e in plan:
+            self._gc_hooks.append(self._gc_hook(wself, e))
+
+    # -- construction --
+    def _gc_plan(self, optimizer, named_parameters, compression, strategy, gcomm, timeout):
+        """Names, specs and strategies of every parameter; collective check of the layout."""
+        local_error = None
+        plan, policy = [], None
+        try:
+            opt_params = [p for g in optimizer.param_groups for p in g["params"]]
+            if named_parameters is not None:
+                named = list(named_parameters)
+                names = {}
+                for name, p in named:
+                    if id(p) in names:
+                        continue  # a shared parameter named twice: its first name
+                    names[id(p)] = name
+                if len(set(names.values())) != len(names):
+                    dup = sorted({n for n in names.values() if list(names.values()).count(n) > 1})
+                    raise ValueError(f"gradcomp: parameter names must be unique; repeated: {dup[:3]}")
+                missing = [i for i, p in enumerate(opt_params) if id(p) not in names]
+                if missing:
+                    raise ValueError("gradcomp: named_parameters does not name every parameter of the "
+                                     f"optimizer ({len(missing)} unnamed, the first is its #{missing[0]})")
+                order = {id(p): i for i, (_, p) in enumerate(named)}
+            else:
+                names = {id(p): f"param.{i}" for i, p in enumerate(opt_params)}
+                order = {id(p): i for i, p in enumerate(opt_params)}
+            seen, todo = set(), []
+            for p in opt_params:
+                if id(p) in seen or not p.requires_grad:
+                    continue
+                seen.add(id(p))
+                if p.dtype != _F32 or p.device.type != "cpu" or p.layout != torch.strided:
+                    raise TypeError(f"gradcomp: parameter {names[id(p)]!r}: gradcomp exchanges float32 "
+                                    f"dense CPU tensors, this one is {p.dtype} {p.layout} on {p.device}")
+                if p.numel() == 0:
+                    continue
+                todo.append(p)
+            todo.sort(key=lambda p: order[id(p)])
+            policy = _policy_of(compression)
+            strat = _gm.strategy_value(strategy)
+            for i, p in enumerate(todo):
+                e = _Param(i, names[id(p)], p)
+                e.spec, e.rule = _plan_spec(policy, e.key, e.shape)
+                e.strategy = strat if e.rule in _RULE_METHOD else _gm.AUTO
+                plan.append(e)
+        except Exception as e:  # reported to every rank below, raised here
+            local_error = e
+        mine = None if local_error else [(e.key, e.shape, e.spec, _gm.strategy_name(e.strategy)) for e in plan]
+        gathered = _gm.allgather_object((repr(local_error) if local_error else None, mine), gcomm, timeout)
+        if local_error is not None:
+            raise local_error
+        bad = [(r, msg) for r, (msg, _) in enumerate(gathered) if msg]
+        if bad:
+            raise _err.Error(f"gradcomp: DistributedOptimizer could not be set up on rank {bad[0][0]}: "
+                             f"{bad[0][1]}")
+        # Names and order here; sizes and specs are the library's set-up check's (each
+        # bucket's), but a different parameter count would give ranks different numbers of
+        # buckets, which no single bucket can see.
+        layouts = [[x[0] for x in plan_r] for _, plan_r in gathered]
+        if any(lay != layouts[0] for lay in layouts):
+            msg = _first_difference([g[1] for g in gathered], "gradcomp: the ranks' models differ")
+            raise _err.MismatchError(msg, status=_err.E_MISMATCH, status_name="GCOMP_E_MISMATCH")
+        return plan, policy
+
+    def _gc_make_buckets(self, plan, bucket_bytes, pipeline_bytes, gcomm, timeout):
+        limit = 4 << 20 if bucket_bytes is None else int(bucket_bytes)
+        groups, cur, size = [], [], 0
+        for e in reversed(plan):
+            cur.append(e)
+            size += 4 * math.prod(e.shape)
+            if size >= limit:
+                groups.append(cur)
+                cur, size = [], 0
+        if cur:
+            groups.append(cur)
+        buckets = []
+        try:
+            for bi, ps in enumerate(groups):
+                b = _Bucket(bi, ps)
+                for e in ps:
+                    e.bucket = b
+                tensors = [_gm.Tensor(e.key, e.spec, e.shape, e.strategy) for e in ps]
+                try:
+                    b.mpi = _gm.Bucket(gcomm, tensors, bucket_bytes=pipeline_bytes, timeout=timeout)
+                except _err.MismatchError as err:
+                    # Every rank got MISMATCH from the same set-up check: all are here.
+                    mine = [(e.key, e.shape, e.spec, _gm.strategy_name(e.strategy)) for e in ps]
+                    gathered = _gm.allgather_object(mine, gcomm, timeout)
+                    detail = _first_difference(gathered, "gradcomp: the ranks' settings differ")
+                    raise _err.MismatchError(f"{detail or 'gradcomp: the ranks differ'} ({err})",
+                                             status=_err.E_MISMATCH, status_name="GCOMP_E_MISMATCH") from err
+                buckets.append(b)
+        except BaseException:
+            for b in buckets:
+                b.mpi.close()
+            raise
+        return buckets
+
+    @staticmethod
+    def _gc_groups(optimizer, plan):
+        """The wrapped optimizer's groups, copied; parameters whose compressor keeps the
+        momentum (DGC) go to a sibling group without momentum."""
+        dgc = {id(e.param) for e in plan if _spec_keeps_momentum(e.spec)}
+        groups = []
+        for g in optimizer.param_groups:
+            opts = {k: v for k, v in g.items() if k != "params"}
+            ps = list(g["params"])
+            own = [p for p in ps if id(p) in dgc]
+            if own and opts.get("momentum", 0):
+                rest = [p for p in ps if id(p) not in dgc]
+                if rest:
+                    groups.append(dict(opts, params=rest))
+                no_mom = dict(opts, params=own, momentum=0.0)
+                if "nesterov" in no_mom:
+                    no_mom["nesterov"] = False
+                if "dampening" in no_mom:
+                    no_mom["dampening"] = 0.0
+                groups.append(no_mom)
+            else:
+                groups.append(dict(opts, params=ps))
+        return groups
+
+    @staticmethod
+    def _gc_hook(wself, e):
+        acc = e.param.expand_as(e.param).grad_fn.next_functions[0][0]
+
+        def hook(*_):
+            self = wself()
+            if self is not None and not self._gc_closed:
+                self._gc_ready(e)
+
+        # The node must outlive this call: a tensor holds its AccumulateGrad weakly.
+        return acc, acc.register_hook(hook)
+
+    # -- the step --
+    def _gc_ready(self, e):
+        i = e.index
+        if self._gc_delay[i] <= 0:
+            raise AssertionError(
+                f"gradcomp: parameter {e.key!r} got more than backward_passes_per_step="
+                f"{self._gc_passes} gradients before step() or synchronize(); raise "
+                "backward_passes_per_step to accumulate more passes locally")
+        self._gc_delay[i] -= 1
+        self._gc_fired += 1
+        if self._gc_delay[i] == 0:
+            b = e.bucket
+            b.pending -= 1
+            if b.pending == 0:
+                self._gc_start(b)
+        # Keep the transfers in flight moving.  An error (a NaN found by a peer, a timeout)
+        # is kept for synchronize(): raised here it would leave backward half done on this
+        # rank, with later buckets never started, while the peers wait for them.
+        still = []
+        for b in self._gc_inflight:
+            try:
+                if not b.mpi.test():
+                    still.append(b)
+            except _err.Error as err:
+                b.error = err
+        self._gc_inflight = still
+
+    def _gc_start(self, b):
+        b.started = True
+        try:
+            grads = []
+            for e in b.params:
+                g = e.param.grad
+                if g is None:  # no gradient this step (an unused parameter): zeros, as Horovod
+                    with torch.no_grad():
+                        g = e.param.grad = torch.zeros_like(e.param)
+                elif g.dtype != _F32 or g.layout != torch.strided or not g.is_contiguous():
+                    raise TypeError(f"gradcomp: gradient of {e.key!r} must be a contiguous float32 tensor, got "
+                                    f"{g.dtype} {g.layout}{'' if g.is_contiguous() else ' (not contiguous)'}")
+                grads.append(g)
+            b.mpi.start(grads, self._gc_op)
+        except (_err.Error, TypeError, ValueError) as err:
+            b.error = err
+            return
+        self._gc_inflight.append(b)
+
+    def synchronize(self):
+        """Finishes this step's exchange: starts the buckets not started yet (gradients
+        that never arrived count as zeros), waits for all, and leaves each p.grad holding
+        the average over ranks.  Called by step(); call it yourself to clip or inspect
+        the averaged gradients, then step() inside skip_synchronize().  Idempotent until
+        the next backward.  Raises the exchange's error on every rank (the pending ones are
+        still waited for, so the next step starts clean)."""
+        self._gc_check_open()
+        if self._gc_fired == 0 and not any(b.started for b in self._gc_buckets):
+            return
+        t0 = time.perf_counter_ns()
+        for b in self._gc_buckets:
+            if not b.started:
+                self._gc_start(b)
+        first = None
+        for b in self._gc_buckets:
+            if b.error is None and b.mpi.in_flight:
+                try:
+                    b.mpi.wait(self._gc_timeout)
+                except _err.Error as err:
+                    b.error = err
+            first = first or b.error
+        self._gc_wait_ns += time.perf_counter_ns() - t0
+        self._gc_inflight = []
+        for b in self._gc_buckets:
+            b.started, b.error = False, None
+            b.pending = len(b.params)
+        self._gc_delay = [self._gc_passes] * len(self._gc_params)
+        self._gc_fired = 0
+        if first is not None:
+            raise first
+        self._gc_steps += 1
+        self._gc_count_messages()
+
+    def _gc_count_messages(self):
+        # What this rank's codecs produced this step: message lengths, or for tensors that
+        # travel by allreduce (dense, PowerSGD's factors) the reduced buffer, recovered from
+        # the ring volume 2(P-1)/P the library counts - as `gradcomp train` counts.
+        nr = self._gc_comm.size
+        for b in self._gc_buckets:
+            m = b.mpi
+            for i in range(len(b.params)):
+                if m.strategy_value(i) & 0xFF == _gm.ALLREDUCE:
+                    sent = m.stats(i)["bytes_sent"]
+                    key = (b.index, i)
+                    step = sent - self._gc_sent_before.get(key, 0)
+                    self._gc_sent_before[key] = sent
+                    self._gc_msg_bytes += step * nr / (2.0 * (nr - 1)) if nr > 1 else 4.0 * m.tensors[i].n
+                else:
+                    self._gc_msg_bytes += m.message_bytes(i)
+
+    @contextlib.contextmanager
+    def skip_synchronize(self):
+        """step() inside this block does not synchronize (you called synchronize())."""
+        self._gc_should_sync = False
+        try:
+            yield
+        finally:
+            self._gc_should_sync = True
+
+    def step(self, closure=None):
+        """synchronize(), then the wrapped optimizer's step.  A closure is evaluated once,
+        before the exchange (its backward feeds the buckets)."""
+        self._gc_check_open()
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        if self._gc_should_sync:
+            self.synchronize()
+        super().step()
+        return loss
+
+    def _gc_pending(self):
+        return self._gc_fired or any(b.started for b in self._gc_buckets)
+
+    def zero_grad(self, set_to_none=False):
+        if self._gc_pending():
+            raise AssertionError("gradcomp: zero_grad() was called after backward() but before step() "
+                                 "or synchronize(): the exchange of those gradients is still in flight")
+        return super().zero_grad(set_to_none)
+
+    # -- schedules and statistics --
+    def set_epoch(self, epoch):
+        """Fractional epoch for the compressors' schedules (DGC warm-up), before a step."""
+        self._gc_check_open()
+        self._gc_epoch = float(epoch)
+        for b in self._gc_buckets:
+            b.mpi.set_epoch(self._gc_epoch)
+
+    def stats(self):
+        """Counters since creation or reset_stats(), this rank: steps; bytes_sent and
+        bytes_received (what the library handed to MPI, all buckets); message_bytes (what
+        the codecs produced: gradient bytes / message_bytes is the compression ratio);
+        dense_bytes (float32 bytes of the exchanged gradients); codec_ns, wire_ns,
+        overlap_ns (library timers, summed over buckets); wait_ns (time in synchronize)."""
+        out = dict(steps=self._gc_steps, bytes_sent=0, bytes_received=0, codec_ns=0, wire_ns=0, overlap_ns=0,
+                   message_bytes=int(self._gc_msg_bytes), wait_ns=self._gc_wait_ns,
+                   dense_bytes=self._gc_steps * sum(b.nbytes for b in self._gc_buckets))
+        for b in self._gc_buckets:
+            s = b.mpi.stats()
+            for k in ("bytes_sent", "bytes_received", "codec_ns", "wire_ns", "overlap_ns"):
+                out[k] += s[k]
+        return out
+
+    def reset_stats(self):
+        for b in self._gc_buckets:
+            b.mpi.reset_stats()
+        self._gc_steps, self._gc_msg_bytes, self._gc_wait_ns = 0, 0.0, 0
+        self._gc_sent_before = {}
+
+    def layout(self):
+        """One entry per parameter: (bucket, name, shape, spec, strategy actually used)."""
+        out = []
+        for b in self._gc_buckets:
+            for i, e in enumerate(b.params):
+                out.append((b.index, e.key, e.shape, e.spec, b.mpi.strategy(i)))
+        return out
+
+    @property
+    def communicator(self):
+        return self._gc_comm
+
+    # -- checkpoints --
+    def _wrapped_state_dict(self):
+        return super().state_dict()
+
+    def _wrapped_load_state_dict(self, sd):
+        return super().load_state_dict(sd)
+
+    def state_dict(self):
+        """The wrapped optimizer's state_dict plus, under "gradcomp", this rank's bucket
+        states.  Between steps only (ProtocolError while an exchange is in flight)."""
+        self._gc_check_open()
+        if self._gc_pending():
+            raise _err.ProtocolError("gradcomp: state_dict() between backward() and step(): save between "
+                                     "steps", status=_err.E_PROTOCOL, status_name="GCOMP_E_PROTOCOL")
+        sd = super().state_dict()
+        sd["gradcomp"] = {
+            "version": 1,
+            "rank": self._gc_comm.rank,
+            "size": self._gc_comm.size,
+            "layout": [[e.key for e in b.params] for b in self._gc_buckets],
+            "specs": [[e.spec for e in b.params] for b in self._gc_buckets],
+            "buckets": [b.mpi.state_bytes() for b in self._gc_buckets],
+            "epoch": self._gc_epoch,
+            "steps": self._gc_steps,
+        }
+        return sd
+
+    def load_state_dict(self, state_dict):
+        """Loads a state_dict() saved by this rank.  The bucket states are checked (layout,
+        rank, number of ranks, each blob by the library) and loaded first; on any error
+        nothing changes."""
+        self._gc_check_open()
+        sd = dict(state_dict)
+        g = sd.pop("gradcomp", None)
+        if g is not None:
+            self._gc_load(g)
+        super().load_state_dict(sd)
+
+    def _gc_load(self, g):
+        def fail(msg, cls=_err.StateError, st=_err.E_STATE):
+            raise cls(f"gradcomp: load_state_dict: {msg}", status=st, status_name=_core.status_name(st))
+
+        if not isinstance(g, dict) or g.get("version") != 1:
+            fail(f"unknown gradcomp state version {g.get('version') if isinstance(g, dict) else g!r}")
+        if g["size"] != self._gc_comm.size or g["rank"] != self._gc_comm.rank:
+            fail(f"saved by rank {g['rank']} of {g['size']}, loaded on rank {self._gc_comm.rank} of "
+                 f"{self._gc_comm.size}: each rank loads its own state", _err.MismatchError, _err.E_MISMATCH)
+        mine = [[e.key for e in b.params] for b in self._gc_buckets]
+        if g["layout"] != mine or len(g["buckets"]) != len(self._gc_buckets):
+            fail("saved for another bucket layout (model, bucket_bytes or parameter order differ)",
+                 _err.MismatchError, _err.E_MISMATCH)
+        if self._gc_pending():
+            fail("called between backward() and step()", _err.ProtocolError, _err.E_PROTOCOL)
+        before = [b.mpi.state_bytes() for b in self._gc_buckets]
+        done = 0
+        try:
+            for b, blob in zip(self._gc_buckets, g["buckets"]):
+                b.mpi.load_state(blob)
+                done += 1
+        except BaseException:
+            for b, blob in zip(self._gc_buckets[:done], before):
+                b.mpi.load_state(blob)
+            raise
+        self._gc_steps = g.get("steps", 0)
+        if g.get("epoch") is not None:
+            self.set_epoch(g["epoch"])
+
+    # -- lifetime --
+    def _gc_check_open(self):
+        if self._gc_closed:
+            raise ValueError("gradcomp: this DistributedOptimizer is closed")
+
+    def close(self):
+        """Removes the hooks and frees the buckets (and the communicator it made).  An
+        exchange still in flight is waited for first."""
+        if getattr(self, "_gc_closed", True):
+            return
+        self._gc_closed = True
+        for _, h in self._gc_hooks:
+            h.remove()
+        self._gc_hooks = []
+        for b in self._gc_buckets:
+            b.mpi.close()
+        if self._gc_owns_comm:
+            self._gc_comm.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+
+def DistributedOptimizer(optimizer, named_parameters=None, compression="none", strategy="auto",
+                         backward_passes_per_step=1, timeout=None, setup_timeout=None, bucket_bytes=None,
+                         pipeline_bytes=None, comm=None, op="average"):
+    """Wraps `optimizer` so that step() uses gradients averaged over MPI ranks, compressed.
+
+    Collective: every rank builds it with the same model, settings and order.
+      optimizer      a torch.optim optimizer over CPU float32 parameters; the returned
+                     object replaces it (same class, groups and state; make LR schedulers
+                     on the returned one).
+      named_parameters  model.named_parameters(): names for specs, policies, messages and
+                     errors, and the registration order buckets follow in reverse.  None:
+                     "param.<i>" in the optimizer's order.
+      compression    a spec, a C policy string, a LayerPolicy or a callable (name, shape) ->
+                     spec or None (see the module docstring).  Default "none": dense f32.
+      strategy       "auto", "allgather", "sparse", "allreduce", "rsag", "hierarchical",
+                     "hierarchical:NAME" for the compressed tensors (include/gradcomp_mpi.h).
+      backward_passes_per_step  backward passes accumulated locally (summed in p.grad)
+                     before the exchange, as in Horovod.
+      timeout        seconds any exchange may take before CollectiveTimeout (None: 300).
+      setup_timeout  the bound of this constructor's collectives (None: max(timeout, 300 s);
+                     ranks reach it at different times: imports, data loading).
+      bucket_bytes   float32 bytes per bucket (None: 4 MiB; 0: one bucket per parameter).
+      pipeline_bytes the library's sub-bucket size inside a bucket (None: 4 MiB).
+      comm           an mpi4py communicator (None: COMM_WORLD) or a gradcomp.mpi.Communicator
+                     (e.g. with ranks_per_node for hierarchical tests).
+      op             "average" (default) or "sum" over ranks.
+    Raises MismatchError (ranks differ), SpecError, TypeError (not float32/CPU),
+    CollectiveTimeout / MPIError (a peer is gone).
+    """
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise TypeError(f"expected a torch.optim.Optimizer, got {type(optimizer).__name__}")
+    if isinstance(optimizer, _DistributedMixin):
+        raise TypeError("this optimizer is already a gradcomp DistributedOptimizer")
+    base = optimizer.__class__
+    cls = type(base.__name__, (_DistributedMixin, base), {"__module__": __name__})
+    return cls(optimizer, named_parameters, compression, strategy, backward_passes_per_step, timeout,
+               setup_timeout, bucket_bytes, pipeline_bytes, comm, op)
+
+
+# ---- making every rank start equal -------------------------------------------------------------
+
+
+def _tensor_items(params):
+    if isinstance(params, torch.nn.Module):
+        params = params.state_dict()
+    items = list(params.items()) if isinstance(params, dict) else list(params)
+    out = []
+    for name, t in items:
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"broadcast_parameters: {name!r} is a {type(t).__name__}, not a tensor")
+        if t.device.type != "cpu" or t.layout != torch.strided:
+            raise TypeError(f"broadcast_parameters: {name!r} must be a dense CPU tensor")
+        out.append((str(name), t))
+    return out
+
+
+def broadcast_parameters(params, root_rank=0, comm=None, timeout=None):
+    """Copies root_rank's tensors into every other rank's, in place.
+
+    params: model.state_dict(), model.named_parameters(), a dict or list of (name, tensor),
+    or a module (its state_dict).  Collective; one MPI_Ibcast per tensor (any dtype, as
+    bytes), all in flight together, bounded by `timeout` (None: 300 s).  Ranks whose lists
+    differ (names, shapes, dtypes) all raise MismatchError before anything is copied."""
+    import numpy as np
+
+    items = _tensor_items(params)
+    desc = [(n, tuple(t.shape), str(t.dtype)) for n, t in items]
+    if not _gm.all_agree(repr(desc), comm, timeout):
+        gathered = _gm.allgather_object([(n, s, d, "-") for n, s, d in desc], comm, timeout)
+        msg = _first_difference(gathered, "broadcast_parameters: the ranks' tensors differ")
+        raise _err.MismatchError(msg or "broadcast_parameters: the ranks' tensors differ",
+                                 status=_err.E_MISMATCH, status_name="GCOMP_E_MISMATCH")
+    c = _gm._mpi4py_comm(comm)
+    reqs, copies = [], []
+    for _, t in items:
+        if t.numel() == 0:
+            continue
+        src = t.detach()
+        buf = src if src.is_contiguous() else src.contiguous()
+        arr = buf.reshape(-1).view(torch.uint8).numpy()
+        reqs.append(c.Ibcast(np.ascontiguousarray(arr) if not arr.flags.c_contiguous else arr, root=root_rank))
+        if buf is not src:
+            copies.append((src, buf))
+    _gm._wait_requests(reqs, timeout, "broadcast_parameters", (items, copies), c)
+    for dst, buf in copies:
+        with torch.no_grad():
+            dst.copy_(buf)
+
+
+def _bcast_bytes(data, root, comm, timeout):
+    import numpy as np
+
+    c = _gm._mpi4py_comm(comm)
+    n = np.array([len(data) if data is not None else 0], np.int64)
+    _gm._wait_requests([c.Ibcast(n, root=root)], timeout, "broadcast of a size", (n,), c)
+    buf = np.frombuffer(bytearray(data), np.uint8) if c.Get_rank() == root else np.empty(int(n[0]), np.uint8)
+    if buf.size:
+        _gm._wait_requests([c.Ibcast(buf, root=root)], timeout, "broadcast of optimizer state", (buf,), c)
+    return buf.tobytes()
+
+
+def broadcast_optimizer_state(optimizer, root_rank=0, comm=None, timeout=None):
+    """Copies root_rank's optimizer state (momentum buffers, step counts, hyper-parameters
+    of every group) to every other rank.  For a DistributedOptimizer only the wrapped
+    optimizer's part travels (bucket states are each rank's own).  Collective, bounded by
+    `timeout`; a rank that cannot load it makes every rank raise."""
+    if isinstance(optimizer, _DistributedMixin):
+        save, load = optimizer._wrapped_state_dict, optimizer._wrapped_load_state_dict
+        if comm is None:
+            comm = optimizer.communicator
+    else:
+        save, load = optimizer.state_dict, optimizer.load_state_dict
+    c = _gm._mpi4py_comm(comm)
+    data = None
+    if c.Get_rank() == root_rank:
+        f = io.BytesIO()
+        torch.save(save(), f)
+        data = f.getvalue()
+    blob = _bcast_bytes(data, root_rank, comm, timeout)
+    error = None
+    if c.Get_rank() != root_rank:
+        try:
+            load(torch.load(io.BytesIO(blob)))
+        except Exception as e:
+            error = repr(e)
+    errors = _gm.allgather_object(error, comm, timeout)
+    bad = [(r, m) for r, m in enumerate(errors) if m]
+    if bad:
+        raise _err.Error(f"broadcast_optimizer_state: rank {bad[0][0]} could not load rank {root_rank}'s "
+                         f"state: {bad[0][1]}")
