@@ -124,6 +124,7 @@ typedef struct ps_slot {
     gm_buf in;          /* its push frames */
     gm_buf out;         /* async: its replies; sync: unused (the shared reply) */
     bool arrived;       /* sync: this round's push is here */
+    uint64_t round;     /* async: pushes of this pusher so far (sync: the group's round) */
     size_t in_len;
     uint64_t t_arrived; /* when it arrived (queue depth) */
 } ps_slot;

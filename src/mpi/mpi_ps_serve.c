@@ -195,8 +195,9 @@ static gcomp_status take_push(srv *v, ps_group *pg, int q, bool zero, ps_hdr *h,
     size_t len = pg->slot[q].in_len;
     int culprit = ps_pusher_rank(ps, pg->mode, q);
     gcomp_status st = gm_ps_open(f, len, false, pg->m, h);
+    uint64_t round = v->async ? pg->slot[q].round : pg->round;
     if (st == GCOMP_OK && (h->kind != PS_PUSH || h->who != (uint32_t)q || h->group != pg->gi ||
-                           h->round != pg->round))
+                           h->round != round))
         st = GCOMP_E_MISMATCH;
     if (st == GCOMP_OK && (h->marker & GM_MARK)) {
         *marker = h->marker; /* the worker's own failure, passed on */
@@ -421,12 +422,12 @@ static gcomp_status async_push(srv *v, ps_group *pg, int q) {
         pt->stats.stale_sum += stale;
         if (stale > pt->stats.stale_max) pt->stats.stale_max = stale;
     }
-    pg->round++;
+    pg->slot[q].round++;
     st = free_slot(v, pg, q);
     if (st != GCOMP_OK) return st;
     uint8_t *buf = pg->slot[q].out.p;
     size_t len = build_reply(v, pg, buf, PS_PUSH, marker, stale, false);
-    gcomp__put64(buf + 16, h.round); /* async rounds are each pusher's own count */
+    gcomp__put64(buf + 16, pg->slot[q].round - 1); /* async rounds: each pusher's own count */
     gm_ps_seal(buf, marker ? 0 : pg->m);
     st = send_reply(v, pg, q, buf, len, pg->tag + 1);
     if (st == GCOMP_OK) st = post_push(v, pg, q);
