@@ -45,7 +45,7 @@ void gm_ps_put_hdr(uint8_t *f, bool reply, const ps_hdr *h) {
     memcpy(f, reply ? PS_REPLY_MAGIC : PS_PUSH_MAGIC, 4);
     f[4] = (uint8_t)h->kind;
     f[5] = (uint8_t)h->flags;
-    gcomp__put16(f + 6, 0);
+    gcomp__put16(f + 6, reply ? 0 : (uint16_t)h->session);
     gcomp__put32(f + 8, h->who);
     gcomp__put32(f + 12, reply ? h->lost : h->group);
     gcomp__put64(f + 16, h->round);
@@ -74,6 +74,7 @@ gcomp_status gm_ps_open(const uint8_t *f, size_t cap, bool reply, size_t max_m, 
     memset(h, 0, sizeof *h);
     h->kind = f[4];
     h->flags = f[5];
+    h->session = reply ? 0 : gcomp__get16(f + 6);
     h->who = gcomp__get32(f + 8);
     if (reply)
         h->lost = gcomp__get32(f + 12);
@@ -92,7 +93,7 @@ gcomp_status gm_ps_open(const uint8_t *f, size_t cap, bool reply, size_t max_m, 
     if (h->m > max_m || ps_frame_fixed(h->m) > cap) return GCOMP_E_CHECKSUM;
     size_t t = PS_HDR + PS_ENTRY * (size_t)h->m;
     if (gcomp__crc32c(0, f, t) != gcomp__get32(f + t)) return GCOMP_E_CHECKSUM;
-    if (f[6] || f[7] || h->kind < PS_PUSH || h->kind > PS_PULL || (h->flags & ~1u))
+    if ((reply && (f[6] || f[7])) || h->kind < PS_PUSH || h->kind > PS_PULL || (h->flags & ~1u))
         return GCOMP_E_CORRUPT;
     return GCOMP_OK;
 }
@@ -178,6 +179,11 @@ static void ps_destroy(gcomp_mpi_ps *ps) {
         gm_free(ps->push_rank[k]);
         gm_free(ps->push_of[k]);
         gm_free(ps->load[k]);
+    }
+    while (ps->parked) {
+        ps_parked *x = ps->parked;
+        ps->parked = x->next;
+        gm_free(x);
     }
     gm_free(ps->groups);
     gm_free(ps->peer);
@@ -652,6 +658,15 @@ static void ps_group_free(gm_group *g) {
     ps_group *pg = g->priv;
     if (!pg) return;
     gcomp_mpi_ps *ps = pg->ps;
+    for (ps_parked **x = &ps->parked; *x;) { /* requests for a bucket that is going away */
+        if ((*x)->b == pg->b) {
+            ps_parked *dead = *x;
+            *x = dead->next;
+            gm_free(dead);
+        } else {
+            x = &(*x)->next;
+        }
+    }
     for (size_t i = 0; i < ps->ngroups; i++)
         if (ps->groups[i] == pg) {
             memmove(ps->groups + i, ps->groups + i + 1, (ps->ngroups - i - 1) * sizeof *ps->groups);
@@ -900,9 +915,9 @@ static gcomp_status ps_encode(gcomp_mpi_bucket *b, gm_group *g) {
             } else if (pg->tamper && i == g->t0 && j == 0) {
                 if (pg->tamper == 1 && len > GM_HDR) dst[len - 1] ^= 0x40;
                 if (pg->tamper == 3) {
-                    /* a message of another spec: dense, right size, valid CRCs */
+                    /* a message of another spec: the right size, valid CRCs */
                     gcomp_compressor *x = NULL;
-                    if (gcomp_compressor_create(&x, "none", p->n, 0, 0, NULL) == GCOMP_OK &&
+                    if (gcomp_compressor_create(&x, "topk:density=0.001", p->n, 0, 0, NULL) == GCOMP_OK &&
                         gcomp_encode_bound(x) <= room)
                         gcomp_encode(x, t->io + p->off, dst, room, &len);
                     gcomp_compressor_free(x);
@@ -927,7 +942,7 @@ static gcomp_status ps_encode(gcomp_mpi_bucket *b, gm_group *g) {
         }
         ps_hdr h = {PS_PUSH, b->scale != 1.0f ? PS_F_AVERAGE : 0u, (uint32_t)ps->me_push[pg->mode],
                     (uint32_t)pg->gi, 0, 0, (uint32_t)pg->cnt[s], pg->round, version, marker,
-                    ps->lr};
+                    ps->lr, ps->session};
         if (pg->tamper == 5 && s == 0) h.round += 7;
         gm_ps_put_hdr(f, false, &h);
         gm_ps_seal(f, pg->cnt[s]);
@@ -1166,7 +1181,7 @@ static size_t ctrl_frame(gcomp_mpi_bucket *b, gm_group *g, int s, int kind, floa
         }
     }
     ps_hdr h = {kind, 0, (uint32_t)ps->me_push[pg->mode], (uint32_t)pg->gi, 0, 0,
-                (uint32_t)pg->cnt[s], pg->round, 0, marker, NAN};
+                (uint32_t)pg->cnt[s], pg->round, 0, marker, NAN, ps->session};
     gm_ps_put_hdr(f, false, &h);
     gm_ps_seal(f, pg->cnt[s]);
     if (kind == PS_INIT) {
@@ -1296,6 +1311,7 @@ gcomp_status gcomp_mpi_ps_shutdown(gcomp_mpi_ps *ps, double timeout_s, gcomp_err
     }
     st = gm_wait_all(ps->comm, req, ps->S, deadline, "telling the servers to shut down", err);
     if (st == GCOMP_OK) gm_free(req); /* else leaked: MPI may still use it */
+    ps->session++; /* what it sends from now on belongs to the next session */
     return st;
 }
 

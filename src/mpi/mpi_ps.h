@@ -55,6 +55,7 @@ typedef struct ps_hdr {
     uint32_t who, group, lost, stale, m;
     uint64_t round, version, marker;
     float lr;
+    unsigned session; /* requests: the sender's session (its shutdowns so far, mod 2^16) */
 } ps_hdr;
 
 /* Writes a header and its table's fixed fields; entries are filled by ps_put_entry. */
@@ -124,6 +125,7 @@ typedef struct ps_slot {
     gm_buf in;          /* its push frames */
     gm_buf out;         /* async: its replies; sync: unused (the shared reply) */
     bool arrived;       /* sync: this round's push is here */
+    bool parked;        /* its push belongs to the next session: taken at the next serve */
     uint64_t round;     /* async: pushes of this pusher so far (sync: the group's round) */
     size_t in_len;
     uint64_t t_arrived; /* when it arrived (queue depth) */
@@ -200,7 +202,19 @@ struct gcomp_mpi_ps {
     uint32_t lost_seen;       /* worker: the largest count a reply reported */
     gm_buf ctrl;              /* server: a received init / pull frame */
     uint64_t stop_word;       /* worker: what its shutdown message carries */
+    uint16_t session;         /* sessions ended: worker, its shutdowns; server, its serves */
+    struct ps_parked *parked; /* server: requests of the next session, received early */
 };
+
+/* A request received during a session from a worker already in the next one: kept, and
+ * taken at the start of the next serve. */
+typedef struct ps_parked {
+    struct ps_parked *next;
+    gcomp_mpi_bucket *b;
+    int src;
+    size_t len;
+    uint8_t frame[];
+} ps_parked;
 
 /* Pusher index -> owning rank, and the other way (mpi_ps.c). */
 static inline int ps_pusher_rank(const gcomp_mpi_ps *ps, int mode, int p) {

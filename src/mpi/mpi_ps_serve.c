@@ -197,7 +197,7 @@ static gcomp_status take_push(srv *v, ps_group *pg, int q, bool zero, ps_hdr *h,
     gcomp_status st = gm_ps_open(f, len, false, pg->m, h);
     uint64_t round = v->async ? pg->slot[q].round : pg->round;
     if (st == GCOMP_OK && (h->kind != PS_PUSH || h->who != (uint32_t)q || h->group != pg->gi ||
-                           h->round != round))
+                           h->round != round || h->session != ps->session))
         st = GCOMP_E_MISMATCH;
     if (st == GCOMP_OK && (h->marker & GM_MARK)) {
         *marker = h->marker; /* the worker's own failure, passed on */
@@ -262,7 +262,7 @@ static size_t build_reply(srv *v, ps_group *pg, uint8_t *buf, int kind, uint64_t
         if (p->sversion < version) version = p->sversion;
     }
     ps_hdr h = {kind, compressed ? PS_F_COMPRESSED : 0u, (uint32_t)pg->me, 0, v->nlost, stale,
-                (uint32_t)m, pg->round, version == UINT64_MAX ? 0 : version, marker, 0};
+                (uint32_t)m, pg->round, version == UINT64_MAX ? 0 : version, marker, 0, 0};
     gm_ps_put_hdr(buf, true, &h);
     gm_ps_seal(buf, m);
     if (compressed) return off;
@@ -436,12 +436,36 @@ static gcomp_status async_push(srv *v, ps_group *pg, int q) {
 
 /* ---- init and pull requests ---------------------------------------------------------------- */
 
+/* Whether a request comes from a worker already in the next session (it shut down and
+ * went on before this server saw its shutdown word: that travels on another
+ * communicator, so MPI does not order the two). */
+static bool ahead(const gcomp_mpi_ps *ps, const uint8_t *f, size_t len, size_t max_m) {
+    ps_hdr h;
+    if (gm_ps_open(f, len, false, max_m, &h) != GCOMP_OK) return false;
+    uint16_t d = (uint16_t)(h.session - ps->session);
+    return d != 0 && d < 0x8000;
+}
+
+/* Pusher q's push is here (now, or parked from the last session): take it. */
+static gcomp_status arrive(srv *v, ps_group *pg, int q) {
+    gcomp_mpi_ps *ps = v->ps;
+    uint64_t now = gm_now_ns();
+    /* Queue depth: pushes here and not yet applied, this one included. */
+    uint64_t depth = (uint64_t)++v->waiting;
+    if (depth > ps->stats.queue_max) ps->stats.queue_max = depth;
+    ps->stats.queue_sum += depth;
+    gcomp_status st = v->async ? async_push(v, pg, q) : sync_push(v, pg, q);
+    ps->stats.busy_ns += gm_now_ns() - now;
+    return st;
+}
+
+
 /* A refusal for a request that names no sub-bucket of ours: marker only, no entries. */
 static gcomp_status refuse_ctrl(srv *v, gcomp_mpi_bucket *b, int src, int kind, gcomp_status st) {
     (void)b;
     uint8_t *f = v->ps->ctrl.p; /* the request is no longer needed */
     ps_hdr h = {kind >= PS_PUSH && kind <= PS_PULL ? kind : PS_PULL, 0, (uint32_t)v->ps->me_srv,
-                0, v->nlost, 0, 0, 0, 0, gm_marker(st, v->ps->rank), 0};
+                0, v->nlost, 0, 0, 0, 0, gm_marker(st, v->ps->rank), 0, 0};
     gm_ps_put_hdr(f, true, &h);
     gm_ps_seal(f, 0);
     refused(v, src);
@@ -462,7 +486,7 @@ static gcomp_status ctrl_request(srv *v, ps_group *pg, int src, size_t len) {
     ps_hdr h;
     gcomp_status st = gm_ps_open(f, len, false, pg->m, &h);
     if (st == GCOMP_OK && (h.who != (uint32_t)q || h.m != pg->m || h.kind == PS_PUSH ||
-                           (h.kind == PS_INIT && q != 0)))
+                           (h.kind == PS_INIT && q != 0) || h.session != ps->session))
         st = GCOMP_E_MISMATCH;
     uint64_t marker = st != GCOMP_OK ? gm_marker(st, src) : 0;
     if (!marker && (h.marker & GM_MARK)) marker = h.marker;
@@ -519,6 +543,20 @@ static gcomp_status ctrl_request(srv *v, ps_group *pg, int src, size_t len) {
     return GCOMP_OK;
 }
 
+/* The request in ps->ctrl (len bytes from rank src on b's communicator; st: what its
+ * reception already found wrong). */
+static gcomp_status take_ctrl(srv *v, gcomp_mpi_bucket *b, int src, size_t len, gcomp_status st) {
+    gcomp_mpi_ps *ps = v->ps;
+    ps_hdr h = {0};
+    if (st == GCOMP_OK) st = gm_ps_open(ps->ctrl.p, len, false, (size_t)UINT32_MAX, &h);
+    ps_group *pg = NULL;
+    for (size_t j = 0; st == GCOMP_OK && j < ps->ngroups && !pg; j++)
+        if (ps->groups[j]->b == b && ps->groups[j]->gi == h.group) pg = ps->groups[j];
+    if (st == GCOMP_OK && (!pg || ps->push_of[pg->mode][src] < 0)) st = GCOMP_E_MISMATCH;
+    return st == GCOMP_OK ? ctrl_request(v, pg, src, len)
+                          : refuse_ctrl(v, b, src, len >= PS_HDR ? h.kind : PS_PULL, st);
+}
+
 /* Probes every bucket's communicator once for a request. */
 static gcomp_status probe_ctrl(srv *v, bool *got) {
     gcomp_mpi_ps *ps = v->ps;
@@ -548,12 +586,21 @@ static gcomp_status probe_ctrl(srv *v, bool *got) {
         ps_hdr h;
         gcomp_status st = fits ? gm_ps_open(ps->ctrl.p, (size_t)cnt, false, (size_t)UINT32_MAX, &h)
                                : GCOMP_E_LIMIT;
-        ps_group *pg = NULL;
-        for (size_t j = 0; st == GCOMP_OK && j < ps->ngroups && !pg; j++)
-            if (ps->groups[j]->b == b && ps->groups[j]->gi == h.group) pg = ps->groups[j];
-        if (st == GCOMP_OK && (!pg || ps->push_of[pg->mode][src] < 0)) st = GCOMP_E_MISMATCH;
-        st = st == GCOMP_OK ? ctrl_request(v, pg, src, (size_t)cnt)
-                            : refuse_ctrl(v, b, src, fits ? h.kind : PS_PULL, st);
+        if (st == GCOMP_OK && ahead(ps, ps->ctrl.p, (size_t)cnt, (size_t)UINT32_MAX)) {
+            ps_parked *x = gm_alloc(sizeof *x + (size_t)cnt), **tail = &ps->parked;
+            if (x) {
+                x->next = NULL;
+                x->b = b;
+                x->src = src;
+                x->len = (size_t)cnt;
+                memcpy(x->frame, ps->ctrl.p, (size_t)cnt);
+                while (*tail) tail = &(*tail)->next;
+                *tail = x;
+                continue;
+            }
+            st = GCOMP_E_NOMEM;
+        }
+        st = take_ctrl(v, b, src, fits ? (size_t)cnt : 0, st);
         ps->stats.busy_ns += gm_now_ns() - t0;
         if (st != GCOMP_OK) return st;
     }
@@ -624,13 +671,11 @@ static gcomp_status handle(srv *v, int k, const MPI_Status *sta) {
     pg->slot[q].t_arrived = now;
     v->heard[ps->role[r]] = v->t_last = now;
     gm_ps_count(ps, r, true, (uint64_t)pg->slot[q].in_len);
-    /* Queue depth: pushes here and not yet applied, this one included. */
-    uint64_t depth = (uint64_t)++v->waiting;
-    if (depth > ps->stats.queue_max) ps->stats.queue_max = depth;
-    ps->stats.queue_sum += depth;
-    gcomp_status st = v->async ? async_push(v, pg, q) : sync_push(v, pg, q);
-    ps->stats.busy_ns += gm_now_ns() - now;
-    return st;
+    if (ahead(ps, pg->slot[q].in.p, pg->slot[q].in_len, pg->m)) {
+        pg->slot[q].parked = true; /* its receive is posted again when it is taken */
+        return GCOMP_OK;
+    }
+    return arrive(v, pg, q);
 }
 
 /* Cancels what is still posted, waits a moment for it, and keeps whatever MPI still holds
@@ -744,18 +789,33 @@ gcomp_status gm_ps_serve(gcomp_mpi_ps *ps, double timeout_s, gcomp_error *err) {
                            &v.req[v.stop0 + w]);
         if (rc != MPI_SUCCESS) st = gm_comm_mpi_fail(c, err, rc, "MPI_Irecv (shutdown)");
     }
+    /* A round begun in the last session goes on (its pushes stay); pushes and requests
+     * parked as the next session's are taken now. */
     for (size_t k = 0; st == GCOMP_OK && k < ps->ngroups; k++) {
         ps_group *pg = ps->groups[k];
-        pg->next = pg->arrived = 0;
-        pg->rst = GCOMP_OK;
-        pg->rmark = 0;
+        pg->round_t0 = t0;
         for (int q = 0; q < pg->npush && st == GCOMP_OK; q++) {
             v.judged[ps->role[ps_pusher_rank(ps, pg->mode, q)]] = true;
-            pg->slot[q].arrived = false;
             v.rq[pg->rreq0 + q] = (srv_rq){RQ_PUSH, q, pg, NULL};
             v.rq[send_slot(pg, q)] = (srv_rq){RQ_SEND, q, pg, NULL};
-            st = post_push(&v, pg, q);
+            if (!pg->slot[q].arrived && !pg->slot[q].parked) st = post_push(&v, pg, q);
         }
+    }
+    for (size_t k = 0; st == GCOMP_OK && k < ps->ngroups; k++) {
+        ps_group *pg = ps->groups[k];
+        for (int q = 0; q < pg->npush && st == GCOMP_OK; q++)
+            if (pg->slot[q].parked) {
+                pg->slot[q].parked = false;
+                st = arrive(&v, pg, q);
+            }
+    }
+    while (st == GCOMP_OK && ps->parked) {
+        ps_parked *x = ps->parked;
+        ps->parked = x->next;
+        if (x->len <= ps->ctrl.cap) memcpy(ps->ctrl.p, x->frame, x->len);
+        st = take_ctrl(&v, x->b, x->src, x->len <= ps->ctrl.cap ? x->len : 0,
+                       x->len <= ps->ctrl.cap ? GCOMP_OK : GCOMP_E_LIMIT);
+        gm_free(x);
     }
     unsigned spins = 0;
     uint64_t idle0 = t0;
@@ -819,6 +879,7 @@ gcomp_status gm_ps_serve(gcomp_mpi_ps *ps, double timeout_s, gcomp_error *err) {
     }
     if (st != GCOMP_OK)
         for (size_t k = 0; k < ps->ngroups; k++) ps->groups[k]->b->dead = c->failed != GCOMP_OK;
+    ps->session++;
     cleanup(&v, st != GCOMP_OK);
     gm_free(v.req);
     gm_free(v.rq);
