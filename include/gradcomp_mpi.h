@@ -811,6 +811,15 @@ GCOMP_API int gcomp_mpi_ps_server_rank(const gcomp_mpi_ps *ps, int s);
 GCOMP_API int gcomp_mpi_ps_worker_rank(const gcomp_mpi_ps *ps, int w);
 
 /**
+ * Workers: the compressor of part j of tensor i (its residual, statistics, or the epoch
+ * DGC's warm-up reads: gcomp_compressor_set_epoch); NULL on servers or out of range.  Owned
+ * by the bucket; do not call its encode yourself.  (gcomp_mpi_compressor gives part 0's
+ * when a key has one part, NULL otherwise.)
+ */
+GCOMP_API gcomp_compressor *gcomp_mpi_ps_compressor(const gcomp_mpi_bucket *b, size_t i,
+                                                    size_t j);
+
+/**
  * Workers: copies this worker's error-feedback residual of tensor i (its parts' residuals
  * at their offsets; zeros where a part keeps none) into out[0..n).  Returns GCOMP_OK,
  * GCOMP_E_ARG (NULL, a server, no partition here).

@@ -1337,6 +1337,11 @@ gcomp_status gcomp_mpi_ps_part(const gcomp_mpi_bucket *b, size_t i, size_t j, si
     return GCOMP_OK;
 }
 
+gcomp_compressor *gcomp_mpi_ps_compressor(const gcomp_mpi_bucket *b, size_t i, size_t j) {
+    const ps_tensor *pt = key(b, i);
+    return pt && !pt->server && j < pt->nparts ? pt->part[j].c : NULL;
+}
+
 gcomp_status gcomp_mpi_ps_residual(const gcomp_mpi_bucket *b, size_t i, float *out) {
     const ps_tensor *pt = key(b, i);
     if (!pt || pt->server || !out) return GCOMP_E_ARG;
