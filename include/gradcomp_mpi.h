@@ -701,9 +701,9 @@ typedef struct gcomp_mpi_ps_options {
                                   ASYNC); 0 (default): servers aggregate gradients */
     gcomp_mpi_ps_optimizer optimizer; /**< for every key (default lr 0.01, momentum 0,
                                            weight_decay 0, rescale 1, nesterov 0) */
-    const char *pull;     /**< NULL or "" (default): dense pulls; "same": each key's own
-                               spec; else a spec for every key (BytePS); copied */
-    size_t part_bytes;    /**< largest part, dense bytes (default 4 MiB, BytePS's) */
+    const char *pull;                 /**< NULL or "" (default): dense pulls; "same": each key's own
+                                           spec; else a spec for every key (BytePS); copied */
+    size_t part_bytes;                /**< largest part, dense bytes (default 4 MiB, BytePS's) */
     uint64_t max_staleness; /**< async: drop pushes staler than this; 0 (default): never */
 } gcomp_mpi_ps_options;
 
@@ -756,8 +756,7 @@ GCOMP_API gcomp_status gcomp_mpi_ps_serve(gcomp_mpi_ps *ps, double timeout_s, gc
  * GCOMP_E_ARG (NULL, a server rank), GCOMP_E_PROTOCOL (a bucket in flight),
  * GCOMP_E_TIMEOUT, GCOMP_E_MPI, GCOMP_E_FAILED.
  */
-GCOMP_API gcomp_status gcomp_mpi_ps_shutdown(gcomp_mpi_ps *ps, double timeout_s,
-                                             gcomp_error *err);
+GCOMP_API gcomp_status gcomp_mpi_ps_shutdown(gcomp_mpi_ps *ps, double timeout_s, gcomp_error *err);
 
 /**
  * Workers (kv.init): worker 0's data[i] becomes the value every server stores for tensor i
@@ -768,8 +767,8 @@ GCOMP_API gcomp_status gcomp_mpi_ps_shutdown(gcomp_mpi_ps *ps, double timeout_s,
  * Returns GCOMP_OK or as gcomp_mpi_allreduce; GCOMP_E_NONFINITE for a NaN/Inf in worker
  * 0's values (every worker returns it; nothing stored).
  */
-GCOMP_API gcomp_status gcomp_mpi_ps_init(gcomp_mpi_bucket *b, float *const *data,
-                                         double timeout_s, gcomp_error *err);
+GCOMP_API gcomp_status gcomp_mpi_ps_init(gcomp_mpi_bucket *b, float *const *data, double timeout_s,
+                                         gcomp_error *err);
 
 /**
  * Workers (kv.pull): data[i] receives what the servers store for tensor i now: the
@@ -778,8 +777,8 @@ GCOMP_API gcomp_status gcomp_mpi_ps_init(gcomp_mpi_bucket *b, float *const *data
  * Returns as gcomp_mpi_allreduce; GCOMP_E_PROTOCOL when update mode has no weights yet
  * (call gcomp_mpi_ps_init first).
  */
-GCOMP_API gcomp_status gcomp_mpi_ps_pull(gcomp_mpi_bucket *b, float *const *data,
-                                         double timeout_s, gcomp_error *err);
+GCOMP_API gcomp_status gcomp_mpi_ps_pull(gcomp_mpi_bucket *b, float *const *data, double timeout_s,
+                                         gcomp_error *err);
 
 /**
  * Workers: the learning rate this worker's next pushes carry (a schedule; MXNet's
@@ -816,8 +815,7 @@ GCOMP_API int gcomp_mpi_ps_worker_rank(const gcomp_mpi_ps *ps, int w);
  * by the bucket; do not call its encode yourself.  (gcomp_mpi_compressor gives part 0's
  * when a key has one part, NULL otherwise.)
  */
-GCOMP_API gcomp_compressor *gcomp_mpi_ps_compressor(const gcomp_mpi_bucket *b, size_t i,
-                                                    size_t j);
+GCOMP_API gcomp_compressor *gcomp_mpi_ps_compressor(const gcomp_mpi_bucket *b, size_t i, size_t j);
 
 /**
  * Workers: copies this worker's error-feedback residual of tensor i (its parts' residuals
@@ -845,20 +843,20 @@ GCOMP_API uint64_t gcomp_mpi_ps_version(const gcomp_mpi_bucket *b, size_t i);
  * creation or the last reset.
  */
 typedef struct gcomp_mpi_ps_stats {
-    uint64_t pushes;        /**< worker: pushes sent; server: pushes received (frames) */
-    uint64_t applied;       /**< server: pushes summed or applied; worker: replies taken */
-    uint64_t pulls;         /**< pull requests (gcomp_mpi_ps_pull) sent / answered */
-    uint64_t bytes_pushed;  /**< push frames, worker to server, headers included */
-    uint64_t bytes_pulled;  /**< reply frames, server to worker */
-    uint64_t busy_ns;       /**< server: checking, decoding, summing, updating, encoding */
-    uint64_t queue_max;     /**< server: most pushes waiting (arrived, not yet taken) */
-    uint64_t queue_sum;     /**< server: pushes waiting, summed at each push taken */
-    uint64_t stale_max;     /**< async: largest staleness of a push (updates in between) */
-    uint64_t stale_sum;     /**< async: their sum (mean = stale_sum / applied) */
-    uint64_t dropped;       /**< async: pushes staler than max_staleness, not applied */
-    uint64_t refused;       /**< pushes refused (corrupt, foreign, mismatched, lost) */
-    uint32_t workers_lost;  /**< async: workers declared lost (servers, and workers as
-                                 the replies reported it) */
+    uint64_t pushes;       /**< worker: pushes sent; server: pushes received (frames) */
+    uint64_t applied;      /**< server: pushes summed or applied; worker: replies taken */
+    uint64_t pulls;        /**< pull requests (gcomp_mpi_ps_pull) sent / answered */
+    uint64_t bytes_pushed; /**< push frames, worker to server, headers included */
+    uint64_t bytes_pulled; /**< reply frames, server to worker */
+    uint64_t busy_ns;      /**< server: checking, decoding, summing, updating, encoding */
+    uint64_t queue_max;    /**< server: most pushes waiting (arrived, not yet taken) */
+    uint64_t queue_sum;    /**< server: pushes waiting, summed at each push taken */
+    uint64_t stale_max;    /**< async: largest staleness of a push (updates in between) */
+    uint64_t stale_sum;    /**< async: their sum (mean = stale_sum / applied) */
+    uint64_t dropped;      /**< async: pushes staler than max_staleness, not applied */
+    uint64_t refused;      /**< pushes refused (corrupt, foreign, mismatched, lost) */
+    uint32_t workers_lost; /**< async: workers declared lost (servers, and workers as
+                                the replies reported it) */
     uint32_t reserved;
 } gcomp_mpi_ps_stats;
 

@@ -205,8 +205,7 @@ static gcomp_status ps_layout(gcomp_mpi_ps *ps, const uint64_t *nodes) {
         ps->load[k] = gm_calloc((size_t)S, sizeof(uint64_t));
         if (!ps->push_rank[k] || !ps->push_of[k] || !ps->load[k]) return GCOMP_E_NOMEM;
     }
-    if (!ps->srv_rank || !ps->wrk_rank || !ps->role || !ps->node || !ps->peer)
-        return GCOMP_E_NOMEM;
+    if (!ps->srv_rank || !ps->wrk_rank || !ps->role || !ps->node || !ps->peer) return GCOMP_E_NOMEM;
     for (int r = 0; r < P; r++) {
         ps->role[r] = 0;
         ps->node[r] = (int)nodes[r];
@@ -270,8 +269,8 @@ static uint64_t options_hash(const gcomp_mpi_ps *ps, uint64_t pull_fp) {
     float f[4] = {o->optimizer.lr, o->optimizer.momentum, o->optimizer.weight_decay,
                   o->optimizer.rescale};
     h = gm_mix(h ^ gm_fnv1a(f, sizeof f, 0));
-    h = gm_mix(h ^ ((uint64_t)o->mode << 8 | (uint64_t)o->update << 4 |
-                    (uint64_t)o->optimizer.nesterov));
+    h = gm_mix(
+        h ^ ((uint64_t)o->mode << 8 | (uint64_t)o->update << 4 | (uint64_t)o->optimizer.nesterov));
     h = gm_mix(h ^ pull_fp) + gm_mix(o->part_bytes) + gm_mix(o->max_staleness ^ 0x5a);
     return h;
 }
@@ -437,7 +436,8 @@ static gcomp_status partition(gcomp_mpi_ps *ps, gm_tensor *t, ps_tensor *pt) {
     uint64_t *load = ps->load[pt->mode];
     for (size_t j = 0; j < np; j++) {
         ps_part *p = &pt->part[j];
-        size_t lo = gm_region_lo(units, (int)np, (int)j), hi = gm_region_lo(units, (int)np, (int)j + 1);
+        size_t lo = gm_region_lo(units, (int)np, (int)j),
+               hi = gm_region_lo(units, (int)np, (int)j + 1);
         p->off = lo * unit;
         p->n = (hi - lo) * unit;
         if (by_rows) {
@@ -576,14 +576,16 @@ static gcomp_status ps_tensor_setup(gcomp_mpi_bucket *b, gm_tensor *t, gcomp_err
         ps_part *p = &pt->part[j];
         if (!server) {
             st = create_c(&p->c, t->wspec, p, t, "compressor", err);
-            if (st == GCOMP_OK && ps->pull) st = create_c(&p->pdec, pt->pspec, p, t, "pull decoder", err);
+            if (st == GCOMP_OK && ps->pull)
+                st = create_c(&p->pdec, pt->pspec, p, t, "pull decoder", err);
             if (st != GCOMP_OK) return st;
             continue;
         }
         if (p->server != ps->me_srv) continue;
         p->opt = ps->opt.optimizer;
         st = create_c(&p->dec, t->spec, p, t, "decoder", err);
-        if (st == GCOMP_OK && ps->pull) st = create_c(&p->pull, pt->pspec, p, t, "pull compressor", err);
+        if (st == GCOMP_OK && ps->pull)
+            st = create_c(&p->pull, pt->pspec, p, t, "pull compressor", err);
         if (st != GCOMP_OK) return st;
         if (own) {
             p->wdec = gm_calloc((size_t)npush, sizeof *p->wdec);
@@ -812,7 +814,8 @@ static gcomp_status ps_reserve(gcomp_mpi_bucket *b, gm_group *g) {
     pg->gi = (size_t)(g - b->g);
     pg->mode = g->hier ? 1 : 0;
     pg->me = ps->me_srv;
-    if ((uint64_t)PS_TAG_PUSH + 2 * (uint64_t)pg->gi + 1 > (uint64_t)ps->tag_ub) return GCOMP_E_LIMIT;
+    if ((uint64_t)PS_TAG_PUSH + 2 * (uint64_t)pg->gi + 1 > (uint64_t)ps->tag_ub)
+        return GCOMP_E_LIMIT;
     pg->tag = PS_TAG_PUSH + 2 * (int)pg->gi;
     /* The servers this sub-bucket's parts go to, ascending, and their entry counts. */
     bool *used = gm_calloc((size_t)ps->S, sizeof *used);
@@ -917,7 +920,8 @@ static gcomp_status ps_encode(gcomp_mpi_bucket *b, gm_group *g) {
                 if (pg->tamper == 3) {
                     /* a message of another spec: the right size, valid CRCs */
                     gcomp_compressor *x = NULL;
-                    if (gcomp_compressor_create(&x, "topk:density=0.001", p->n, 0, 0, NULL) == GCOMP_OK &&
+                    if (gcomp_compressor_create(&x, "topk:density=0.001", p->n, 0, 0, NULL) ==
+                            GCOMP_OK &&
                         gcomp_encode_bound(x) <= room)
                         gcomp_encode(x, t->io + p->off, dst, room, &len);
                     gcomp_compressor_free(x);
@@ -940,9 +944,18 @@ static gcomp_status ps_encode(gcomp_mpi_bucket *b, gm_group *g) {
                 if (pt->part[j].server == pg->srv[s] && pt->part[j].version < version)
                     version = pt->part[j].version;
         }
-        ps_hdr h = {PS_PUSH, b->scale != 1.0f ? PS_F_AVERAGE : 0u, (uint32_t)ps->me_push[pg->mode],
-                    (uint32_t)pg->gi, 0, 0, (uint32_t)pg->cnt[s], pg->round, version, marker,
-                    ps->lr, ps->session};
+        ps_hdr h = {PS_PUSH,
+                    b->scale != 1.0f ? PS_F_AVERAGE : 0u,
+                    (uint32_t)ps->me_push[pg->mode],
+                    (uint32_t)pg->gi,
+                    0,
+                    0,
+                    (uint32_t)pg->cnt[s],
+                    pg->round,
+                    version,
+                    marker,
+                    ps->lr,
+                    ps->session};
         if (pg->tamper == 5 && s == 0) h.round += 7;
         gm_ps_put_hdr(f, false, &h);
         gm_ps_seal(f, pg->cnt[s]);
@@ -1080,7 +1093,8 @@ static gcomp_status ps_unpack(gcomp_mpi_bucket *b, gm_group *g) {
         uint64_t len = ps_frame_fixed(pg->cnt[s]);
         /* Bytes received, as the reply's table says (bounded by the receive area). */
         if (gm_ps_open(f, pg->rcap[s], true, pg->cnt[s], &(ps_hdr){0}) == GCOMP_OK)
-            for (size_t e = 0; e < pg->cnt[s]; e++) len += gcomp__get64(f + PS_HDR + PS_ENTRY * e + 8);
+            for (size_t e = 0; e < pg->cnt[s]; e++)
+                len += gcomp__get64(f + PS_HDR + PS_ENTRY * e + 8);
         if (len > pg->rcap[s]) len = pg->rcap[s];
         g->bytes_recv += len;
         gm_ps_count(pg->ps, pg->ps->srv_rank[pg->srv[s]], false, len);
@@ -1180,8 +1194,18 @@ static size_t ctrl_frame(gcomp_mpi_bucket *b, gm_group *g, int s, int kind, floa
             ps_put_entry(f, e++, (uint32_t)i, (uint32_t)j, len);
         }
     }
-    ps_hdr h = {kind, 0, (uint32_t)ps->me_push[pg->mode], (uint32_t)pg->gi, 0, 0,
-                (uint32_t)pg->cnt[s], pg->round, 0, marker, NAN, ps->session};
+    ps_hdr h = {kind,
+                0,
+                (uint32_t)ps->me_push[pg->mode],
+                (uint32_t)pg->gi,
+                0,
+                0,
+                (uint32_t)pg->cnt[s],
+                pg->round,
+                0,
+                marker,
+                NAN,
+                ps->session};
     gm_ps_put_hdr(f, false, &h);
     gm_ps_seal(f, pg->cnt[s]);
     if (kind == PS_INIT) {
@@ -1311,7 +1335,7 @@ gcomp_status gcomp_mpi_ps_shutdown(gcomp_mpi_ps *ps, double timeout_s, gcomp_err
     }
     st = gm_wait_all(ps->comm, req, ps->S, deadline, "telling the servers to shut down", err);
     if (st == GCOMP_OK) gm_free(req); /* else leaked: MPI may still use it */
-    ps->session++; /* what it sends from now on belongs to the next session */
+    ps->session++;                    /* what it sends from now on belongs to the next session */
     return st;
 }
 

@@ -36,8 +36,8 @@
 #define PS_ENTRY 16
 #define PS_PUSH_MAGIC "GCpf"
 #define PS_REPLY_MAGIC "GCpr"
-enum { PS_PUSH = 1, PS_INIT = 2, PS_PULL = 3 };   /* kinds; a reply has its request's */
-enum { PS_F_AVERAGE = 1, PS_F_COMPRESSED = 1 };   /* push flags / reply flags */
+enum { PS_PUSH = 1, PS_INIT = 2, PS_PULL = 3 }; /* kinds; a reply has its request's */
+enum { PS_F_AVERAGE = 1, PS_F_COMPRESSED = 1 }; /* push flags / reply flags */
 
 static inline size_t ps_frame_fixed(size_t m) {
     return PS_HDR + PS_ENTRY * m + 4;
@@ -108,13 +108,13 @@ typedef struct ps_part {
 
 typedef struct ps_tensor {
     gcomp_mpi_ps *ps;
-    int mode;         /* hierarchical: 1, else 0 (index into the pusher tables) */
-    bool server;      /* this rank serves */
+    int mode;    /* hierarchical: 1, else 0 (index into the pusher tables) */
+    bool server; /* this rank serves */
     size_t nparts;
     ps_part *part;
-    char pspec[512];  /* the pull spec, canonical ("" : dense) */
+    char pspec[512]; /* the pull spec, canonical ("" : dense) */
     uint64_t pfp;
-    uint64_t *wfp;    /* per pusher: the fingerprint of its pushes */
+    uint64_t *wfp; /* per pusher: the fingerprint of its pushes */
     gcomp_mpi_ps_stats stats;
 } ps_tensor;
 
@@ -122,11 +122,11 @@ typedef struct ps_tensor {
 
 /* A server's view of one pusher of one sub-bucket. */
 typedef struct ps_slot {
-    gm_buf in;          /* its push frames */
-    gm_buf out;         /* async: its replies; sync: unused (the shared reply) */
-    bool arrived;       /* sync: this round's push is here */
-    bool parked;        /* its push belongs to the next session: taken at the next serve */
-    uint64_t round;     /* async: pushes of this pusher so far (sync: the group's round) */
+    gm_buf in;      /* its push frames */
+    gm_buf out;     /* async: its replies; sync: unused (the shared reply) */
+    bool arrived;   /* sync: this round's push is here */
+    bool parked;    /* its push belongs to the next session: taken at the next serve */
+    uint64_t round; /* async: pushes of this pusher so far (sync: the group's round) */
     size_t in_len;
     uint64_t t_arrived; /* when it arrived (queue depth) */
 } ps_slot;
@@ -135,38 +135,38 @@ typedef struct ps_group {
     gcomp_mpi_ps *ps;
     gcomp_mpi_bucket *b;
     gm_group *g;
-    size_t gi;       /* index of the sub-bucket in b->g */
-    int mode;        /* 0 flat, 1 hierarchical */
-    bool server;     /* registered as a server's group */
-    int tag;         /* PS_TAG_PUSH + 2 gi (reply: + 1) */
-    int nsrv;        /* servers this sub-bucket's parts go to */
-    int *srv;        /* their indices, ascending */
-    size_t *cnt;     /* entries per involved server */
+    size_t gi;                         /* index of the sub-bucket in b->g */
+    int mode;                          /* 0 flat, 1 hierarchical */
+    bool server;                       /* registered as a server's group */
+    int tag;                           /* PS_TAG_PUSH + 2 gi (reply: + 1) */
+    int nsrv;                          /* servers this sub-bucket's parts go to */
+    int *srv;                          /* their indices, ascending */
+    size_t *cnt;                       /* entries per involved server */
     size_t *soff, *scap, *roff, *rcap; /* worker: send / receive areas per involved server */
-    size_t *slen;    /* worker: this call's frame length per server */
-    size_t *ecnt;    /* worker: entries written per server (encode) */
-    size_t init_cap; /* worker: send room an init frame needs (pusher 0) */
-    uint64_t round;  /* pushes (worker) / rounds (server) so far */
-    int tamper;      /* test hook: what to spoil in the next push */
+    size_t *slen;                      /* worker: this call's frame length per server */
+    size_t *ecnt;                      /* worker: entries written per server (encode) */
+    size_t init_cap;                   /* worker: send room an init frame needs (pusher 0) */
+    uint64_t round;                    /* pushes (worker) / rounds (server) so far */
+    int tamper;                        /* test hook: what to spoil in the next push */
 
     /* server */
-    int me;           /* this server's index */
-    size_t m;         /* entries (parts) this server owns in the sub-bucket */
+    int me;            /* this server's index */
+    size_t m;          /* entries (parts) this server owns in the sub-bucket */
     uint32_t *et, *ep; /* m: tensor index and part of each entry, frame order */
-    int npush;        /* pushers */
-    ps_slot *slot;    /* npush */
-    gm_buf reply;     /* sync: the round's reply, sent to every pusher */
-    size_t reply_cap; /* bound of one reply frame */
-    size_t push_cap;  /* bound of one push frame */
-    size_t ctrl_cap;  /* bound of one init frame */
-    int next;         /* sync: next pusher to decode */
-    int arrived;      /* sync: pushes here this round */
+    int npush;         /* pushers */
+    ps_slot *slot;     /* npush */
+    gm_buf reply;      /* sync: the round's reply, sent to every pusher */
+    size_t reply_cap;  /* bound of one reply frame */
+    size_t push_cap;   /* bound of one push frame */
+    size_t ctrl_cap;   /* bound of one init frame */
+    int next;          /* sync: next pusher to decode */
+    int arrived;       /* sync: pushes here this round */
     uint64_t round_t0;
     gcomp_status rst; /* sync: this round's outcome so far */
     uint64_t rmark;   /* its marker */
     float rlr;
     unsigned rflags;
-    int rreq0;        /* first request slot of this group in the server's table */
+    int rreq0; /* first request slot of this group in the server's table */
 } ps_group;
 
 /* ---- the server object ------------------------------------------------------------- */
@@ -176,7 +176,7 @@ struct gcomp_mpi_ps {
     unsigned epoch;
     MPI_Comm pc;
     gcomp_mpi_ps_options opt;
-    char *pull;     /* opt.pull copied, NULL for dense */
+    char *pull; /* opt.pull copied, NULL for dense */
     int P, rank, S, W;
     int *srv_rank;  /* S */
     int *wrk_rank;  /* W */
@@ -184,7 +184,7 @@ struct gcomp_mpi_ps {
     int *node;      /* P: node index */
     bool device_ok; /* no node mixes roles; every server alone in its node */
     char device_why[200];
-    int npush[2];    /* pushers: [0] every worker, [1] one per worker node (its leader) */
+    int npush[2]; /* pushers: [0] every worker, [1] one per worker node (its leader) */
     int *push_rank[2];
     int *push_of[2]; /* P: a rank's pusher index, -1 */
     int me_srv, me_wrk, me_push[2];
@@ -193,8 +193,8 @@ struct gcomp_mpi_ps {
 
     ps_group **groups; /* registered by reserve, in creation order */
     size_t ngroups, gcap;
-    size_t nkeys;      /* live ps tensors set up on this rank */
-    float lr;          /* set_lr (NaN: the servers') */
+    size_t nkeys; /* live ps tensors set up on this rank */
+    float lr;     /* set_lr (NaN: the servers') */
     bool serving;
 
     gcomp_mpi_ps_stats stats;

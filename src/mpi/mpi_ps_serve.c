@@ -101,9 +101,9 @@ enum { RQ_PUSH = 1, RQ_SEND = 2, RQ_STOP = 3 };
 
 typedef struct srv_rq {
     uint8_t kind;
-    int q;          /* pusher (PUSH, SEND) or worker (STOP) */
-    ps_group *pg;   /* PUSH, SEND */
-    void *buf;      /* SEND: what it reads (for the graveyard) */
+    int q;        /* pusher (PUSH, SEND) or worker (STOP) */
+    ps_group *pg; /* PUSH, SEND */
+    void *buf;    /* SEND: what it reads (for the graveyard) */
 } srv_rq;
 
 typedef struct srv {
@@ -115,11 +115,11 @@ typedef struct srv {
     MPI_Status *sta;
     int n, stop0;
     uint64_t *stopbuf;
-    uint64_t *heard;  /* per worker: last message */
+    uint64_t *heard; /* per worker: last message */
     bool *stopped, *lost;
-    bool *judged;     /* per worker: it pushes (its silence means it is gone) */
+    bool *judged; /* per worker: it pushes (its silence means it is gone) */
     bool has_hier, async;
-    int waiting;      /* pushes received and not yet applied */
+    int waiting; /* pushes received and not yet applied */
     uint32_t nlost;
     gcomp_error *err;
 } srv;
@@ -177,8 +177,8 @@ static gcomp_status send_reply(srv *v, ps_group *pg, int q, void *buf, size_t le
 static gcomp_status post_push(srv *v, ps_group *pg, int q) {
     int k = pg->rreq0 + q, r = ps_pusher_rank(v->ps, pg->mode, q);
     if (worker_lost(v, r)) return GCOMP_OK;
-    int rc = MPI_Irecv(pg->slot[q].in.p, (int)pg->push_cap, MPI_BYTE, r, pg->tag, pg->b->bc,
-                       &v->req[k]);
+    int rc =
+        MPI_Irecv(pg->slot[q].in.p, (int)pg->push_cap, MPI_BYTE, r, pg->tag, pg->b->bc, &v->req[k]);
     if (rc != MPI_SUCCESS) return gm_comm_mpi_fail(v->ps->comm, v->err, rc, "MPI_Irecv (push)");
     return GCOMP_OK;
 }
@@ -188,8 +188,7 @@ static gcomp_status post_push(srv *v, ps_group *pg, int q) {
 /* Checks pusher q's frame and decodes its entries into the parts' scratch sums (zeroed
  * first when `zero`).  Returns the verdict; *marker receives the failure's marker (the
  * frame's own when the worker reported one). */
-static gcomp_status take_push(srv *v, ps_group *pg, int q, bool zero, ps_hdr *h,
-                              uint64_t *marker) {
+static gcomp_status take_push(srv *v, ps_group *pg, int q, bool zero, ps_hdr *h, uint64_t *marker) {
     gcomp_mpi_ps *ps = v->ps;
     const uint8_t *f = pg->slot[q].in.p;
     size_t len = pg->slot[q].in_len;
@@ -209,9 +208,12 @@ static gcomp_status take_push(srv *v, ps_group *pg, int q, bool zero, ps_hdr *h,
         uint32_t ti, pj;
         uint64_t l;
         ps_get_entry(f, e, &ti, &pj, &l);
-        if (ti != pg->et[e] || pj != pg->ep[e]) st = GCOMP_E_MISMATCH; /* not a key of ours */
-        else if (l > len) st = GCOMP_E_CORRUPT;
-        else total += (size_t)l;
+        if (ti != pg->et[e] || pj != pg->ep[e])
+            st = GCOMP_E_MISMATCH; /* not a key of ours */
+        else if (l > len)
+            st = GCOMP_E_CORRUPT;
+        else
+            total += (size_t)l;
     }
     if (st == GCOMP_OK && total > len - ps_frame_fixed(pg->m)) st = GCOMP_E_TRUNCATED;
     float scale = (h->flags & PS_F_AVERAGE) ? 1.0f / (float)ps->W : 1.0f;
@@ -261,8 +263,18 @@ static size_t build_reply(srv *v, ps_group *pg, uint8_t *buf, int kind, uint64_t
         off += len;
         if (p->sversion < version) version = p->sversion;
     }
-    ps_hdr h = {kind, compressed ? PS_F_COMPRESSED : 0u, (uint32_t)pg->me, 0, v->nlost, stale,
-                (uint32_t)m, pg->round, version == UINT64_MAX ? 0 : version, marker, 0, 0};
+    ps_hdr h = {kind,
+                compressed ? PS_F_COMPRESSED : 0u,
+                (uint32_t)pg->me,
+                0,
+                v->nlost,
+                stale,
+                (uint32_t)m,
+                pg->round,
+                version == UINT64_MAX ? 0 : version,
+                marker,
+                0,
+                0};
     gm_ps_put_hdr(buf, true, &h);
     gm_ps_seal(buf, m);
     if (compressed) return off;
@@ -280,8 +292,10 @@ static gcomp_status finish_round(srv *v, ps_group *pg) {
     /* The sum of finite gradients can still overflow: never pass Inf on. */
     for (size_t e = 0; !marker && e < pg->m; e++) {
         ps_part *p = &((ps_tensor *)pg->b->t[pg->et[e]].priv)->part[pg->ep[e]];
-        if (!gm_finite(p->acc.p, p->n)) marker = gm_marker(GCOMP_E_NONFINITE, me);
-        else if (update && !p->inited) marker = gm_marker(GCOMP_E_PROTOCOL, me);
+        if (!gm_finite(p->acc.p, p->n))
+            marker = gm_marker(GCOMP_E_NONFINITE, me);
+        else if (update && !p->inited)
+            marker = gm_marker(GCOMP_E_PROTOCOL, me);
     }
     float lr = pg->rlr;
     for (size_t e = 0; update && !marker && e < pg->m; e++) {
@@ -390,8 +404,10 @@ static gcomp_status async_push(srv *v, ps_group *pg, int q) {
     }
     for (size_t e = 0; st == GCOMP_OK && e < pg->m; e++) {
         ps_part *p = &((ps_tensor *)pg->b->t[pg->et[e]].priv)->part[pg->ep[e]];
-        if (!p->inited) st = GCOMP_E_PROTOCOL;
-        else if (!drop) st = sgd_check(p, isnan(h.lr) ? p->opt.lr : h.lr);
+        if (!p->inited)
+            st = GCOMP_E_PROTOCOL;
+        else if (!drop)
+            st = sgd_check(p, isnan(h.lr) ? p->opt.lr : h.lr);
         if (st != GCOMP_OK) marker = gm_marker(st, me);
     }
     if (st == GCOMP_OK && !drop)
@@ -459,13 +475,22 @@ static gcomp_status arrive(srv *v, ps_group *pg, int q) {
     return st;
 }
 
-
 /* A refusal for a request that names no sub-bucket of ours: marker only, no entries. */
 static gcomp_status refuse_ctrl(srv *v, gcomp_mpi_bucket *b, int src, int kind, gcomp_status st) {
     (void)b;
     uint8_t *f = v->ps->ctrl.p; /* the request is no longer needed */
-    ps_hdr h = {kind >= PS_PUSH && kind <= PS_PULL ? kind : PS_PULL, 0, (uint32_t)v->ps->me_srv,
-                0, v->nlost, 0, 0, 0, 0, gm_marker(st, v->ps->rank), 0, 0};
+    ps_hdr h = {kind >= PS_PUSH && kind <= PS_PULL ? kind : PS_PULL,
+                0,
+                (uint32_t)v->ps->me_srv,
+                0,
+                v->nlost,
+                0,
+                0,
+                0,
+                0,
+                gm_marker(st, v->ps->rank),
+                0,
+                0};
     gm_ps_put_hdr(f, true, &h);
     gm_ps_seal(f, 0);
     refused(v, src);
@@ -496,15 +521,16 @@ static gcomp_status ctrl_request(srv *v, ps_group *pg, int src, size_t len) {
         uint64_t l;
         ps_get_entry(f, e, &ti, &pj, &l);
         const ps_part *p = &((ps_tensor *)pg->b->t[pg->et[e]].priv)->part[pg->ep[e]];
-        if (ti != pg->et[e] || pj != pg->ep[e]) marker = gm_marker(GCOMP_E_MISMATCH, src);
+        if (ti != pg->et[e] || pj != pg->ep[e])
+            marker = gm_marker(GCOMP_E_MISMATCH, src);
         else if (l != (h.kind == PS_INIT ? 4 * (uint64_t)p->n : 0))
             marker = gm_marker(GCOMP_E_CORRUPT, src);
         dense += (size_t)l;
     }
     if (!marker && h.kind == PS_INIT) {
         st = gm_ps_check_dense(f, len, pg->m, dense);
-        if (st == GCOMP_OK && !gm_finite((const float *)(const void *)(f + ps_frame_fixed(pg->m)),
-                                         dense / 4))
+        if (st == GCOMP_OK &&
+            !gm_finite((const float *)(const void *)(f + ps_frame_fixed(pg->m)), dense / 4))
             st = GCOMP_E_NONFINITE;
         if (st != GCOMP_OK) marker = gm_marker(st, src);
     }
@@ -621,8 +647,7 @@ static void lose(srv *v, int w) {
     for (size_t k = 0; k < ps->ngroups; k++) {
         ps_group *pg = ps->groups[k];
         int q = ps->push_of[pg->mode][r];
-        if (q >= 0 && v->req[pg->rreq0 + q] != MPI_REQUEST_NULL)
-            MPI_Cancel(&v->req[pg->rreq0 + q]);
+        if (q >= 0 && v->req[pg->rreq0 + q] != MPI_REQUEST_NULL) MPI_Cancel(&v->req[pg->rreq0 + q]);
     }
     if (v->req[v->stop0 + w] != MPI_REQUEST_NULL) MPI_Cancel(&v->req[v->stop0 + w]);
 }
@@ -649,8 +674,8 @@ static gcomp_status handle(srv *v, int k, const MPI_Status *sta) {
     if (cancelled) return GCOMP_OK;
     uint64_t now = gm_now_ns();
     if (sta->MPI_ERROR != MPI_SUCCESS && sta->MPI_ERROR != MPI_ERR_PENDING) {
-        int peer = rq->kind == RQ_STOP ? ps->wrk_rank[rq->q]
-                                       : ps_pusher_rank(ps, rq->pg->mode, rq->q);
+        int peer =
+            rq->kind == RQ_STOP ? ps->wrk_rank[rq->q] : ps_pusher_rank(ps, rq->pg->mode, rq->q);
         if (v->async && ps->role[peer] >= 0) { /* that worker is gone; the others are not */
             lose(v, ps->role[peer]);
             return GCOMP_OK;
@@ -714,7 +739,7 @@ static void cleanup(srv *v, bool failed) {
         for (int k = 0; k < v->n; k++)
             if (v->req[k] != MPI_REQUEST_NULL && v->rq[k].pg) {
                 ps_group *pg = v->rq[k].pg;
-                gm_buf *b = v->rq[k].kind == RQ_PUSH ? &pg->slot[v->rq[k].q].in
+                gm_buf *b = v->rq[k].kind == RQ_PUSH      ? &pg->slot[v->rq[k].q].in
                             : v->rq[k].buf == pg->reply.p ? &pg->reply
                                                           : &pg->slot[v->rq[k].q].out;
                 b->p = NULL;
@@ -731,7 +756,7 @@ static void cleanup(srv *v, bool failed) {
         ps_group *pg = v->rq[k].pg;
         stop_left |= !pg;
         if (!pg) continue; /* a shutdown word: in v->stopbuf, leaked below */
-        gm_buf *b = v->rq[k].kind == RQ_PUSH ? &pg->slot[v->rq[k].q].in
+        gm_buf *b = v->rq[k].kind == RQ_PUSH      ? &pg->slot[v->rq[k].q].in
                     : v->rq[k].buf == pg->reply.p ? &pg->reply
                                                   : &pg->slot[v->rq[k].q].out;
         if (b->p) {

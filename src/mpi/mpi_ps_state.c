@@ -88,8 +88,8 @@ static gcomp_status ps_state_usable(const gcomp_mpi_bucket *b, gcomp_error *err)
     return GCOMP_OK;
 }
 
-gcomp_status gcomp_mpi_ps_save_state(const gcomp_mpi_bucket *b, void *dst, size_t cap,
-                                     size_t *len, gcomp_error *err) {
+gcomp_status gcomp_mpi_ps_save_state(const gcomp_mpi_bucket *b, void *dst, size_t cap, size_t *len,
+                                     gcomp_error *err) {
     if (len) *len = 0;
     if (!dst || !len) return gm_fail(err, GCOMP_E_ARG, "dst and len must not be NULL");
     gcomp_status st = ps_state_usable(b, err);
@@ -118,7 +118,8 @@ gcomp_status gcomp_mpi_ps_save_state(const gcomp_mpi_bucket *b, void *dst, size_
             gcomp__put32(q + 48, (uint32_t)x->opt.nesterov);
             gcomp__put32(q + 52, 0);
             q += PSS_PART;
-            for (size_t k = 0; k < x->n; k++, q += 4) gcomp__putf(q, ((const float *)x->store.p)[k]);
+            for (size_t k = 0; k < x->n; k++, q += 4)
+                gcomp__putf(q, ((const float *)x->store.p)[k]);
             if (x->mom.p)
                 for (size_t k = 0; k < x->n; k++, q += 4)
                     gcomp__putf(q, ((const float *)x->mom.p)[k]);
@@ -160,7 +161,7 @@ gcomp_status gcomp_mpi_ps_load_state(gcomp_mpi_bucket *b, const void *src, size_
     uint8_t hdr[PSS_HDR];
     put_header(b, hdr, 0);
     static const char *const field[] = {"number of ranks", "rank", "number of servers",
-                                        "server index", "mode", "number of tensors"};
+                                        "server index",    "mode", "number of tensors"};
     for (int f = 0; f < 6; f++)
         if (memcmp(hdr + 16 + 4 * f, p + 16 + 4 * f, 4))
             return gm_fail(err, GCOMP_E_MISMATCH, "ps state: saved with another %s (%u; here %u)",

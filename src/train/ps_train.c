@@ -95,8 +95,8 @@ static int weights_call(gtrain_exchange *ex, gtrain_tensor *t, size_t nt, bool i
         gcomp_error e = {0};
         float *w[1] = {t[i].w};
         gcomp_mpi_bucket *b = gtrain_exchange_bucket(ex, i);
-        gcomp_status st = init ? gcomp_mpi_ps_init(b, w, timeout_s, &e)
-                               : gcomp_mpi_ps_pull(b, w, timeout_s, &e);
+        gcomp_status st =
+            init ? gcomp_mpi_ps_init(b, w, timeout_s, &e) : gcomp_mpi_ps_pull(b, w, timeout_s, &e);
         if (st != GCOMP_OK)
             return fail(err, errlen, "%s %s: %s", init ? "init" : "pull", t[i].name, e.message);
     }
@@ -136,7 +136,8 @@ static int worker_run(const gtrain_config *cfg, const gtrain_ps_config *pc, cons
     double total = (double)spe * cfg->epochs, per = async ? (double)W : 1.0;
     size_t cap_points = (size_t)cfg->epochs * (spe / eval_every + 2) + 2;
     size_t shard_cap = train->n / (size_t)W + 1;
-    uint32_t *perm = malloc(train->n * sizeof(uint32_t)), *mine = malloc(shard_cap * sizeof(uint32_t));
+    uint32_t *perm = malloc(train->n * sizeof(uint32_t)),
+             *mine = malloc(shard_cap * sizeof(uint32_t));
     float *xb = malloc(cfg->batch * train->dim * sizeof(float));
     uint8_t *yb = malloc(cfg->batch);
     out->points = calloc(cap_points, sizeof(gtrain_point));
@@ -207,8 +208,9 @@ static int worker_run(const gtrain_config *cfg, const gtrain_ps_config *pc, cons
         }
         /* Progress: sync steps; async updates (the servers' count, as this worker's reply
          * reported it) over W. */
-        progress_steps = async ? (double)gcomp_mpi_ps_version(gtrain_exchange_bucket(ex, 0), 0) / per
-                               : (double)my_steps;
+        progress_steps = async
+                             ? (double)gcomp_mpi_ps_version(gtrain_exchange_bucket(ex, 0), 0) / per
+                             : (double)my_steps;
         size_t done_steps = (size_t)progress_steps;
         if (done_steps < next_eval && progress_steps < total) continue;
 
@@ -247,7 +249,8 @@ static int worker_run(const gtrain_config *cfg, const gtrain_ps_config *pc, cons
         bool last = progress_steps >= total;
         bool over = cfg->time_budget_s > 0 && slowest >= cfg->time_budget_s && !last;
         if (out->npoints < cap_points) out->points[out->npoints++] = p;
-        if (rank == 0) progress(cfg, label, &p, p.bytes / (double)my_steps, 1e3 * p.wall_s / progress_steps);
+        if (rank == 0)
+            progress(cfg, label, &p, p.bytes / (double)my_steps, 1e3 * p.wall_s / progress_steps);
         while (next_eval <= (size_t)progress_steps) next_eval += eval_every;
         if (over) out->stopped_by_budget = 1;
         done = last || over;
@@ -291,7 +294,8 @@ int gtrain_run_ps(const gtrain_config *cfg, const gtrain_ps_config *pc, const ch
     memset(out, 0, sizeof *out);
     snprintf(out->method, sizeof out->method, "%s", method);
     snprintf(out->exchange, sizeof out->exchange, "ps %d %s%s", pc->servers,
-             gtrain_ps_mode_name(pc->mode), pc->mode != GTRAIN_PS_ASYNC && pc->update ? "+update" : "");
+             gtrain_ps_mode_name(pc->mode),
+             pc->mode != GTRAIN_PS_ASYNC && pc->update ? "+update" : "");
     int S = pc->servers, W = P - S;
     if (W < 1) return fail(err, errlen, "--ps %d on %d ranks leaves no worker", S, P);
     bool server = rank >= W, async = pc->mode == GTRAIN_PS_ASYNC;
@@ -320,7 +324,8 @@ int gtrain_run_ps(const gtrain_config *cfg, const gtrain_ps_config *pc, const ch
     gcomp_mpi_options mo;
     gcomp_mpi_options_default(&mo);
     mo.timeout_s = cfg->timeout_s;
-    if (pc->mode == GTRAIN_PS_DEVICE) mo.ranks_per_node = pc->ranks_per_node > 0 ? pc->ranks_per_node : 2;
+    if (pc->mode == GTRAIN_PS_DEVICE)
+        mo.ranks_per_node = pc->ranks_per_node > 0 ? pc->ranks_per_node : 2;
     if (gcomp_mpi_comm_create(&gc, comm, &mo, cfg->timeout_s, &e) != GCOMP_OK) {
         rc = fail(err, errlen, "MPI: %s", e.message);
         goto agree;
@@ -333,9 +338,9 @@ int gtrain_run_ps(const gtrain_config *cfg, const gtrain_ps_config *pc, const ch
     po.pull = pc->pull;
     /* The trainer's optimizer (gtrain_sgd_step), on the servers: the batch's summed loss
      * (MXNet's unit) is rescaled by 1/batch as MXNet's rescale_grad does. */
-    po.optimizer = (gcomp_mpi_ps_optimizer){cfg->lr, cfg->momentum, cfg->weight_decay,
-                                            cfg->summed_loss ? 1.0f / (float)cfg->batch : 1.0f,
-                                            cfg->nesterov};
+    po.optimizer =
+        (gcomp_mpi_ps_optimizer){cfg->lr, cfg->momentum, cfg->weight_decay,
+                                 cfg->summed_loss ? 1.0f / (float)cfg->batch : 1.0f, cfg->nesterov};
     if (gcomp_mpi_ps_create(&ps, gc, &po, cfg->timeout_s, &e) != GCOMP_OK) {
         rc = fail(err, errlen, "parameter server: %s", e.message);
         goto agree;
@@ -348,7 +353,8 @@ int gtrain_run_ps(const gtrain_config *cfg, const gtrain_ps_config *pc, const ch
     }
     gtrain_exchange_describe(ex, out->detail, sizeof out->detail);
     skip = calloc(nt, 1);
-    for (size_t i = 0; skip && i < nt; i++) skip[i] = (unsigned char)gtrain_exchange_owns_momentum(ex, i);
+    for (size_t i = 0; skip && i < nt; i++)
+        skip[i] = (unsigned char)gtrain_exchange_owns_momentum(ex, i);
 
     if (server) {
         for (size_t i = 0; i < nt; i++) { /* the trainer's per-tensor rules, server side */
@@ -374,10 +380,11 @@ int gtrain_run_ps(const gtrain_config *cfg, const gtrain_ps_config *pc, const ch
 agree:
     /* What every rank saw, on rank 0 (a worker).  Sums over workers, maxima over ranks; every
      * rank gets here, also after a failure, so the collectives below always pair up. */
-    double sum[10] = {server ? 0 : ws.wall,    server ? 0 : ws.compute, server ? 0 : ws.codec,
-                      server ? 0 : ws.comm,    server ? 0 : ws.sent,    server ? 0 : ws.msg,
-                      server ? 0 : ws.steps,   server ? 0 : ws.pushed,  server ? 0 : ws.pulled,
-                      server ? (double)ss.stale_sum : 0};
+    double sum[10] = {server ? 0 : ws.wall,   server ? 0 : ws.compute,
+                      server ? 0 : ws.codec,  server ? 0 : ws.comm,
+                      server ? 0 : ws.sent,   server ? 0 : ws.msg,
+                      server ? 0 : ws.steps,  server ? 0 : ws.pushed,
+                      server ? 0 : ws.pulled, server ? (double)ss.stale_sum : 0};
     double mx[7] = {server && serve_s > 0 ? 1e-9 * (double)ss.busy_ns / serve_s : 0,
                     server ? (double)ss.stale_max : 0,
                     server ? (double)ss.queue_max : 0,

@@ -37,8 +37,7 @@ typedef struct gtrain_ps_config {
 
 /* Parses "S[:MODE[,MODE...]]" (MODE: sync, async, device; default sync) into *servers and
  * up to 3 modes.  Returns 0, or 1 with a message in err. */
-int gtrain_ps_parse(const char *s, int *servers, int *modes, int *nmodes, char *err,
-                    size_t errlen);
+int gtrain_ps_parse(const char *s, int *servers, int *modes, int *nmodes, char *err, size_t errlen);
 /* "sync", "async", "device". */
 const char *gtrain_ps_mode_name(int mode);
 

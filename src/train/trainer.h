@@ -90,12 +90,12 @@ typedef struct gtrain_result {
     gtrain_point *points;
     size_t npoints;
     /* Parameter-server runs (ps_train.h); "" and zeros for the collectives. */
-    char exchange[48];              /* e.g. "ps 1 sync", "ps 1 async" */
-    double ps_pushed_per_step;      /* bytes a worker pushes per step (its steps), mean */
-    double ps_pulled_per_step;      /* bytes a worker pulls per step, mean */
-    double ps_server_busy;          /* fraction of the run the busiest server was busy */
+    char exchange[48];                  /* e.g. "ps 1 sync", "ps 1 async" */
+    double ps_pushed_per_step;          /* bytes a worker pushes per step (its steps), mean */
+    double ps_pulled_per_step;          /* bytes a worker pulls per step, mean */
+    double ps_server_busy;              /* fraction of the run the busiest server was busy */
     double ps_stale_mean, ps_stale_max; /* async: updates between a push's pull and itself */
-    double ps_queue_max;            /* most pushes waiting at a server */
+    double ps_queue_max;                /* most pushes waiting at a server */
     double ps_worker_steps_min, ps_worker_steps_max; /* async: steps made by each worker */
     int ps_workers_lost;
 } gtrain_result;

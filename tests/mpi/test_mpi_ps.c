@@ -26,7 +26,8 @@ typedef struct shape {
     size_t n, rows, cols;
 } shape;
 /* Up to 1024 floats a key is one part (part_bytes 4096); 2000 and 4099 are cut. */
-static const shape shapes[] = {{1, 1, 1}, {5, 1, 5}, {1001, 7, 143}, {2000, 40, 50}, {4099, 4099, 1}};
+static const shape shapes[] = {
+    {1, 1, 1}, {5, 1, 5}, {1001, 7, 143}, {2000, 40, 50}, {4099, 4099, 1}};
 #define NT (sizeof shapes / sizeof shapes[0])
 
 static const char *const specs[] = {
@@ -72,8 +73,8 @@ static gcomp_mpi_bucket *make_bucket(gcomp_mpi_comm *c, const char *spec, int st
     char names[NT][48];
     for (size_t k = 0; k < NT; k++) {
         snprintf(names[k], sizeof names[k], "%s%zu", tag, k);
-        t[k] = (gcomp_mpi_tensor){names[k], spec, shapes[k].n, shapes[k].rows, shapes[k].cols,
-                                  strategy};
+        t[k] = (gcomp_mpi_tensor){names[k],       spec,           shapes[k].n,
+                                  shapes[k].rows, shapes[k].cols, strategy};
     }
     gcomp_mpi_bucket_options bo;
     gcomp_mpi_bucket_options_default(&bo);
@@ -186,8 +187,8 @@ static void codec_case(unsigned si, int strategy_ps, int strategy_ag, gcomp_mpi_
 #define SGD_STEPS 5
 
 /* The reference trainer's update (src/train/model.c, gtrain_sgd_step), on the workers. */
-static void worker_sgd(float *w, float *v, const float *g, size_t n, const gcomp_mpi_ps_optimizer *o,
-                       float lr) {
+static void worker_sgd(float *w, float *v, const float *g, size_t n,
+                       const gcomp_mpi_ps_optimizer *o, float lr) {
     const float r = o->rescale, wd = o->weight_decay, mu = o->momentum;
     if (mu == 0.0f) {
         for (size_t i = 0; i < n; i++) w[i] -= lr * (r * g[i] + wd * w[i]);
@@ -233,7 +234,9 @@ static void sgd_case(const gcomp_mpi_ps_optimizer *opt, const char *spec) {
             ps_serve_ok(ps, TIMEOUT, "sgd");
         } else {
             float *d[1] = {w_ps};
-            if (update) CHECK_MSG(gcomp_mpi_ps_init(b, d, TIMEOUT, &err) == GCOMP_OK, "init: %s", err.message);
+            if (update)
+                CHECK_MSG(gcomp_mpi_ps_init(b, d, TIMEOUT, &err) == GCOMP_OK, "init: %s",
+                          err.message);
             for (int s = 0; s < SGD_STEPS; s++) {
                 float lr = opt->lr * (1.0f - 0.15f * (float)s); /* a schedule */
                 gcomp_mpi_ps_set_lr(ps, lr);
@@ -310,7 +313,8 @@ static void pull_case(const char *spec) {
             for (int s = 0; s < E.S; s++) {
                 int has = 0;
                 MPI_Recv(&has, 1, MPI_INT, E.W + s, 9, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
-                if (has) MPI_Recv(res1, N, MPI_FLOAT, E.W + s, 10, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+                if (has)
+                    MPI_Recv(res1, N, MPI_FLOAT, E.W + s, 10, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
             }
             /* e = sum + r0; pulled = C(e); r1 = e - pulled */
             double worst = 0, moved = 0;
@@ -345,9 +349,8 @@ int main(int argc, char **argv) {
     for (unsigned si = 0; si < NSPECS; si++)
         codec_case(si, GCOMP_MPI_PS, GCOMP_MPI_ALLGATHER, E.world, E.wc);
 
-    gcomp_mpi_ps_optimizer opts[3] = {{0.05f, 0.9f, 1e-4f, 1.0f, 0},
-                                      {0.05f, 0.9f, 1e-4f, 0.5f, 1},
-                                      {0.1f, 0.0f, 0.0f, 1.0f, 0}};
+    gcomp_mpi_ps_optimizer opts[3] = {
+        {0.05f, 0.9f, 1e-4f, 1.0f, 0}, {0.05f, 0.9f, 1e-4f, 0.5f, 1}, {0.1f, 0.0f, 0.0f, 1.0f, 0}};
     for (int k = 0; k < 3; k++) sgd_case(&opts[k], k == 2 ? "none" : "twobit:threshold=0.5");
 
     pull_case("twobit:threshold=0.5");

@@ -51,13 +51,12 @@ static void sync_case(ps_env *E) {
         gcomp_mpi_ps_stats s;
         gcomp_mpi_ps_stats_get(ps, -1, &s);
         /* five void rounds of W pushes, the NaN init, W pulls before any init */
-        CHECK_MSG(s.refused == 6u * (unsigned)E->W + 1u,
-                  "sync: %llu pushes refused", (unsigned long long)s.refused);
+        CHECK_MSG(s.refused == 6u * (unsigned)E->W + 1u, "sync: %llu pushes refused",
+                  (unsigned long long)s.refused);
     } else {
         gcomp_error err = {0};
         float *x = malloc(N * sizeof(float)), *before = malloc(N * sizeof(float)),
-              *after = malloc(N * sizeof(float)), *d[1] = {x}, *pb[1] = {before},
-              *pa[1] = {after};
+              *after = malloc(N * sizeof(float)), *d[1] = {x}, *pb[1] = {before}, *pa[1] = {after};
         /* an init with a NaN: refused everywhere, nothing stored */
         test_fill(x, N, 1);
         if (E->widx == 0) x[17] = NAN;
@@ -77,7 +76,8 @@ static void sync_case(ps_env *E) {
                       what);
             /* nothing applied */
             CHECK_OK(gcomp_mpi_ps_pull(b, pa, TIMEOUT, &err));
-            CHECK_MSG(!memcmp(before, after, N * sizeof(float)), "tamper %d: weights changed", what);
+            CHECK_MSG(!memcmp(before, after, N * sizeof(float)), "tamper %d: weights changed",
+                      what);
             CHECK(gcomp_mpi_ps_version(b, 0) == v0);
             /* and the next clean round works */
             test_fill(x, N, 20ull + (unsigned)what);

@@ -11,9 +11,9 @@
 #include <stdbool.h>
 
 typedef struct ps_env {
-    int S, W, widx;     /* servers, workers, this worker's index (-1 on servers) */
+    int S, W, widx; /* servers, workers, this worker's index (-1 on servers) */
     bool server;
-    MPI_Comm wcomm;     /* the workers, in rank order; MPI_COMM_NULL on servers */
+    MPI_Comm wcomm; /* the workers, in rank order; MPI_COMM_NULL on servers */
     gcomp_mpi_comm *world;
     gcomp_mpi_comm *wc; /* over wcomm; NULL on servers */
 } ps_env;

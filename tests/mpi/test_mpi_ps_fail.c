@@ -112,8 +112,8 @@ int main(int argc, char **argv) {
         gcomp_mpi_ps_stats s;
         gcomp_mpi_ps_stats_get(ps, -1, &s);
         if (s.workers_lost == 1 && step > VICTIM_STEPS) {
-            snprintf(msg, sizeof msg, "async: %d steps, the loss reported %.1f s after it", step + 1,
-                     MPI_Wtime() - killed_at);
+            snprintf(msg, sizeof msg, "async: %d steps, the loss reported %.1f s after it",
+                     step + 1, MPI_Wtime() - killed_at);
             if (gcomp_mpi_ps_shutdown(ps, TIMEOUT, &err) != GCOMP_OK) return fail(err.message);
             ok(msg);
         }

@@ -52,7 +52,8 @@ int main(int argc, char **argv) {
     if (E.server) {
         ps_serve_ok(ps, 60.0, "2bit");
     } else if (b) {
-        float *r[NT], *x[NT], *g = malloc(5000 * sizeof(float)), *mine = malloc(5000 * sizeof(float));
+        float *r[NT], *x[NT], *g = malloc(5000 * sizeof(float)),
+                              *mine = malloc(5000 * sizeof(float));
         float *sum = malloc(5000 * sizeof(float));
         for (size_t k = 0; k < NT; k++) {
             r[k] = calloc(sizes[k] * (size_t)E.W, sizeof(float)); /* every worker's residual */
@@ -92,7 +93,8 @@ int main(int argc, char **argv) {
             }
         }
         /* the replay exercised both outcomes */
-        CHECK_MSG(nonzero > total / 10 && nonzero < total, "%zu of %zu sums non-zero", nonzero, total);
+        CHECK_MSG(nonzero > total / 10 && nonzero < total, "%zu of %zu sums non-zero", nonzero,
+                  total);
         CHECK(gcomp_mpi_ps_part_count(b, 2) == 5);
         ps_shutdown_ok(ps, "2bit");
         for (size_t k = 0; k < NT; k++) {

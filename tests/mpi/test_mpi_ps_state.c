@@ -44,8 +44,7 @@ static gcomp_mpi_bucket *make(ps_env *E, gcomp_mpi_ps **ps, bool update) {
 }
 
 /* Runs steps [s0, s1) as one session; workers keep each step's results in out (if given). */
-static void session(ps_env *E, gcomp_mpi_ps *ps, gcomp_mpi_bucket *b, int s0, int s1,
-                    float **out) {
+static void session(ps_env *E, gcomp_mpi_ps *ps, gcomp_mpi_bucket *b, int s0, int s1, float **out) {
     if (E->server) {
         ps_serve_ok(ps, TIMEOUT, "state");
         return;
@@ -55,7 +54,8 @@ static void session(ps_env *E, gcomp_mpi_ps *ps, gcomp_mpi_bucket *b, int s0, in
     for (int k = 0; k < NT; k++) x[k] = malloc(sizes[k] * sizeof(float));
     for (int s = s0; s < s1; s++) {
         for (int k = 0; k < NT; k++)
-            test_fill(x[k], sizes[k], 500ull * (unsigned)s + 10ull * (unsigned)k + (unsigned)E->widx);
+            test_fill(x[k], sizes[k],
+                      500ull * (unsigned)s + 10ull * (unsigned)k + (unsigned)E->widx);
         CHECK_MSG(gcomp_mpi_allreduce(b, x, GCOMP_MPI_AVERAGE, TIMEOUT, &err) == GCOMP_OK, "%s",
                   err.message);
         if (out)
@@ -136,8 +136,9 @@ static void run(ps_env *E, bool update) {
     memcpy(bad, pb, plen);
     bad[0] = 'X';
     CHECK(gcomp_mpi_ps_load_state(b, bad, plen, &err) == GCOMP_E_BAD_MAGIC);
-    if (swap) CHECK_MSG(gcomp_mpi_ps_load_state(b, other, olen, &err) == GCOMP_E_MISMATCH, "%s: %s",
-                        name, err.message);
+    if (swap)
+        CHECK_MSG(gcomp_mpi_ps_load_state(b, other, olen, &err) == GCOMP_E_MISMATCH, "%s: %s", name,
+                  err.message);
     CHECK_MSG(gcomp_mpi_bucket_load_state(b, bb, blen, &err) == GCOMP_OK, "%s: %s", name,
               err.message);
     CHECK_MSG(gcomp_mpi_ps_load_state(b, pb, plen, &err) == GCOMP_OK, "%s: %s", name, err.message);
@@ -154,8 +155,8 @@ static void run(ps_env *E, bool update) {
         for (int s = 0; s < M; s++)
             for (int k = 0; k < NT; k++)
                 CHECK_MSG(!memcmp(ref[s * NT + k], got[s * NT + k], sizes[k] * sizeof(float)),
-                          "%s: step %d tensor %d after loading differs from the run it saved",
-                          name, K + s, k);
+                          "%s: step %d tensor %d after loading differs from the run it saved", name,
+                          K + s, k);
     gcomp_mpi_bucket_free(b);
     gcomp_mpi_ps_free(ps);
     free(bad);

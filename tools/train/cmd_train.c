@@ -235,8 +235,7 @@ static int parse(int argc, char **argv, opts *o) {
                 return cli_fail("train", 2, "--slow-rank %s: R:FACTOR, FACTOR >= 1", v);
             c->slow_rank = (int)r;
             c->slow_factor = f;
-        }
-        else
+        } else
             return cli_fail("train", 2, "unknown option '%s'\n%s", a, usage_text);
     }
     if (!(c->lr > 0) || !(c->momentum >= 0 && c->momentum < 1) || !(c->weight_decay >= 0))
@@ -441,8 +440,7 @@ static int write_outputs(const opts *o, gtrain_result *r, int nr, double target,
             gtrain_point *p = &r[i].points[j];
             fprintf(f, "\"%s%s%s%s\",%.4f,%.4f,%.0f,%.6g,%.6g,%.6f\n", r[i].method,
                     r[i].exchange[0] ? " [" : "", r[i].exchange, r[i].exchange[0] ? "]" : "",
-                    p->epoch, p->wall_s,
-                    p->bytes, p->train_loss, p->test_loss, p->test_acc);
+                    p->epoch, p->wall_s, p->bytes, p->train_loss, p->test_loss, p->test_acc);
         }
     fclose(f);
 
