@@ -78,6 +78,13 @@ int gtrain_ps_parse(const char *s, int *servers, int *modes, int *nmodes, char *
     return 0;
 }
 
+float gtrain_ps_momentum(const gtrain_config *cfg, const gtrain_ps_config *pc, int workers) {
+    if (pc->mode != GTRAIN_PS_ASYNC) return cfg->momentum;
+    if (pc->async_momentum >= 0) return pc->async_momentum;
+    float m = cfg->momentum - (1.0f - 1.0f / (float)workers);
+    return m > 0 ? m : 0;
+}
+
 typedef struct ready_ctx {
     gtrain_exchange *ex;
     int failed;
@@ -296,6 +303,7 @@ int gtrain_run_ps(const gtrain_config *cfg, const gtrain_ps_config *pc, const ch
     snprintf(out->exchange, sizeof out->exchange, "ps %d %s%s", pc->servers,
              gtrain_ps_mode_name(pc->mode),
              pc->mode != GTRAIN_PS_ASYNC && pc->update ? "+update" : "");
+    out->ps_momentum = gtrain_ps_momentum(cfg, pc, P - pc->servers);
     int S = pc->servers, W = P - S;
     if (W < 1) return fail(err, errlen, "--ps %d on %d ranks leaves no worker", S, P);
     bool server = rank >= W, async = pc->mode == GTRAIN_PS_ASYNC;
@@ -339,7 +347,7 @@ int gtrain_run_ps(const gtrain_config *cfg, const gtrain_ps_config *pc, const ch
     /* The trainer's optimizer (gtrain_sgd_step), on the servers: the batch's summed loss
      * (MXNet's unit) is rescaled by 1/batch as MXNet's rescale_grad does. */
     po.optimizer =
-        (gcomp_mpi_ps_optimizer){cfg->lr, cfg->momentum, cfg->weight_decay,
+        (gcomp_mpi_ps_optimizer){cfg->lr, gtrain_ps_momentum(cfg, pc, W), cfg->weight_decay,
                                  cfg->summed_loss ? 1.0f / (float)cfg->batch : 1.0f, cfg->nesterov};
     if (gcomp_mpi_ps_create(&ps, gc, &po, cfg->timeout_s, &e) != GCOMP_OK) {
         rc = fail(err, errlen, "parameter server: %s", e.message);

@@ -28,12 +28,22 @@
 enum { GTRAIN_PS_SYNC = 0, GTRAIN_PS_ASYNC = 1, GTRAIN_PS_DEVICE = 2 };
 
 typedef struct gtrain_ps_config {
-    int servers;        /* S >= 1 */
-    int mode;           /* GTRAIN_PS_SYNC, _ASYNC or _DEVICE */
-    int update;         /* sync and device: 1 = the servers run SGD; async always does */
-    const char *pull;   /* NULL, "same" or a spec: BytePS's compressed pulls (sync, update 0) */
-    int ranks_per_node; /* device: workers per node (0: 2) */
+    int servers;          /* S >= 1 */
+    int mode;             /* GTRAIN_PS_SYNC, _ASYNC or _DEVICE */
+    int update;           /* sync and device: 1 = the servers run SGD; async always does */
+    const char *pull;     /* NULL, "same" or a spec: BytePS's compressed pulls (sync, update 0) */
+    int ranks_per_node;   /* device: workers per node (0: 2) */
+    float async_momentum; /* async: the servers' momentum; < 0 (auto): see gtrain_ps_momentum */
 } gtrain_ps_config;
+
+/*
+ * The servers' momentum in async mode for the trainer's momentum m and W workers, unless
+ * set: max(0, m - (1 - 1/W)).  Asynchrony itself acts like momentum 1 - 1/W (Mitliagkas et
+ * al. 2016, "Asynchrony begets momentum"): with m = 0.9 on 4 workers the sum overshoots, and
+ * the MLP of docs/BENCHMARKS.md reached 54 % after one epoch with twobit where sync reached
+ * 86 % (85.7 % with the servers' momentum at 0.6).  Sync modes use m unchanged.
+ */
+float gtrain_ps_momentum(const gtrain_config *cfg, const gtrain_ps_config *pc, int workers);
 
 /* Parses "S[:MODE[,MODE...]]" (MODE: sync, async, device; default sync) into *servers and
  * up to 3 modes.  Returns 0, or 1 with a message in err. */

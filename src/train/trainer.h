@@ -98,6 +98,7 @@ typedef struct gtrain_result {
     double ps_queue_max;                /* most pushes waiting at a server */
     double ps_worker_steps_min, ps_worker_steps_max; /* async: steps made by each worker */
     int ps_workers_lost;
+    double ps_momentum; /* the momentum of the run's optimizer (async: the servers') */
 } gtrain_result;
 
 /* Trains one method.  Collective over `comm`.  `test` may be evaluated in shards.

@@ -54,7 +54,8 @@ static const char *usage_text =
     "                      [--lr-schedule const|cosine|step] [--loss mean|sum]\n"
     "                      [--time-budget SEC] [--calibration FILE] [--quiet]\n"
     "                      [--ps S[:sync|async|device,...]] [--ps-only] [--ps-update]\n"
-    "                      [--ps-pull SPEC|same] [--ranks-per-node K] [--slow-rank R:FACTOR]\n"
+    "                      [--ps-pull SPEC|same] [--ps-momentum M] [--ranks-per-node K]\n"
+    "                      [--slow-rank R:FACTOR]\n"
     "methods: dense, dense-f16, any spec (e.g. dgc:density=0.001, powersgd:rank=4,\n"
     "         twobit:threshold=0.5, sign:feedback=ef), or policy:<policy string>;\n"
     "         --compare splits on commas, and a piece without ':' but with '=' continues\n"
@@ -80,7 +81,9 @@ static const char *usage_text =
     "         dist_async with the optimizer on the servers, device = dist_sync_device,\n"
     "         workers summing densely in nodes of --ranks-per-node K, default 2), after its\n"
     "         collective run (skipped with --ps-only); --ps-update puts the optimizer on\n"
-    "         the servers in sync mode too; --ps-pull compresses pulls (BytePS; sync).\n"
+    "         the servers in sync mode too; --ps-pull compresses pulls (BytePS; sync);\n"
+    "         --ps-momentum: the servers' momentum in async mode (default: --momentum\n"
+    "         minus the 1 - 1/W that asynchrony adds by itself, at least 0).\n"
     "--slow-rank: worker R computes FACTOR times slower (it sleeps the difference).\n";
 
 /* Splits a --compare list into methods (see usage_text). */
@@ -123,6 +126,7 @@ static int parse(int argc, char **argv, opts *o) {
     c->dense_spec = "none:values=f16";
     c->timeout_s = 120;
     c->slow_rank = -1;
+    o->ps.async_momentum = -1; /* auto: gtrain_ps_momentum */
     c->progress = isatty(2) ? 2 : 1;
     o->out = "out";
     o->target = -1;
@@ -223,6 +227,10 @@ static int parse(int argc, char **argv, opts *o) {
                 return cli_fail("train", 2, "%s", e);
         } else if (!strcmp(a, "--ps-pull")) {
             o->ps.pull = v;
+        } else if (!strcmp(a, "--ps-momentum")) {
+            o->ps.async_momentum = strtof(v, NULL);
+            if (!(o->ps.async_momentum >= 0 && o->ps.async_momentum < 1))
+                return cli_fail("train", 2, "--ps-momentum %s: in [0, 1)", v);
         } else if (!strcmp(a, "--ranks-per-node")) {
             if (cli_parse_count(v, &cnt) || cnt < 1 || cnt > 256)
                 return cli_fail("train", 2, "--ranks-per-node %s: 1..256", v);
@@ -415,6 +423,7 @@ static int write_outputs(const opts *o, gtrain_result *r, int nr, double target,
         fprintf(f, ",\"exchange\":");
         json_string(f, x->exchange[0] ? x->exchange : "collective");
         if (x->exchange[0]) {
+            json_num(f, "ps_momentum", x->ps_momentum);
             json_num(f, "ps_pushed_bytes_per_step", x->ps_pushed_per_step);
             json_num(f, "ps_pulled_bytes_per_step", x->ps_pulled_per_step);
             json_num(f, "ps_server_busy", x->ps_server_busy);
@@ -532,17 +541,17 @@ static void print_table(gtrain_result *r, int nr, double target) {
     for (int i = 0; i < nr; i++) ps |= r[i].exchange[0] != 0;
     if (ps) {
         printf("\nparameter server (per worker step; busy: the busiest server's share of its "
-               "serving time)\n%-46s %12s %12s %7s %13s %8s %6s %13s\n",
+               "serving time)\n%-46s %12s %12s %7s %13s %8s %6s %20s\n",
                "method", "pushed B", "pulled B", "busy", "stale mean/max", "queue", "lost",
-               "worker steps");
+               "worker steps (momentum)");
         for (int i = 0; i < nr; i++) {
             if (!r[i].exchange[0]) continue;
             char name[64], stale[32], steps[32];
             snprintf(name, sizeof name, "%.30s [%s]", r[i].method, r[i].exchange);
             snprintf(stale, sizeof stale, "%.1f/%.0f", r[i].ps_stale_mean, r[i].ps_stale_max);
-            snprintf(steps, sizeof steps, "%.0f-%.0f", r[i].ps_worker_steps_min,
-                     r[i].ps_worker_steps_max);
-            printf("%-46.46s %12.0f %12.0f %6.1f%% %13s %8.0f %6d %13s\n", name,
+            snprintf(steps, sizeof steps, "%.0f-%.0f (%.2f)", r[i].ps_worker_steps_min,
+                     r[i].ps_worker_steps_max, r[i].ps_momentum);
+            printf("%-46.46s %12.0f %12.0f %6.1f%% %13s %8.0f %6d %20s\n", name,
                    r[i].ps_pushed_per_step, r[i].ps_pulled_per_step, 100 * r[i].ps_server_busy,
                    stale, r[i].ps_queue_max, r[i].ps_workers_lost, steps);
         }
