@@ -81,7 +81,7 @@ int gtrain_ps_parse(const char *s, int *servers, int *modes, int *nmodes, char *
 float gtrain_ps_momentum(const gtrain_config *cfg, const gtrain_ps_config *pc, int workers) {
     if (pc->mode != GTRAIN_PS_ASYNC) return cfg->momentum;
     if (pc->async_momentum >= 0) return pc->async_momentum;
-    float m = cfg->momentum - (1.0f - 1.0f / (float)workers);
+    float m = 1.0f - (float)workers * (1.0f - cfg->momentum);
     return m > 0 ? m : 0;
 }
 

@@ -37,6 +37,7 @@ typedef struct opts {
     gtrain_config cfg;
     int np;
     const char *link, *out, *data, *calibration;
+    const char *host_rate; /* --host-rate I:RATE, passed to netsim (one host's link) */
     double target;
     char *methods[MAX_METHODS];
     int nmethods;
@@ -55,7 +56,7 @@ static const char *usage_text =
     "                      [--time-budget SEC] [--calibration FILE] [--quiet]\n"
     "                      [--ps S[:sync|async|device,...]] [--ps-only] [--ps-update]\n"
     "                      [--ps-pull SPEC|same] [--ps-momentum M] [--ranks-per-node K]\n"
-    "                      [--slow-rank R:FACTOR]\n"
+    "                      [--slow-rank R:FACTOR] [--host-rate I:RATE]\n"
     "methods: dense, dense-f16, any spec (e.g. dgc:density=0.001, powersgd:rank=4,\n"
     "         twobit:threshold=0.5, sign:feedback=ef), or policy:<policy string>;\n"
     "         --compare splits on commas, and a piece without ':' but with '=' continues\n"
@@ -82,9 +83,11 @@ static const char *usage_text =
     "         workers summing densely in nodes of --ranks-per-node K, default 2), after its\n"
     "         collective run (skipped with --ps-only); --ps-update puts the optimizer on\n"
     "         the servers in sync mode too; --ps-pull compresses pulls (BytePS; sync);\n"
-    "         --ps-momentum: the servers' momentum in async mode (default: --momentum\n"
-    "         minus the 1 - 1/W that asynchrony adds by itself, at least 0).\n"
-    "--slow-rank: worker R computes FACTOR times slower (it sleeps the difference).\n";
+    "         --ps-momentum: the servers' momentum in async mode (default\n"
+    "         1 - W (1 - --momentum), at least 0: asynchrony adds momentum by itself).\n"
+    "--slow-rank: worker R computes FACTOR times slower (it sleeps the difference).\n"
+    "--host-rate I:RATE: with --link, host I's link at RATE instead (scripts/netsim up's\n"
+    "         --host-rate; ranks are placed one per host, the servers last).\n";
 
 /* Splits a --compare list into methods (see usage_text). */
 static int split_methods(opts *o, const char *list) {
@@ -153,6 +156,8 @@ static int parse(int argc, char **argv, opts *o) {
             o->np = (int)cnt;
         } else if (!strcmp(a, "--link"))
             o->link = v;
+        else if (!strcmp(a, "--host-rate"))
+            o->host_rate = v;
         else if (!strcmp(a, "--model"))
             c->model = v;
         else if (!strcmp(a, "--hidden"))
@@ -249,6 +254,7 @@ static int parse(int argc, char **argv, opts *o) {
     if (!(c->lr > 0) || !(c->momentum >= 0 && c->momentum < 1) || !(c->weight_decay >= 0))
         return cli_fail("train", 2, "--lr must be > 0, --momentum in [0, 1), --wd >= 0");
     if (o->nmethods == 0) split_methods(o, "dense");
+    if (o->host_rate && !o->link) return cli_fail("train", 2, "--host-rate needs --link");
     if ((o->ps_only || o->ps.update || o->ps.pull) && !o->ps_servers)
         return cli_fail("train", 2, "--ps-only, --ps-update and --ps-pull need --ps S");
     return 0;
@@ -284,6 +290,10 @@ static int relaunch(int argc, char **argv, const opts *o) {
         av[n++] = np;
         av[n++] = (char *)o->link;
         av[n++] = np;
+        if (o->host_rate) { /* scripts/netsim up's option: host I's link at RATE */
+            av[n++] = "--host-rate";
+            av[n++] = (char *)o->host_rate;
+        }
         av[n++] = "-x";
         av[n++] = "OPENBLAS_NUM_THREADS=1";
         av[n++] = "-x";
@@ -310,7 +320,8 @@ static int relaunch(int argc, char **argv, const opts *o) {
     av[n++] = "train";
     static char outabs[PATH_MAX + 8], dataabs[PATH_MAX + 8];
     for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--np") || !strcmp(argv[i], "--link")) {
+        if (!strcmp(argv[i], "--np") || !strcmp(argv[i], "--link") ||
+            !strcmp(argv[i], "--host-rate")) {
             i++;
             continue;
         }
