@@ -78,6 +78,11 @@
  *               diverge (a 4-rank MLP: 38 % after one epoch against 84 % by allgather);
  *               choose it for sign only where that was measured to train (1-bit Adam's
  *               compressed momentum).
+ *   ps          parameter server (MXNet's kvstore dist_sync / dist_async, BytePS): S ranks
+ *               of the communicator serve, the others push compressed gradients to them
+ *               and pull the sum, or the weights the servers' optimizer updated.  Asked
+ *               for by name only, on buckets created with a gcomp_mpi_ps (see "Parameter
+ *               server" below); `hierarchical:ps` is MXNet's dist_sync_device.
  *   hierarchical (flag, combined with any of the above): a dense float32 sum inside a
  *               node (MPI_Comm_split_type(MPI_COMM_TYPE_SHARED); a binomial tree of
  *               point-to-point messages to the node leader), the compressed exchange
@@ -188,6 +193,7 @@ extern "C" {
 
 typedef struct gcomp_mpi_comm gcomp_mpi_comm;
 typedef struct gcomp_mpi_bucket gcomp_mpi_bucket;
+typedef struct gcomp_mpi_ps gcomp_mpi_ps;
 
 /* ------------------------------------------------------------------------------------- */
 /* Strategies                                                                              */
@@ -198,14 +204,15 @@ typedef enum gcomp_mpi_strategy {
     GCOMP_MPI_ALLGATHER = 1, /**< allgather messages, decode all */
     GCOMP_MPI_SPARSE = 2,    /**< sparse allreduce (regions, owners, allgather) */
     GCOMP_MPI_ALLREDUCE = 3, /**< dense allreduce of linear values */
-    GCOMP_MPI_RSAG = 4       /**< reduce-scatter + allgather with owner re-compression */
+    GCOMP_MPI_RSAG = 4,      /**< reduce-scatter + allgather with owner re-compression */
+    GCOMP_MPI_PS = 5         /**< parameter server (a bucket with a gcomp_mpi_ps) */
 } gcomp_mpi_strategy;
 
 /** Or'ed into a strategy: dense reduce inside each node, the strategy between nodes. */
 #define GCOMP_MPI_HIERARCHICAL 0x100
 
 /**
- * Parses "auto", "allgather", "sparse", "allreduce", "rsag", "hierarchical" (= auto
+ * Parses "auto", "allgather", "sparse", "allreduce", "rsag", "ps", "hierarchical" (= auto
  * between nodes) or "hierarchical:NAME" into *out.  Returns GCOMP_OK or GCOMP_E_ARG.
  */
 GCOMP_API gcomp_status gcomp_mpi_strategy_parse(const char *s, int *out);
@@ -328,6 +335,14 @@ typedef struct gcomp_mpi_bucket_options {
      * Default 4 MiB.  Must be the same on every rank.
      */
     size_t bucket_bytes;
+    /**
+     * The parameter server the bucket's tensors go through (strategy GCOMP_MPI_PS; see
+     * "Parameter server" below), or NULL (default).  A bucket with a server carries only
+     * `ps` tensors (GCOMP_MPI_PS, optionally | GCOMP_MPI_HIERARCHICAL).  Borrowed: the
+     * server object must outlive the bucket.  Every rank passes its own object of the
+     * same collective gcomp_mpi_ps_create.
+     */
+    gcomp_mpi_ps *ps;
 } gcomp_mpi_bucket_options;
 
 GCOMP_API void gcomp_mpi_bucket_options_default(gcomp_mpi_bucket_options *o);
@@ -566,6 +581,315 @@ typedef struct gcomp_mpi_stats {
 GCOMP_API gcomp_status gcomp_mpi_stats_get(const gcomp_mpi_bucket *b, size_t i,
                                            gcomp_mpi_stats *out);
 GCOMP_API void gcomp_mpi_stats_reset(gcomp_mpi_bucket *b);
+
+/* ------------------------------------------------------------------------------------- */
+/* Parameter server                                                                        */
+
+/*
+ * The exchange of MXNet's kvstore (dist_sync, dist_async, dist_sync_device) and of BytePS,
+ * on one MPI job: of the communicator's P ranks, S serve and W = P - S are workers
+ * (`mpirun -np W+S`; by default the last S ranks serve).  docs/PARAMETER_SERVER.md maps
+ * MXNet's and BytePS's calls and settings onto these.
+ *
+ * Keys.  Every tensor of a bucket created with gcomp_mpi_bucket_options.ps is a key.  A
+ * tensor is cut into parts of at most `part_bytes` dense bytes (nearly equal parts; whole
+ * rows when its codec needs the matrix shape), and each part goes to the server that
+ * carries the fewest bytes so far (ties: the lowest server index), counting every live
+ * bucket of this server object in creation order: BytePS's partitioning, so that servers
+ * carry equal bytes.  The assignment is the same on every rank (every rank creates the
+ * same buckets in the same order) and gcomp_mpi_ps_part reports it.
+ *
+ * How the servers learn the keys.  Servers create the same buckets as the workers, with
+ * the same tensors, in the same order (bucket creation is collective over the whole
+ * communicator): the set-up check then compares every rank's specs, sizes, names and
+ * strategies, servers included, and each server sets up the state of the parts it owns.
+ * Nothing about a key travels at run time but its part id and its messages, which the
+ * server checks against what it set up.
+ *
+ * Roles.  Workers call the ordinary bucket functions: gcomp_mpi_allreduce (or start / test /
+ * wait) is MXNet's kv.pushpull: each worker compresses its gradient (with its own
+ * residual), pushes the parts to their servers, and receives the pulled result into the
+ * same buffers; gcomp_mpi_ps_init is kv.init, gcomp_mpi_ps_pull kv.pull.  Servers call
+ * gcomp_mpi_ps_serve, which serves every bucket of the server object until every worker
+ * has called gcomp_mpi_ps_shutdown (a session; serve may be called again for the next
+ * one, e.g. after a checkpoint), or until an error.  gcomp_mpi_start on a server is
+ * GCOMP_E_PROTOCOL.
+ *
+ * Modes (gcomp_mpi_ps_options.mode and .update)
+ *   sync, aggregate (update = 0; dist_sync with the optimizer on the workers, BytePS):
+ *          each server waits for the push of every worker, decodes them in worker order
+ *          (reproducible: the same floats as the allgather strategy's decode, for W
+ *          ranks) into the sum (times 1/W for GCOMP_MPI_AVERAGE), and every worker pulls
+ *          that same sum.
+ *   sync, update (update = 1; dist_sync with kv.set_optimizer): the same sum, then the
+ *          server's SGD step on the weights it holds (gcomp_mpi_ps_init gave them), and
+ *          every worker pulls the new weights: data[] holds weights, not gradients, after
+ *          the call.  The step is the reference trainer's: v = m v + rescale g + wd w,
+ *          w -= lr v (Nesterov: d = rescale g + wd w, v = m v + d, w -= lr (d + m v)).
+ *   async (update is implied; dist_async): the server applies each push when it arrives
+ *          (the gradient times 1/W for GCOMP_MPI_AVERAGE, so W pushes move the weights as
+ *          much as one sync step) and answers that worker alone with the current weights.
+ *          No barrier: a slow worker slows only itself.  The staleness of a push (updates
+ *          the server applied since the weights it was computed on were pulled) is in
+ *          the statistics; with max_staleness > 0 a staler push is dropped, not applied,
+ *          and its worker receives the current weights.
+ *   device (dist_sync_device): tensors with strategy GCOMP_MPI_PS | GCOMP_MPI_HIERARCHICAL
+ *          ("hierarchical:ps"): the ranks of a node first sum densely inside the node (the
+ *          hierarchical wrapper), and only node leaders push and pull, in either mode;
+ *          W is then the number of worker nodes in the decode order and the scale 1/W of
+ *          AVERAGE counts worker ranks.  No node may hold both workers and servers, and
+ *          each server must be alone in its node (gcomp_mpi_options.ranks_per_node groups
+ *          ranks into nodes for tests on one machine).
+ *
+ * Compression.  Pushes use each tensor's own spec, with the worker's residual (per part;
+ * codecs that draw random numbers get a seed of each worker's own, as for allgather).
+ * Pulls are dense float32, as in MXNet (its 2-bit compression is worker to server only;
+ * `twobit:threshold=0.5` is compression_params={'type': '2bit', 'threshold': 0.5}), unless
+ * options.pull names a spec (BytePS): then the server compresses the sum of each part with
+ * a compressor of its own, keeping its own error-feedback residual (the owner-side rule of
+ * rsag: feedback=ef when the codec is a contraction, its own feedback when the method fixes
+ * it, none otherwise; a seed of its own), and sends that one message to every worker.
+ * Compressed pulls need sync aggregate mode (pulled weights would lose what was dropped).
+ *
+ * Faults.  Every wait is bounded: workers by their call's timeout, servers by serve's.
+ * sync: a worker that dies or stalls leaves its servers' round incomplete: the surviving
+ * workers get GCOMP_E_TIMEOUT from their wait and the servers from serve, within the
+ * timeout.  async: a worker that sends nothing for serve's timeout (and has not shut down)
+ * is declared lost; the servers go on serving the others, the count of lost workers comes
+ * with every later reply (gcomp_mpi_ps_stats.workers_lost) and serve returns GCOMP_OK when
+ * every other worker has shut down.  A push from a lost worker is refused (GCOMP_E_FAILED
+ * there).  A push that is not what the server expects - an unknown or foreign part id,
+ * another spec's fingerprint, a corrupt frame or message, a round or settings that differ
+ * from the other workers' - is refused with that status (GCOMP_E_MISMATCH, GCOMP_E_CHECKSUM,
+ * GCOMP_E_CORRUPT, ...) and nothing of it is applied: the server's weights, sums and
+ * residuals stay as they were.  In sync mode every worker of the round gets the status
+ * (the round is void); in async mode the worker that sent it.  A worker's own failure (a
+ * NaN gradient) travels in its push the same way.
+ *
+ * Checkpoints.  The compressors (worker residuals, the servers' pull residuals) are in
+ * the bucket's state blob as for every strategy (gcomp_mpi_bucket_save_state; slots 2p and
+ * 2p+1 of a tensor are part p's worker and server compressors; hierarchical non-leaders
+ * have two empty slots); what else a server keeps per part - weights, momentum, the last
+ * sum, the update count, its optimizer - is in gcomp_mpi_ps_save_state's blob
+ * (docs/FORMAT.md, "MPI parameter-server state").  Both are local, versioned and
+ * CRC-checked; loaded into fresh buckets on the same layout they resume bit for bit.
+ *
+ * Threads and ownership as for the rest of this header; a server object is used by one
+ * thread at a time, with its buckets.
+ */
+
+/** Modes of a parameter server (see above). */
+typedef enum gcomp_mpi_ps_mode {
+    GCOMP_MPI_PS_SYNC = 0, /**< dist_sync: every worker's push, in worker order, per round */
+    GCOMP_MPI_PS_ASYNC = 1 /**< dist_async: each push applied on arrival */
+} gcomp_mpi_ps_mode;
+
+/** The servers' optimizer (MXNet's kv.set_optimizer with SGD). */
+typedef struct gcomp_mpi_ps_optimizer {
+    float lr;           /**< learning rate (a worker may override it per push) */
+    float momentum;     /**< in [0, 1) */
+    float weight_decay; /**< >= 0 */
+    float rescale;      /**< the gradient is multiplied by this (MXNet's rescale_grad) */
+    int nesterov;       /**< 0 or 1 */
+} gcomp_mpi_ps_optimizer;
+
+typedef struct gcomp_mpi_ps_options {
+    int servers;             /**< S, 1 <= S < communicator size.  Default 1 */
+    const int *server_ranks; /**< S distinct ranks, or NULL (default): the last S; copied */
+    int mode;                /**< GCOMP_MPI_PS_SYNC (default) or GCOMP_MPI_PS_ASYNC */
+    int update;              /**< 1: servers hold the weights and update them (implied by
+                                  ASYNC); 0 (default): servers aggregate gradients */
+    gcomp_mpi_ps_optimizer optimizer; /**< for every key (default lr 0.01, momentum 0,
+                                           weight_decay 0, rescale 1, nesterov 0) */
+    const char *pull;                 /**< NULL or "" (default): dense pulls; "same": each key's own
+                                           spec; else a spec for every key (BytePS); copied */
+    size_t part_bytes;                /**< largest part, dense bytes (default 4 MiB, BytePS's) */
+    uint64_t max_staleness; /**< async: drop pushes staler than this; 0 (default): never */
+} gcomp_mpi_ps_options;
+
+/** Fills *o with the defaults. */
+GCOMP_API void gcomp_mpi_ps_options_default(gcomp_mpi_ps_options *o);
+
+/**
+ * Creates the parameter-server object (collective over the communicator; every rank, both
+ * roles, with the same options): checks the options, compares them across ranks
+ * (GCOMP_E_MISMATCH on every rank if they differ), learns the node layout, and duplicates
+ * the communicator for shutdown messages.  `o` may be NULL (defaults); copied.
+ * Returns GCOMP_OK, GCOMP_E_ARG (bad options: S, ranks, mode, optimizer values, part_bytes
+ * below 1 KiB, a pull spec with update or async), GCOMP_E_SPEC / GCOMP_E_UNKNOWN_CODEC (the
+ * pull spec), GCOMP_E_MISMATCH, GCOMP_E_NOMEM, GCOMP_E_TIMEOUT, GCOMP_E_MPI, GCOMP_E_FAILED.
+ */
+GCOMP_API gcomp_status gcomp_mpi_ps_create(gcomp_mpi_ps **out, gcomp_mpi_comm *comm,
+                                           const gcomp_mpi_ps_options *o, double timeout_s,
+                                           gcomp_error *err);
+
+/**
+ * Frees the object (local).  Its buckets must be freed first: otherwise GCOMP_E_ARG and
+ * nothing is freed.  NULL is a no-op (GCOMP_OK).
+ */
+GCOMP_API gcomp_status gcomp_mpi_ps_free(gcomp_mpi_ps *ps);
+
+/** This rank's role: 1 server, 0 worker, -1 for NULL. */
+GCOMP_API int gcomp_mpi_ps_is_server(const gcomp_mpi_ps *ps);
+/** This rank's index among the workers or among the servers (-1 for NULL). */
+GCOMP_API int gcomp_mpi_ps_index(const gcomp_mpi_ps *ps);
+/** W and S. */
+GCOMP_API int gcomp_mpi_ps_workers(const gcomp_mpi_ps *ps);
+GCOMP_API int gcomp_mpi_ps_servers(const gcomp_mpi_ps *ps);
+
+/**
+ * Servers: serves every bucket of `ps` until every worker has called
+ * gcomp_mpi_ps_shutdown (async: or was declared lost), then returns GCOMP_OK.  The buckets
+ * must have been created before.  `timeout_s` (<= 0: the communicator's default) bounds a
+ * sync round (from its first push to its last), the silence of the whole job (no message
+ * from any worker), and in async mode the silence of one worker (it is then lost).
+ * Returns GCOMP_OK; GCOMP_E_ARG (NULL, a worker rank); GCOMP_E_PROTOCOL (already serving);
+ * GCOMP_E_TIMEOUT (sync: a worker did not push; the communicator is then failed);
+ * GCOMP_E_MPI; GCOMP_E_FAILED; GCOMP_E_NOMEM.  A refused push is not an error of serve:
+ * it is answered and counted (gcomp_mpi_ps_stats.refused).
+ */
+GCOMP_API gcomp_status gcomp_mpi_ps_serve(gcomp_mpi_ps *ps, double timeout_s, gcomp_error *err);
+
+/**
+ * Workers: tells every server this worker is done with the session (its buckets must be
+ * idle).  Local to the worker apart from S small messages.  Returns GCOMP_OK,
+ * GCOMP_E_ARG (NULL, a server rank), GCOMP_E_PROTOCOL (a bucket in flight),
+ * GCOMP_E_TIMEOUT, GCOMP_E_MPI, GCOMP_E_FAILED.
+ */
+GCOMP_API gcomp_status gcomp_mpi_ps_shutdown(gcomp_mpi_ps *ps, double timeout_s, gcomp_error *err);
+
+/**
+ * Workers (kv.init): worker 0's data[i] becomes the value every server stores for tensor i
+ * (the weights in update and async modes), and every worker's data[i] is overwritten with
+ * it; the update counts restart at 0 and the servers' momentum at 0.  Every worker of the
+ * bucket calls it (for a hierarchical bucket, the node leaders talk to the servers and
+ * pass the values on inside the node).  Blocking, bounded by timeout_s.
+ * Returns GCOMP_OK or as gcomp_mpi_allreduce; GCOMP_E_NONFINITE for a NaN/Inf in worker
+ * 0's values (every worker returns it; nothing stored).
+ */
+GCOMP_API gcomp_status gcomp_mpi_ps_init(gcomp_mpi_bucket *b, float *const *data, double timeout_s,
+                                         gcomp_error *err);
+
+/**
+ * Workers (kv.pull): data[i] receives what the servers store for tensor i now: the
+ * weights (update and async modes) or the last round's sum (aggregate).  Dense float32.
+ * Any worker alone (hierarchical: a node together).  Blocking, bounded by timeout_s.
+ * Returns as gcomp_mpi_allreduce; GCOMP_E_PROTOCOL when update mode has no weights yet
+ * (call gcomp_mpi_ps_init first).
+ */
+GCOMP_API gcomp_status gcomp_mpi_ps_pull(gcomp_mpi_bucket *b, float *const *data, double timeout_s,
+                                         gcomp_error *err);
+
+/**
+ * Workers: the learning rate this worker's next pushes carry (a schedule; MXNet's
+ * lr_scheduler runs on the server, ours on the worker).  NaN (default): the servers'
+ * optimizer.lr.  In sync mode every worker of a round must send the same value
+ * (GCOMP_E_MISMATCH otherwise).  Returns GCOMP_OK or GCOMP_E_ARG.
+ */
+GCOMP_API gcomp_status gcomp_mpi_ps_set_lr(gcomp_mpi_ps *ps, float lr);
+
+/**
+ * Servers: the optimizer of tensor i of b (i = (size_t)-1: every tensor), e.g. no weight
+ * decay for biases.  Local; call it before serving, on every server.  Returns GCOMP_OK or
+ * GCOMP_E_ARG (bad values, a worker rank, i out of range).
+ */
+GCOMP_API gcomp_status gcomp_mpi_ps_set_optimizer(gcomp_mpi_bucket *b, size_t i,
+                                                  const gcomp_mpi_ps_optimizer *o);
+
+/**
+ * The partition of tensor i of a `ps` bucket: *count parts; part j covers elements
+ * [*offset, *offset + *n) and lives on server *server (an index into the servers; its rank
+ * is gcomp_mpi_ps_server_rank).  Hierarchical non-leaders have no partition (0 parts).
+ * Returns GCOMP_OK or GCOMP_E_ARG.
+ */
+GCOMP_API size_t gcomp_mpi_ps_part_count(const gcomp_mpi_bucket *b, size_t i);
+GCOMP_API gcomp_status gcomp_mpi_ps_part(const gcomp_mpi_bucket *b, size_t i, size_t j,
+                                         size_t *offset, size_t *n, int *server);
+/** The rank of server s (-1 when out of range), and of worker w. */
+GCOMP_API int gcomp_mpi_ps_server_rank(const gcomp_mpi_ps *ps, int s);
+GCOMP_API int gcomp_mpi_ps_worker_rank(const gcomp_mpi_ps *ps, int w);
+
+/**
+ * Workers: the compressor of part j of tensor i (its residual, statistics, or the epoch
+ * DGC's warm-up reads: gcomp_compressor_set_epoch); NULL on servers or out of range.  Owned
+ * by the bucket; do not call its encode yourself.  (gcomp_mpi_compressor gives part 0's
+ * when a key has one part, NULL otherwise.)
+ */
+GCOMP_API gcomp_compressor *gcomp_mpi_ps_compressor(const gcomp_mpi_bucket *b, size_t i, size_t j);
+
+/**
+ * Workers: copies this worker's error-feedback residual of tensor i (its parts' residuals
+ * at their offsets; zeros where a part keeps none) into out[0..n).  Returns GCOMP_OK,
+ * GCOMP_E_ARG (NULL, a server, no partition here).
+ */
+GCOMP_API gcomp_status gcomp_mpi_ps_residual(const gcomp_mpi_bucket *b, size_t i, float *out);
+
+/**
+ * Servers: copies what this server stores for tensor i (weights or last sum) at the parts
+ * it owns into out[0..n) (other elements untouched); *parts receives how many parts it
+ * owns.  For tests and checkpoints' users.  Returns GCOMP_OK or GCOMP_E_ARG.
+ */
+GCOMP_API gcomp_status gcomp_mpi_ps_stored(const gcomp_mpi_bucket *b, size_t i, float *out,
+                                           size_t *parts);
+
+/**
+ * Workers: the servers' update count of tensor i as of this worker's last reply (the
+ * smallest over its parts): sync rounds applied, or async pushes applied.  0 before any.
+ */
+GCOMP_API uint64_t gcomp_mpi_ps_version(const gcomp_mpi_bucket *b, size_t i);
+
+/**
+ * Statistics of a server object on this rank (a worker's view or a server's), since
+ * creation or the last reset.
+ */
+typedef struct gcomp_mpi_ps_stats {
+    uint64_t pushes;       /**< worker: pushes sent; server: pushes received (frames) */
+    uint64_t applied;      /**< server: pushes summed or applied; worker: replies taken */
+    uint64_t pulls;        /**< pull requests (gcomp_mpi_ps_pull) sent / answered */
+    uint64_t bytes_pushed; /**< push frames, worker to server, headers included */
+    uint64_t bytes_pulled; /**< reply frames, server to worker */
+    uint64_t busy_ns;      /**< server: checking, decoding, summing, updating, encoding */
+    uint64_t queue_max;    /**< server: most pushes waiting (arrived, not yet taken) */
+    uint64_t queue_sum;    /**< server: pushes waiting, summed at each push taken */
+    uint64_t stale_max;    /**< async: largest staleness of a push (updates in between) */
+    uint64_t stale_sum;    /**< async: their sum (mean = stale_sum / applied) */
+    uint64_t dropped;      /**< async: pushes staler than max_staleness, not applied */
+    uint64_t refused;      /**< pushes refused (corrupt, foreign, mismatched, lost) */
+    uint32_t workers_lost; /**< async: workers declared lost (servers, and workers as
+                                the replies reported it) */
+    uint32_t reserved;
+} gcomp_mpi_ps_stats;
+
+/**
+ * This rank's statistics: all of them (peer = -1), or only the traffic with rank `peer`
+ * (a server's view of one worker, a worker's of one server).  Returns GCOMP_OK or
+ * GCOMP_E_ARG.
+ */
+GCOMP_API gcomp_status gcomp_mpi_ps_stats_get(const gcomp_mpi_ps *ps, int peer,
+                                              gcomp_mpi_ps_stats *out);
+/** This rank's statistics of tensor i of a `ps` bucket (its parts).  GCOMP_OK or GCOMP_E_ARG. */
+GCOMP_API gcomp_status gcomp_mpi_ps_key_stats(const gcomp_mpi_bucket *b, size_t i,
+                                              gcomp_mpi_ps_stats *out);
+GCOMP_API void gcomp_mpi_ps_stats_reset(gcomp_mpi_ps *ps);
+
+/** Exact size of this rank's server-state blob of bucket b (a worker's is small). */
+GCOMP_API size_t gcomp_mpi_ps_state_size(const gcomp_mpi_bucket *b);
+/**
+ * Writes what this rank keeps for b's tensors as a server, beyond compressors (weights,
+ * momentum, last sums, update counts, optimizers: docs/FORMAT.md "MPI parameter-server
+ * state") into dst.  Local; not while serving.  Returns GCOMP_OK, GCOMP_E_ARG,
+ * GCOMP_E_DST_SIZE, GCOMP_E_PROTOCOL (serving, or the bucket in flight).
+ */
+GCOMP_API gcomp_status gcomp_mpi_ps_save_state(const gcomp_mpi_bucket *b, void *dst, size_t cap,
+                                               size_t *len, gcomp_error *err);
+/**
+ * Loads a blob saved by gcomp_mpi_ps_save_state on this rank into b (untrusted; all or
+ * nothing).  Returns GCOMP_OK; GCOMP_E_ARG; GCOMP_E_PROTOCOL; GCOMP_E_BAD_MAGIC;
+ * GCOMP_E_TRUNCATED; GCOMP_E_VERSION; GCOMP_E_CHECKSUM; GCOMP_E_STATE (inconsistent, a
+ * non-finite weight); GCOMP_E_MISMATCH (another rank, layout, tensor or partition).
+ */
+GCOMP_API gcomp_status gcomp_mpi_ps_load_state(gcomp_mpi_bucket *b, const void *src, size_t len,
+                                               gcomp_error *err);
 
 /* ---- helpers the tools share ----------------------------------------------------------- */
 

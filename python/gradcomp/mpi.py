@@ -106,7 +106,7 @@ class TensorDesc(ctypes.Structure):
 class BucketOptions(ctypes.Structure):
     """gcomp_mpi_bucket_options."""
 
-    _fields_ = [("bucket_bytes", _S)]
+    _fields_ = [("bucket_bytes", _S), ("ps", ctypes.c_void_p)]  # ps: a gcomp_mpi_ps *, NULL here
 
 
 class Stats(ctypes.Structure):

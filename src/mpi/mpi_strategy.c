@@ -21,7 +21,8 @@
     X(sparse)                                                                                      \
     X(allreduce)                                                                                   \
     X(rsag)                                                                                        \
-    X(lowrank)
+    X(lowrank)                                                                                     \
+    X(ps)
 
 #define GM_EXTERN(n) extern const gm_strategy gm_strategy_##n;
 GM_COMPONENTS(GM_EXTERN)

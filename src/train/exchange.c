@@ -24,6 +24,7 @@
 
 struct gtrain_exchange {
     gcomp_mpi_comm *comm;
+    int owns_comm;
     gtrain_tensor *t;
     size_t nt;
     gcomp_mpi_bucket **b;
@@ -52,7 +53,7 @@ static int xfail(gtrain_exchange *ex, const char *fmt, ...) {
 void gtrain_exchange_free(gtrain_exchange *ex) {
     if (!ex) return;
     for (size_t i = 0; ex->b && i < ex->nt; i++) gcomp_mpi_bucket_free(ex->b[i]);
-    gcomp_mpi_comm_free(ex->comm);
+    if (ex->owns_comm) gcomp_mpi_comm_free(ex->comm);
     gtrain_plan_free(&ex->plan);
     free(ex->b);
     free(ex->started);
@@ -71,6 +72,28 @@ static int efail(char *err, size_t errlen, const char *fmt, ...) {
 int gtrain_exchange_create(gtrain_exchange **out, const char *method, gtrain_tensor *t, size_t nt,
                            size_t min_elements, const char *dense_spec, int strategy,
                            double timeout_s, MPI_Comm comm, char *err, size_t errlen) {
+    gcomp_mpi_comm *c = NULL;
+    gcomp_error e = {0};
+    *out = NULL;
+    if (gcomp_mpi_comm_create(&c, comm, NULL, timeout_s, &e) != GCOMP_OK)
+        return efail(err, errlen, "MPI: %s", e.message);
+    int rc = gtrain_exchange_create_on(out, method, t, nt, min_elements, dense_spec, strategy,
+                                       timeout_s, c, NULL, 0, err, errlen);
+    if (rc)
+        gcomp_mpi_comm_free(c);
+    else
+        (*out)->owns_comm = 1;
+    return rc;
+}
+
+gcomp_mpi_bucket *gtrain_exchange_bucket(const gtrain_exchange *ex, size_t i) {
+    return i < ex->nt ? ex->b[i] : NULL;
+}
+
+int gtrain_exchange_create_on(gtrain_exchange **out, const char *method, gtrain_tensor *t,
+                              size_t nt, size_t min_elements, const char *dense_spec, int strategy,
+                              double timeout_s, gcomp_mpi_comm *comm, gcomp_mpi_ps *ps,
+                              int hierarchical, char *err, size_t errlen) {
     *out = NULL;
     gtrain_exchange *ex = calloc(1, sizeof *ex);
     if (!ex) return efail(err, errlen, "out of memory");
@@ -80,7 +103,8 @@ int gtrain_exchange_create(gtrain_exchange **out, const char *method, gtrain_ten
     ex->b = calloc(nt, sizeof *ex->b);
     ex->started = calloc(nt, 1);
     ex->sent_before = calloc(nt, sizeof(double));
-    MPI_Comm_size(comm, &ex->nranks);
+    ex->comm = comm;
+    ex->nranks = gcomp_mpi_comm_size(comm);
     gcomp_error e = {0};
     int rc = 0;
     if (!ex->b || !ex->started || !ex->sent_before) {
@@ -92,13 +116,15 @@ int gtrain_exchange_create(gtrain_exchange **out, const char *method, gtrain_ten
         rc = 1;
         goto out;
     }
-    if (gcomp_mpi_comm_create(&ex->comm, comm, NULL, timeout_s, &e) != GCOMP_OK) {
-        rc = efail(err, errlen, "MPI: %s", e.message);
-        goto out;
-    }
     for (size_t i = 0; i < nt; i++) {
-        if (gcomp_mpi_bucket_create(&ex->b[i], ex->comm, &ex->plan.mt[i], 1, NULL, timeout_s, &e) !=
-            GCOMP_OK) {
+        gcomp_mpi_tensor mt = ex->plan.mt[i];
+        gcomp_mpi_bucket_options bo;
+        gcomp_mpi_bucket_options_default(&bo);
+        if (ps) { /* the servers hold every key, dense ones too */
+            mt.strategy = GCOMP_MPI_PS | (hierarchical ? GCOMP_MPI_HIERARCHICAL : 0);
+            bo.ps = ps;
+        }
+        if (gcomp_mpi_bucket_create(&ex->b[i], ex->comm, &mt, 1, &bo, timeout_s, &e) != GCOMP_OK) {
             rc = efail(err, errlen, "%s: %s", t[i].name, e.message);
             goto out;
         }
@@ -122,7 +148,13 @@ int gtrain_exchange_owns_momentum(const gtrain_exchange *ex, size_t i) {
 void gtrain_exchange_set_epoch(gtrain_exchange *ex, double epoch) {
     for (size_t i = 0; i < ex->nt; i++) {
         gcomp_compressor *c = gcomp_mpi_compressor(ex->b[i], 0);
-        if (c) gcomp_compressor_set_epoch(c, epoch);
+        if (c) {
+            gcomp_compressor_set_epoch(c, epoch);
+            continue;
+        }
+        /* a parameter-server key cut into parts: each part's compressor */
+        for (size_t j = 0; (c = gcomp_mpi_ps_compressor(ex->b[i], 0, j)) != NULL; j++)
+            gcomp_compressor_set_epoch(c, epoch);
     }
 }
 

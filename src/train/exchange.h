@@ -10,6 +10,7 @@
 #include <mpi.h>
 #include <stddef.h>
 
+#include "gradcomp_mpi.h"
 #include "model.h"
 
 #include "gradcomp.h"
@@ -29,6 +30,16 @@ typedef struct gtrain_exchange_stats {
 int gtrain_exchange_create(gtrain_exchange **out, const char *method, gtrain_tensor *t, size_t nt,
                            size_t min_elements, const char *dense_spec, int strategy,
                            double timeout_s, MPI_Comm comm, char *err, size_t errlen);
+/* The same on the caller's communicator (not freed by the exchange), every tensor through
+ * the parameter server `ps` when it is not NULL (strategy GCOMP_MPI_PS, with `hierarchical`
+ * the node-first dist_sync_device form): dense tensors too, since the servers hold every
+ * key.  Collective over comm (servers included). */
+int gtrain_exchange_create_on(gtrain_exchange **out, const char *method, gtrain_tensor *t,
+                              size_t nt, size_t min_elements, const char *dense_spec, int strategy,
+                              double timeout_s, gcomp_mpi_comm *comm, gcomp_mpi_ps *ps,
+                              int hierarchical, char *err, size_t errlen);
+/* Tensor i's bucket (one tensor per bucket). */
+gcomp_mpi_bucket *gtrain_exchange_bucket(const gtrain_exchange *ex, size_t i);
 void gtrain_exchange_free(gtrain_exchange *ex);
 /* One line naming the spec of each group of tensors. */
 void gtrain_exchange_describe(const gtrain_exchange *ex, char *out, size_t cap);

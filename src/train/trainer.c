@@ -59,17 +59,18 @@ static uint64_t hash_weights(gtrain_model *m) {
     return h;
 }
 
-/* 1 when every rank holds bit-identical weights (collective). */
-static int same_weights(gtrain_model *m, MPI_Comm comm) {
+int gtrain_same_weights(gtrain_model *m, MPI_Comm comm) {
     uint64_t h[2] = {hash_weights(m), 0};
     h[1] = ~h[0];
     MPI_Allreduce(MPI_IN_PLACE, h, 2, MPI_UINT64_T, MPI_MAX, comm);
     return h[0] == ~h[1];
 }
 
-/* Test accuracy and loss, the test set split across ranks. */
-static int evaluate(gtrain_model *m, const gtrain_data *test, int rank, int P, MPI_Comm comm,
-                    double *acc, double *loss) {
+int gtrain_evaluate(gtrain_model *m, const gtrain_data *test, MPI_Comm comm, double *acc,
+                    double *loss) {
+    int rank, P;
+    MPI_Comm_rank(comm, &rank);
+    MPI_Comm_size(comm, &P);
     size_t per = (test->n + (size_t)P - 1) / (size_t)P;
     size_t lo = (size_t)rank * per, hi = lo + per < test->n ? lo + per : test->n;
     double sums[3] = {0, 0, 0};
@@ -176,11 +177,11 @@ static void on_ready(void *ctx, size_t i) {
 /* Evaluates the model the ranks share and checks that they do share it: the weights, or
  * with an outer step its global weights (the last syncs'; the live ones differ between
  * syncs by design).  Collective. */
-static int eval_shared(gtrain_model *m, gtrain_outer *ox, const gtrain_data *test, int rank, int P,
-                       MPI_Comm comm, double *acc, double *loss, int *same) {
+static int eval_shared(gtrain_model *m, gtrain_outer *ox, const gtrain_data *test, MPI_Comm comm,
+                       double *acc, double *loss, int *same) {
     if (ox) gtrain_outer_eval_begin(ox);
-    int rc = evaluate(m, test, rank, P, comm, acc, loss);
-    *same = same_weights(m, comm);
+    int rc = gtrain_evaluate(m, test, comm, acc, loss);
+    *same = gtrain_same_weights(m, comm);
     if (ox) gtrain_outer_eval_end(ox);
     return rc;
 }
@@ -278,7 +279,7 @@ int gtrain_run(const gtrain_config *cfg, const char *method, const gtrain_data *
 
     /* Starting point. */
     gtrain_point p0 = {0};
-    if (evaluate(m, test, rank, P, comm, &p0.test_acc, &p0.test_loss)) {
+    if (gtrain_evaluate(m, test, comm, &p0.test_acc, &p0.test_loss)) {
         rc = fail(err, errlen, "evaluation failed");
         goto done;
     }
@@ -301,6 +302,8 @@ int gtrain_run(const gtrain_config *cfg, const char *method, const gtrain_data *
                 break;
             }
             st = gtrain_model_forward_backward(m, xb, yb, cfg->batch, &loss);
+            if (rank == cfg->slow_rank && cfg->slow_factor > 1)
+                gtrain_slow_down(now_s() - t0, cfg->slow_factor);
             double t1 = now_s();
             if (st || rctx.failed) {
                 rc = fail(err, errlen, "step %zu: %s", step,
@@ -341,7 +344,7 @@ int gtrain_run(const gtrain_config *cfg, const char *method, const gtrain_data *
                 loss_sum = 0;
                 loss_n = 0;
                 int same;
-                if (eval_shared(m, ox, test, rank, P, comm, &p.test_acc, &p.test_loss, &same)) {
+                if (eval_shared(m, ox, test, comm, &p.test_acc, &p.test_loss, &same)) {
                     rc = fail(err, errlen, "evaluation failed");
                     break;
                 }
@@ -380,7 +383,7 @@ int gtrain_run(const gtrain_config *cfg, const char *method, const gtrain_data *
             p.wall_s = wall;
             p.bytes = gtrain_outer_bytes_sent(ox);
             int same;
-            if (eval_shared(m, ox, test, rank, P, comm, &p.test_acc, &p.test_loss, &same))
+            if (eval_shared(m, ox, test, comm, &p.test_acc, &p.test_loss, &same))
                 rc = fail(err, errlen, "evaluation failed");
             else if (!same)
                 rc = fail(err, errlen, "the ranks' weights differ after the last sync");
@@ -390,7 +393,7 @@ int gtrain_run(const gtrain_config *cfg, const char *method, const gtrain_data *
     }
     if (rc) goto done;
 
-    out->weights_identical = same_weights(m, comm);
+    out->weights_identical = gtrain_same_weights(m, comm);
     {
         double sgd = sgd_s / (double)step;
         MPI_Allreduce(MPI_IN_PLACE, &sgd, 1, MPI_DOUBLE, MPI_MAX, comm);
@@ -436,6 +439,14 @@ done:
     free(xb);
     free(yb);
     return rc;
+}
+
+void gtrain_slow_down(double compute_s, double factor) {
+    double d = compute_s * (factor - 1);
+    if (!(d > 0)) return;
+    struct timespec ts = {(time_t)d, (long)((d - (double)(time_t)d) * 1e9)};
+    while (nanosleep(&ts, &ts) != 0) {
+    }
 }
 
 void gtrain_result_free(gtrain_result *r) {

@@ -59,8 +59,10 @@ typedef struct gtrain_config {
      * calibration's measured one). */
     const gcomp_cost_calibration *calibration;
     double link_bps;
-    gtrain_outer_cfg outer;     /* local SGD / DiLoCo (outer.local_steps > 0); a method's own
-                                   items (local_steps=, outer=, ...) override it */
+    gtrain_outer_cfg outer; /* local SGD / DiLoCo (outer.local_steps > 0); a method's own
+                               items (local_steps=, outer=, ...) override it */
+    int slow_rank;          /* with slow_factor > 1: this (worker) rank computes each step */
+    double slow_factor;     /* slow_factor times slower (it sleeps the difference) */
 } gtrain_config;
 
 typedef struct gtrain_point {
@@ -100,6 +102,16 @@ typedef struct gtrain_result {
     int stopped_by_budget; /* 1 when cfg->time_budget_s ended the run before its epochs */
     gtrain_point *points;
     size_t npoints;
+    /* Parameter-server runs (ps_train.h); "" and zeros for the collectives. */
+    char exchange[48];                  /* e.g. "ps 1 sync", "ps 1 async" */
+    double ps_pushed_per_step;          /* bytes a worker pushes per step (its steps), mean */
+    double ps_pulled_per_step;          /* bytes a worker pulls per step, mean */
+    double ps_server_busy;              /* fraction of the run the busiest server was busy */
+    double ps_stale_mean, ps_stale_max; /* async: updates between a push's pull and itself */
+    double ps_queue_max;                /* most pushes waiting at a server */
+    double ps_worker_steps_min, ps_worker_steps_max; /* async: steps made by each worker */
+    int ps_workers_lost;
+    double ps_momentum; /* the momentum of the run's optimizer (async: the servers') */
 } gtrain_result;
 
 /* Trains one method.  Collective over `comm`.  `test` may be evaluated in shards.
@@ -115,6 +127,14 @@ void gtrain_result_free(gtrain_result *r);
  * GTRAIN_LR_STEP (the classic ImageNet/CIFAR decay, scaled to the run). Every method of a
  * comparison follows the same schedule. */
 float gtrain_lr_at(const gtrain_config *cfg, double progress);
+
+/* Test accuracy and loss of m, the test set split across the ranks of comm (collective). */
+int gtrain_evaluate(gtrain_model *m, const gtrain_data *test, MPI_Comm comm, double *acc,
+                    double *loss);
+/* 1 when every rank of comm holds bit-identical weights (collective). */
+int gtrain_same_weights(gtrain_model *m, MPI_Comm comm);
+/* Sleeps (factor - 1) x compute_s: how --slow-rank emulates a slower device. */
+void gtrain_slow_down(double compute_s, double factor);
 
 /* The first wall time at which test accuracy reached `target` (fraction); -1 if never. */
 double gtrain_time_to(const gtrain_result *r, double target);

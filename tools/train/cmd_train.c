@@ -14,6 +14,7 @@
 #include "data.h"
 #include "model.h"
 #include "gradcomp_mpi.h"
+#include "ps_train.h"
 #include "trainer.h"
 
 #include <errno.h>
@@ -30,6 +31,7 @@
 #endif
 
 #define MAX_METHODS 16
+#define MAX_RUNS (4 * MAX_METHODS) /* each method through the collectives and up to 3 PS modes */
 
 #define MAX_HOST_RATES 8
 
@@ -43,6 +45,9 @@ typedef struct opts {
     const char *delay_us; /* netsim: one-way delay per host */
     char *methods[MAX_METHODS];
     int nmethods;
+    /* --ps S[:MODE,...] (ps_train.h): S servers after the --np workers */
+    int ps_servers, ps_modes[3], ps_nmodes, ps_only;
+    gtrain_ps_config ps;
 } opts;
 
 static const char *usage_text =
@@ -56,7 +61,9 @@ static const char *usage_text =
     "                      [--time-budget SEC] [--calibration FILE] [--quiet]\n"
     "                      [--local-steps H] [--outer sgd|nesterov[:lr=X,momentum=M]]\n"
     "                      [--stream F] [--stream-delay D] [--mix A] [--ef-decay B]\n"
-    "                      [--host-rate I:RATE]... [--delay-us D]\n"
+    "                      [--ps S[:sync|async|device,...]] [--ps-only] [--ps-update]\n"
+    "                      [--ps-pull SPEC|same] [--ps-momentum M] [--ranks-per-node K]\n"
+    "                      [--slow-rank R:FACTOR] [--host-rate I:RATE]... [--delay-us D]\n"
     "methods: dense, dense-f16, any spec (e.g. dgc:density=0.001, powersgd:rank=4,\n"
     "         twobit:threshold=0.5, sign:feedback=ef), or policy:<policy string>;\n"
     "         --compare splits on commas, and a piece KEY=VALUE (no ':' or ';' before the\n"
@@ -92,7 +99,17 @@ static const char *usage_text =
     "         One method alone: SPEC;local_steps=H;outer=...;stream=F;stream_delay=D;mix=A;\n"
     "         ef_decay=B (dense;local_steps=32;outer=nesterov is DiLoCo next to dense).\n"
     "--host-rate I:RATE, --delay-us D (with --link): host I gets its own link rate (an\n"
-    "         edge device), every host D microseconds of one-way delay (scripts/netsim).\n";
+    "         edge device), every host D microseconds of one-way delay (scripts/netsim;\n"
+    "         ranks are placed one per host, the parameter servers last).\n"
+    "--ps:    S parameter-server ranks besides the --np workers (MXNet kvstore / BytePS):\n"
+    "         every method also runs through them in each MODE (sync = dist_sync, async =\n"
+    "         dist_async with the optimizer on the servers, device = dist_sync_device,\n"
+    "         workers summing densely in nodes of --ranks-per-node K, default 2), after its\n"
+    "         collective run (skipped with --ps-only); --ps-update puts the optimizer on\n"
+    "         the servers in sync mode too; --ps-pull compresses pulls (BytePS; sync);\n"
+    "         --ps-momentum: the servers' momentum in async mode (default\n"
+    "         1 - W (1 - --momentum), at least 0: asynchrony adds momentum by itself).\n"
+    "--slow-rank: worker R computes FACTOR times slower (it sleeps the difference).\n";
 
 /* Splits a --compare list into methods (see usage_text). */
 static int split_methods(opts *o, const char *list) {
@@ -136,6 +153,8 @@ static int parse(int argc, char **argv, opts *o) {
     c->min_elements = 8192;
     c->dense_spec = "none:values=f16";
     c->timeout_s = 120;
+    c->slow_rank = -1;
+    o->ps.async_momentum = -1; /* auto: gtrain_ps_momentum */
     c->progress = isatty(2) ? 2 : 1;
     gtrain_outer_cfg_default(&c->outer);
     o->out = "out";
@@ -145,6 +164,10 @@ static int parse(int argc, char **argv, opts *o) {
         size_t cnt;
         if (!strcmp(a, "--quiet")) {
             c->progress = 0;
+            continue;
+        }
+        if (!strcmp(a, "--ps-only") || !strcmp(a, "--ps-update")) {
+            *(!strcmp(a, "--ps-only") ? &o->ps_only : &o->ps.update) = 1;
             continue;
         }
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
@@ -230,9 +253,9 @@ static int parse(int argc, char **argv, opts *o) {
             c->summed_loss = !strcmp(v, "sum");
         } else if (!strcmp(a, "--calibration")) {
             o->calibration = v;
-        } else if (!strcmp(a, "--timeout"))
+        } else if (!strcmp(a, "--timeout")) {
             c->timeout_s = strtod(v, NULL);
-        else if (!strcmp(a, "--local-steps")) {
+        } else if (!strcmp(a, "--local-steps")) {
             if (cli_parse_count(v, &cnt) || cnt < 1 || cnt > 1000000)
                 return cli_fail("train", 2, "--local-steps %s: 1..1000000 inner steps", v);
             c->outer.local_steps = (unsigned)cnt;
@@ -268,6 +291,28 @@ static int parse(int argc, char **argv, opts *o) {
             if (cli_parse_count(v, &cnt))
                 return cli_fail("train", 2, "--delay-us %s: microseconds", v);
             o->delay_us = v;
+        } else if (!strcmp(a, "--ps")) {
+            char e[160];
+            if (gtrain_ps_parse(v, &o->ps_servers, o->ps_modes, &o->ps_nmodes, e, sizeof e))
+                return cli_fail("train", 2, "%s", e);
+        } else if (!strcmp(a, "--ps-pull")) {
+            o->ps.pull = v;
+        } else if (!strcmp(a, "--ps-momentum")) {
+            o->ps.async_momentum = strtof(v, NULL);
+            if (!(o->ps.async_momentum >= 0 && o->ps.async_momentum < 1))
+                return cli_fail("train", 2, "--ps-momentum %s: in [0, 1)", v);
+        } else if (!strcmp(a, "--ranks-per-node")) {
+            if (cli_parse_count(v, &cnt) || cnt < 1 || cnt > 256)
+                return cli_fail("train", 2, "--ranks-per-node %s: 1..256", v);
+            o->ps.ranks_per_node = (int)cnt;
+        } else if (!strcmp(a, "--slow-rank")) {
+            char *end;
+            long r = strtol(v, &end, 10);
+            double f = *end == ':' ? strtod(end + 1, &end) : 0;
+            if (r < 0 || *end || !(f >= 1) || !isfinite(f))
+                return cli_fail("train", 2, "--slow-rank %s: R:FACTOR, FACTOR >= 1", v);
+            c->slow_rank = (int)r;
+            c->slow_factor = f;
         } else
             return cli_fail("train", 2, "unknown option '%s'\n%s", a, usage_text);
     }
@@ -277,6 +322,12 @@ static int parse(int argc, char **argv, opts *o) {
     if ((o->nhost_rates || o->delay_us) && !o->link)
         return cli_fail("train", 2,
                         "--host-rate and --delay-us shape netsim links: add --link RATE");
+    if (o->ps_servers && c->outer.local_steps)
+        return cli_fail("train", 2,
+                        "--local-steps and --ps: local SGD syncs weights over the "
+                        "collectives, the parameter server does not run it");
+    if ((o->ps_only || o->ps.update || o->ps.pull) && !o->ps_servers)
+        return cli_fail("train", 2, "--ps-only, --ps-update and --ps-pull need --ps S");
     return 0;
 }
 
@@ -293,7 +344,7 @@ static int relaunch(int argc, char **argv, const opts *o) {
     char **av = calloc((size_t)argc + 64, sizeof *av);
     int n = 0;
     char np[16], cores[16];
-    snprintf(np, sizeof np, "%d", o->np);
+    snprintf(np, sizeof np, "%d", o->np + o->ps_servers); /* workers, then the servers */
     long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
     snprintf(cores, sizeof cores, "%ld", ncpu);
     if (o->link) {
@@ -330,7 +381,7 @@ static int relaunch(int argc, char **argv, const opts *o) {
     } else {
         av[n++] = "mpirun";
         if (geteuid() == 0) av[n++] = "--allow-run-as-root";
-        if (o->np > ncpu) av[n++] = "--oversubscribe";
+        if (o->np + o->ps_servers > ncpu) av[n++] = "--oversubscribe";
         av[n++] = "-np";
         av[n++] = np;
         /* One rank per core: BLAS and OpenMP threads inside a rank would only fight the
@@ -438,6 +489,9 @@ static int write_outputs(const opts *o, gtrain_result *r, int nr, double target,
         fputs("null", f);
     json_num(f, "target_accuracy", target);
     json_num(f, "time_budget_s", o->cfg.time_budget_s > 0 ? o->cfg.time_budget_s : NAN);
+    fprintf(f, ",\"servers\":%d", o->ps_servers);
+    if (o->cfg.slow_factor > 1)
+        fprintf(f, ",\"slow_rank\":%d,\"slow_factor\":%g", o->cfg.slow_rank, o->cfg.slow_factor);
     fprintf(f, ",\"methods\":[");
     for (int i = 0; i < nr; i++) {
         gtrain_result *x = &r[i];
@@ -471,6 +525,20 @@ static int write_outputs(const opts *o, gtrain_result *r, int nr, double target,
         double tt = gtrain_time_to(x, target);
         json_num(f, "time_to_target_s", tt >= 0 ? tt : NAN);
         fprintf(f, ",\"stopped_by_budget\":%s", x->stopped_by_budget ? "true" : "false");
+        fprintf(f, ",\"exchange\":");
+        json_string(f, x->exchange[0] ? x->exchange : "collective");
+        if (x->exchange[0]) {
+            json_num(f, "ps_momentum", x->ps_momentum);
+            json_num(f, "ps_pushed_bytes_per_step", x->ps_pushed_per_step);
+            json_num(f, "ps_pulled_bytes_per_step", x->ps_pulled_per_step);
+            json_num(f, "ps_server_busy", x->ps_server_busy);
+            json_num(f, "ps_staleness_mean", x->ps_stale_mean);
+            json_num(f, "ps_staleness_max", x->ps_stale_max);
+            json_num(f, "ps_queue_max", x->ps_queue_max);
+            json_num(f, "ps_worker_steps_min", x->ps_worker_steps_min);
+            json_num(f, "ps_worker_steps_max", x->ps_worker_steps_max);
+            fprintf(f, ",\"ps_workers_lost\":%d", x->ps_workers_lost);
+        }
         fprintf(f, ",\"steps\":%zu,\"parameters\":%zu,\"weights_identical\":%s}", x->steps,
                 x->params, x->weights_identical ? "true" : "false");
     }
@@ -484,8 +552,9 @@ static int write_outputs(const opts *o, gtrain_result *r, int nr, double target,
     for (int i = 0; i < nr; i++)
         for (size_t j = 0; j < r[i].npoints; j++) {
             gtrain_point *p = &r[i].points[j];
-            fprintf(f, "\"%s\",%.4f,%.4f,%.0f,%.6g,%.6g,%.6f\n", r[i].method, p->epoch, p->wall_s,
-                    p->bytes, p->train_loss, p->test_loss, p->test_acc);
+            fprintf(f, "\"%s%s%s%s\",%.4f,%.4f,%.0f,%.6g,%.6g,%.6f\n", r[i].method,
+                    r[i].exchange[0] ? " [" : "", r[i].exchange, r[i].exchange[0] ? "]" : "",
+                    p->epoch, p->wall_s, p->bytes, p->train_loss, p->test_loss, p->test_acc);
         }
     fclose(f);
 
@@ -530,8 +599,9 @@ static int write_outputs(const opts *o, gtrain_result *r, int nr, double target,
                 o->out, plots[k][0], plots[k][1], k == 0 ? "set logscale x" : "unset logscale x",
                 o->cfg.model, P, o->link ? ", link " : "", o->link ? o->link : "");
         for (int i = 0; i < nr; i++)
-            fprintf(f, "%s'%s/curve-%d.dat' using %s:3 with linespoints title '%s'", i ? ", " : "",
-                    o->out, i, plots[k][2], r[i].method);
+            fprintf(f, "%s'%s/curve-%d.dat' using %s:3 with linespoints title '%s%s%s%s'",
+                    i ? ", " : "", o->out, i, plots[k][2], r[i].method,
+                    r[i].exchange[0] ? " [" : "", r[i].exchange, r[i].exchange[0] ? "]" : "");
         fprintf(f, "\n");
     }
     fclose(f);
@@ -548,13 +618,13 @@ static int write_outputs(const opts *o, gtrain_result *r, int nr, double target,
 static void print_table(gtrain_result *r, int nr, double target, const char *why) {
     double dense_acc = NAN, dense_tt = -1;
     for (int i = 0; i < nr; i++)
-        if (!strcmp(r[i].method, "dense")) {
+        if (!strcmp(r[i].method, "dense") && !isfinite(dense_acc)) { /* the collective's */
             dense_acc = r[i].final_acc;
             dense_tt = gtrain_time_to(&r[i], target);
         }
     bool outer = false;
     for (int i = 0; i < nr; i++) outer |= r[i].local_steps > 0;
-    printf("\n%-34s %8s %7s %12s %9s %9s %8s %8s %8s %8s %8s %16s\n", "method", "test acc",
+    printf("\n%-46s %8s %7s %12s %9s %9s %8s %8s %8s %8s %8s %16s\n", "method", "test acc",
            "Δ dense", "bytes/step", "MB/rank", "ratio", "traffic", "step ms", "pred ms", "codec ms",
            "comm ms", "t→target");
     for (int i = 0; i < nr; i++) {
@@ -572,10 +642,14 @@ static void print_table(gtrain_result *r, int nr, double target, const char *why
             snprintf(delta, sizeof delta, "-");
         char pred[16] = "-";
         if (r[i].predicted) snprintf(pred, sizeof pred, "%.2f", r[i].pred_step_ms);
-        printf("%-34.34s %7.2f%% %7s %12.0f %9.2f %8.1fx %7.1fx %8.2f %8s %8.2f %8.2f %16s%s",
-               r[i].method, 100 * r[i].final_acc, delta, r[i].bytes_per_step,
-               r[i].bytes_total / 1e6, r[i].ratio, r[i].traffic_ratio, r[i].step_ms, pred,
-               r[i].codec_ms, r[i].comm_ms, tts,
+        char name[64];
+        if (r[i].exchange[0])
+            snprintf(name, sizeof name, "%.30s [%s]", r[i].method, r[i].exchange);
+        else
+            snprintf(name, sizeof name, "%.60s", r[i].method);
+        printf("%-46.46s %7.2f%% %7s %12.0f %9.2f %8.1fx %7.1fx %8.2f %8s %8.2f %8.2f %16s%s", name,
+               100 * r[i].final_acc, delta, r[i].bytes_per_step, r[i].bytes_total / 1e6, r[i].ratio,
+               r[i].traffic_ratio, r[i].step_ms, pred, r[i].codec_ms, r[i].comm_ms, tts,
                !r[i].weights_identical  ? "  RANKS DIVERGED"
                : r[i].stopped_by_budget ? "  (time budget: stopped at epoch "
                                         : "");
@@ -588,6 +662,25 @@ static void print_table(gtrain_result *r, int nr, double target, const char *why
         printf("local SGD (outer step; accuracy of the global weights, the last syncs'):\n");
         for (int i = 0; i < nr; i++)
             if (r[i].local_steps) printf("  %-32.32s %s\n", r[i].method, r[i].outer);
+    }
+    bool ps = false;
+    for (int i = 0; i < nr; i++) ps |= r[i].exchange[0] != 0;
+    if (ps) {
+        printf("\nparameter server (per worker step; busy: the busiest server's share of its "
+               "serving time)\n%-46s %12s %12s %7s %13s %8s %6s %20s\n",
+               "method", "pushed B", "pulled B", "busy", "stale mean/max", "queue", "lost",
+               "worker steps (momentum)");
+        for (int i = 0; i < nr; i++) {
+            if (!r[i].exchange[0]) continue;
+            char name[64], stale[32], steps[32];
+            snprintf(name, sizeof name, "%.30s [%s]", r[i].method, r[i].exchange);
+            snprintf(stale, sizeof stale, "%.1f/%.0f", r[i].ps_stale_mean, r[i].ps_stale_max);
+            snprintf(steps, sizeof steps, "%.0f-%.0f (%.2f)", r[i].ps_worker_steps_min,
+                     r[i].ps_worker_steps_max, r[i].ps_momentum);
+            printf("%-46.46s %12.0f %12.0f %6.1f%% %13s %8.0f %6d %20s\n", name,
+                   r[i].ps_pushed_per_step, r[i].ps_pulled_per_step, 100 * r[i].ps_server_busy,
+                   stale, r[i].ps_queue_max, r[i].ps_workers_lost, steps);
+        }
     }
     printf("target accuracy %.2f%% (%s); t→target: training time until the first evaluation at "
            "or above it (N.Nx: that many times sooner than dense)\nbytes/step: sent per rank per "
@@ -658,19 +751,46 @@ int cmd_train(int argc, char **argv) {
     o.cfg.calibration = cal;
     o.cfg.link_bps = o.link && strcmp(o.link, "none") ? cli_parse_rate(o.link) : 0;
 
-    gtrain_result res[MAX_METHODS];
+    /* With --ps the last S ranks serve: the collective runs use the workers alone. */
+    int S = o.ps_servers, W = P - S;
+    if (W < 1) {
+        if (rank == 0) cli_fail("train", 1, "--ps %d needs more than %d ranks", S, S);
+        MPI_Finalize();
+        return 1;
+    }
+    MPI_Comm wcomm = MPI_COMM_WORLD;
+    bool server = rank >= W;
+    if (S) MPI_Comm_split(MPI_COMM_WORLD, server ? 1 : 0, rank, &wcomm);
+    static gtrain_result res[MAX_RUNS];
     int nr = 0;
     for (int i = 0; i < o.nmethods; i++) {
-        if (gtrain_run(&o.cfg, o.methods[i], &train, &test, MPI_COMM_WORLD, &res[nr], err,
-                       sizeof err)) {
-            if (rank == 0) cli_fail("train", 1, "%s: %s", o.methods[i], err);
-            rc = 1;
-            continue;
+        for (int k = o.ps_only ? 0 : -1; k < (S ? o.ps_nmodes : 0); k++) {
+            int failed;
+            if (k < 0) { /* the collectives, on the workers */
+                if (server) continue;
+                failed = gtrain_run(&o.cfg, o.methods[i], &train, &test, wcomm, &res[nr], err,
+                                    sizeof err);
+            } else {
+                gtrain_ps_config pc = o.ps;
+                pc.servers = S;
+                pc.mode = o.ps_modes[k];
+                failed = gtrain_run_ps(&o.cfg, &pc, o.methods[i], &train, &test, MPI_COMM_WORLD,
+                                       &res[nr], err, sizeof err);
+                if (server) { /* a server's result holds nothing to report */
+                    gtrain_result_free(&res[nr]);
+                    continue;
+                }
+            }
+            if (failed) {
+                if (rank == 0) cli_fail("train", 1, "%s: %s", o.methods[i], err);
+                rc = 1;
+                continue;
+            }
+            if (rank == 0 && !res[nr].weights_identical)
+                cli_fail("train", 1, "%s: the ranks' weights differ after training", o.methods[i]);
+            if (!res[nr].weights_identical) rc = 1;
+            nr++;
         }
-        if (rank == 0 && !res[nr].weights_identical)
-            cli_fail("train", 1, "%s: the ranks' weights differ after training", o.methods[i]);
-        if (!res[nr].weights_identical) rc = 1;
-        nr++;
     }
     if (rank == 0 && nr > 0) {
         double target = o.target;
@@ -678,8 +798,8 @@ int cmd_train(int argc, char **argv) {
         snprintf(why, sizeof why, "--target-acc");
         if (target < 0) {
             int d = 0;
-            for (int i = 0; i < nr; i++)
-                if (!strcmp(res[i].method, "dense")) d = i;
+            for (int i = nr - 1; i >= 0; i--)
+                if (!strcmp(res[i].method, "dense") && (!res[i].exchange[0] || o.ps_only)) d = i;
             target = res[d].final_acc - o.tolerance / 100;
             if (o.tolerance > 0)
                 snprintf(why, sizeof why, "%s's final accuracy %.2f%% minus %g pp", res[d].method,
@@ -688,7 +808,7 @@ int cmd_train(int argc, char **argv) {
                 snprintf(why, sizeof why, "%s's final accuracy", res[d].method);
         }
         print_table(res, nr, target, why);
-        if (write_outputs(&o, res, nr, target, P) == 0)
+        if (write_outputs(&o, res, nr, target, W) == 0)
             printf("wrote %s/results.json, %s/metrics.csv, %s/accuracy_vs_bytes.png, "
                    "%s/accuracy_vs_time.png\n",
                    o.out, o.out, o.out, o.out);
@@ -698,6 +818,7 @@ int cmd_train(int argc, char **argv) {
     for (int i = 0; i < nr; i++) gtrain_result_free(&res[i]);
     for (int i = 0; i < o.nmethods; i++) free(o.methods[i]);
     gcomp_cost_calibration_free(cal);
+    if (S) MPI_Comm_free(&wcomm);
     gtrain_data_free(&train);
     gtrain_data_free(&test);
     MPI_Allreduce(MPI_IN_PLACE, &rc, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);

@@ -1,0 +1,140 @@
+/*
+ * test_mpi_ps_bad.c - pushes a server must refuse, and refuses without touching its state
+ * (issue 13).  Worker 0 spoils its next push through the library's test hook
+ * (gcomp__mpi_ps_test_tamper, after the message was encoded and the frame sealed, so the
+ * bytes on the wire are what a corrupting network or a foreign job would send):
+ *   1 a payload byte of the gcomp message       GCOMP_E_CHECKSUM
+ *   2 a part id that is not a key of the server GCOMP_E_MISMATCH (unknown key)
+ *   3 a message of another spec (dense, valid)  GCOMP_E_MISMATCH (wrong fingerprint)
+ *   4 a frame header byte                       GCOMP_E_CHECKSUM
+ *   5 the round                                 GCOMP_E_MISMATCH
+ * sync (server-side SGD): every worker gets that status for the round; the weights and
+ * the update count on the server are those of before (kv.pull), and the next clean round
+ * works and gives the weights a replay expects.  async: only worker 0 gets it; the others'
+ * pushes are applied; the update count grows by exactly the clean pushes.  Also an init
+ * with a NaN value: refused everywhere, nothing stored (a pull then says GCOMP_E_PROTOCOL).
+ */
+#include "test_mpi_ps_common.h"
+
+#define N 3000
+#define TIMEOUT 30.0
+
+GCOMP_API gcomp_status gcomp__mpi_ps_test_tamper(gcomp_mpi_bucket *b, int what);
+
+static const gcomp_status want[6] = {GCOMP_OK,         GCOMP_E_CHECKSUM, GCOMP_E_MISMATCH,
+                                     GCOMP_E_MISMATCH, GCOMP_E_CHECKSUM, GCOMP_E_MISMATCH};
+
+static gcomp_mpi_bucket *make(ps_env *E, gcomp_mpi_ps **ps, int mode) {
+    gcomp_mpi_ps_options o;
+    gcomp_mpi_ps_options_default(&o);
+    o.mode = mode;
+    o.update = 1;
+    o.optimizer = (gcomp_mpi_ps_optimizer){0.1f, 0.5f, 0.0f, 1.0f, 0};
+    o.part_bytes = 4096;
+    gcomp_error err = {0};
+    CHECK_OK(gcomp_mpi_ps_create(ps, E->world, &o, 30.0, &err));
+    gcomp_mpi_tensor t = {"w", "topk:density=0.1,feedback=ef", N, 0, 0, GCOMP_MPI_PS};
+    gcomp_mpi_bucket_options bo;
+    gcomp_mpi_bucket_options_default(&bo);
+    bo.ps = *ps;
+    gcomp_mpi_bucket *b = NULL;
+    CHECK_MSG(gcomp_mpi_bucket_create(&b, E->world, &t, 1, &bo, TIMEOUT, &err) == GCOMP_OK, "%s",
+              err.message);
+    return b;
+}
+
+static void sync_case(ps_env *E) {
+    gcomp_mpi_ps *ps;
+    gcomp_mpi_bucket *b = make(E, &ps, GCOMP_MPI_PS_SYNC);
+    if (E->server) {
+        ps_serve_ok(ps, TIMEOUT, "sync");
+        gcomp_mpi_ps_stats s;
+        gcomp_mpi_ps_stats_get(ps, -1, &s);
+        /* five void rounds of W pushes, the NaN init, W pulls before any init */
+        CHECK_MSG(s.refused == 6u * (unsigned)E->W + 1u, "sync: %llu pushes refused",
+                  (unsigned long long)s.refused);
+    } else {
+        gcomp_error err = {0};
+        float *x = malloc(N * sizeof(float)), *before = malloc(N * sizeof(float)),
+              *after = malloc(N * sizeof(float)), *d[1] = {x}, *pb[1] = {before}, *pa[1] = {after};
+        /* an init with a NaN: refused everywhere, nothing stored */
+        test_fill(x, N, 1);
+        if (E->widx == 0) x[17] = NAN;
+        CHECK(gcomp_mpi_ps_init(b, d, TIMEOUT, &err) == GCOMP_E_NONFINITE);
+        CHECK(gcomp_mpi_ps_pull(b, pb, TIMEOUT, &err) == GCOMP_E_PROTOCOL);
+        test_fill(x, N, 1);
+        CHECK_OK(gcomp_mpi_ps_init(b, d, TIMEOUT, &err));
+        for (int what = 1; what <= 5; what++) {
+            CHECK_OK(gcomp_mpi_ps_pull(b, pb, TIMEOUT, &err));
+            uint64_t v0 = gcomp_mpi_ps_version(b, 0);
+            if (E->widx == 0) CHECK_OK(gcomp__mpi_ps_test_tamper(b, what));
+            test_fill(x, N, 10ull + (unsigned)what);
+            gcomp_status st = gcomp_mpi_allreduce(b, d, GCOMP_MPI_AVERAGE, TIMEOUT, &err);
+            CHECK_MSG(st == want[what], "tamper %d: %s (%s), want %s", what, gcomp_status_str(st),
+                      err.message, gcomp_status_str(want[what]));
+            CHECK_MSG(gcomp_mpi_comm_status(E->world, NULL) == GCOMP_OK, "tamper %d: comm failed",
+                      what);
+            /* nothing applied */
+            CHECK_OK(gcomp_mpi_ps_pull(b, pa, TIMEOUT, &err));
+            CHECK_MSG(!memcmp(before, after, N * sizeof(float)), "tamper %d: weights changed",
+                      what);
+            CHECK(gcomp_mpi_ps_version(b, 0) == v0);
+            /* and the next clean round works */
+            test_fill(x, N, 20ull + (unsigned)what);
+            CHECK_MSG(gcomp_mpi_allreduce(b, d, GCOMP_MPI_AVERAGE, TIMEOUT, &err) == GCOMP_OK,
+                      "after tamper %d: %s", what, err.message);
+            CHECK(gcomp_mpi_ps_version(b, 0) == v0 + 1);
+        }
+        ps_shutdown_ok(ps, "sync");
+        free(x);
+        free(before);
+        free(after);
+    }
+    gcomp_mpi_bucket_free(b);
+    gcomp_mpi_ps_free(ps);
+}
+
+static void async_case(ps_env *E) {
+    gcomp_mpi_ps *ps;
+    gcomp_mpi_bucket *b = make(E, &ps, GCOMP_MPI_PS_ASYNC);
+    if (E->server) {
+        ps_serve_ok(ps, TIMEOUT, "async");
+        gcomp_mpi_ps_stats s;
+        gcomp_mpi_ps_stats_get(ps, -1, &s);
+        CHECK_MSG(s.refused == 5 && s.applied == 5u * (unsigned)(E->W - 1) + 2u * (unsigned)E->W,
+                  "async: %llu refused, %llu applied", (unsigned long long)s.refused,
+                  (unsigned long long)s.applied);
+    } else {
+        gcomp_error err = {0};
+        float *x = malloc(N * sizeof(float)), *d[1] = {x};
+        test_fill(x, N, 1);
+        CHECK_OK(gcomp_mpi_ps_init(b, d, TIMEOUT, &err));
+        for (int what = 1; what <= 5; what++) {
+            if (E->widx == 0) CHECK_OK(gcomp__mpi_ps_test_tamper(b, what));
+            test_fill(x, N, 30ull + (unsigned)what);
+            gcomp_status st = gcomp_mpi_allreduce(b, d, GCOMP_MPI_AVERAGE, TIMEOUT, &err);
+            gcomp_status expect = E->widx == 0 ? want[what] : GCOMP_OK;
+            CHECK_MSG(st == expect, "async tamper %d: %s (%s), want %s", what, gcomp_status_str(st),
+                      err.message, gcomp_status_str(expect));
+        }
+        MPI_Barrier(E->wcomm); /* every push of the loop applied or refused */
+        for (int k = 0; k < 2; k++) {
+            test_fill(x, N, 50ull + (unsigned)k);
+            CHECK_OK(gcomp_mpi_allreduce(b, d, GCOMP_MPI_AVERAGE, TIMEOUT, &err));
+        }
+        ps_shutdown_ok(ps, "async");
+        free(x);
+    }
+    gcomp_mpi_bucket_free(b);
+    gcomp_mpi_ps_free(ps);
+}
+
+int main(int argc, char **argv) {
+    mc_init(&argc, &argv);
+    ps_env E;
+    ps_env_init(&E, 1, 0, TIMEOUT);
+    sync_case(&E);
+    async_case(&E);
+    ps_env_free(&E);
+    return mc_done("test_mpi_ps_bad");
+}
