@@ -123,10 +123,13 @@ typedef struct gcomp_param_info {
     const char *help;
 } gcomp_param_info;
 
-/** Codec properties (bit flags in gcomp_codec_info.flags). */
+/** Codec properties (bit flags in gcomp_codec_info.flags).  What a whole spec (codec, value
+ *  coder and feedback together) does is gcomp_spec_describe's. */
 enum {
     GCOMP_CODEC_SPARSE = 1u << 0, /**< sends a subset of elements (indices travel or are seeded) */
-    GCOMP_CODEC_LINEAR = 1u << 1, /**< messages of all ranks can be summed by a dense allreduce */
+    GCOMP_CODEC_LINEAR = 1u << 1, /**< positions alike on every rank (all, or from the shared
+                                       seed): with plain-float values its messages sum by a
+                                       dense allreduce (a whole spec: GCOMP_SPEC_LINEAR) */
     GCOMP_CODEC_STOCHASTIC = 1u << 2, /**< uses the seed; same seed and input give the same bytes */
     GCOMP_CODEC_QUANTIZER = 1u << 3,  /**< a value coder usable as `values=` of any selector */
     GCOMP_CODEC_MULTIPHASE = 1u << 4, /**< has a multi-round protocol (PowerSGD) besides encode */
@@ -149,8 +152,21 @@ GCOMP_API const gcomp_codec_info *gcomp_codec_at(size_t i);
 GCOMP_API const gcomp_codec_info *gcomp_codec_find(const char *name);
 GCOMP_API const gcomp_codec_info *gcomp_codec_by_id(uint16_t id);
 
-/** Parameters every codec accepts (feedback=, seed=, and those of the feedback kinds). */
+/** Parameters every codec accepts: feedback= and seed=.  The keys a feedback stage adds
+ *  (feedback=dgc's momentum=, ...) are its own (gcomp_feedback_at). */
 GCOMP_API const gcomp_param_info *gcomp_common_params(size_t *count);
+
+/** A feedback stage, a choice of `feedback=`: what a compressor remembers between steps. */
+typedef struct gcomp_feedback_info {
+    const char *name; /**< "none", "ef", "dgc" */
+    const char *help;
+    const gcomp_param_info *params; /**< the keys it adds to a spec that chooses it */
+    size_t nparams;
+} gcomp_feedback_info;
+
+/** Number of feedback stages, and the i-th one (NULL when out of range). */
+GCOMP_API size_t gcomp_feedback_count(void);
+GCOMP_API const gcomp_feedback_info *gcomp_feedback_at(size_t i);
 
 /**
  * Validates `spec` and writes its canonical form (codec name, then every parameter in

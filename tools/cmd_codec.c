@@ -355,10 +355,27 @@ int cmd_list_codecs(int argc, char **argv) {
     if (json) {
         printf("],\"common\":[");
         print_params(common, ncommon, true);
-        printf("]}\n");
+        printf("],\"feedback\":[");
     } else {
         printf("\nevery codec also takes:\n");
         print_params(common, ncommon, false);
+        printf("\nfeedback stages (feedback=NAME; each adds its keys to the spec):\n");
     }
+    for (size_t i = 0; i < gcomp_feedback_count(); i++) {
+        const gcomp_feedback_info *f = gcomp_feedback_at(i);
+        if (json) {
+            printf("%s{\"name\":", i ? "," : "");
+            json_str(f->name);
+            printf(",\"help\":");
+            json_str(f->help);
+            printf(",\"params\":[");
+            print_params(f->params, f->nparams, true);
+            printf("]}");
+        } else {
+            printf("%s\n  %s\n", f->name, f->help);
+            print_params(f->params, f->nparams, false);
+        }
+    }
+    if (json) printf("]}\n");
     return 0;
 }

@@ -32,9 +32,9 @@ gcomp_status gcomp__fail(gcomp_error *err, gcomp_status st, const char *fmt, ...
 
 /* ---- memory and time (mem.c) ------------------------------------------------------------- */
 
-/* 64-byte aligned; big buffers get MADV_HUGEPAGE (a fresh 4 KiB page costs ~10 us to touch
- * here).  gcomp__free(NULL) is a no-op.  Every library allocation goes through these so
- * the anomaly tests can fail the N-th one. */
+/* 64-byte aligned; from 4 MiB on 2 MiB-aligned on transparent huge pages (huge_alloc.h:
+ * a fresh 4 KiB page costs ~10 us to touch here).  gcomp__free(NULL) is a no-op.  Every
+ * library allocation goes through these so the anomaly tests can fail the N-th one. */
 void *gcomp__alloc(size_t bytes);
 void *gcomp__calloc(size_t bytes);
 void gcomp__free(void *p);

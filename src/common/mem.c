@@ -1,10 +1,10 @@
 /*
  * mem.c - the one allocator, growable buffers and the clock, for both libraries.
  *
- * 64-byte alignment (a cache line; AVX-512 loads never split).  Buffers of 2 MiB and
- * more ask for transparent huge pages: on these machines a fresh 4 KiB page costs ~10 us
- * to fault in, which dominates a 25M-element codec if every call touches new memory
- * (shared/TORCH.md).  Workspaces are allocated once per compressor and reused.
+ * Every allocation of both libraries goes through gcomp__alloc: big workspaces (4 MiB and
+ * more) on 2 MiB-aligned transparent huge pages, the rest 64-byte aligned (huge_alloc.h,
+ * shared with the trainer, says why and how).  Workspaces are allocated once per
+ * compressor and reused.
  *
  * The anomaly tests fail the N-th allocation through gcomp__alloc_fail_after so every
  * API path can be checked for clean errors and no leaks (SQLite's malloc tests).  Each
@@ -17,8 +17,9 @@
 #endif
 #include "common.h"
 
+#include "huge_alloc.h"
+
 #include <stdlib.h>
-#include <sys/mman.h>
 #include <time.h>
 
 size_t gcomp__alloc_fail_after = (size_t)-1;
@@ -28,14 +29,7 @@ void *gcomp__alloc(size_t bytes) {
         if (gcomp__alloc_fail_after == 0) return NULL;
         gcomp__alloc_fail_after--;
     }
-    if (bytes == 0) bytes = 1;
-    size_t rounded = (bytes + 63) & ~(size_t)63;
-    if (rounded < bytes) return NULL;
-    void *p = aligned_alloc(64, rounded);
-#ifdef MADV_HUGEPAGE
-    if (p && rounded >= ((size_t)2 << 20)) madvise(p, rounded, MADV_HUGEPAGE);
-#endif
-    return p;
+    return gcomp__huge_alloc(bytes);
 }
 
 void *gcomp__calloc(size_t bytes) {

@@ -10,12 +10,18 @@
  *
  * Encode makes one pass over the selected values (value coder) and, with feedback, writes
  * the residual x - decoded at exactly the positions that were sent; everything else in
- * the residual is already x.  Decode validates the whole section (indices and values)
- * before it adds anything to the accumulator.
+ * the residual is already x.  A dense message whose value coder fuses the residual
+ * (vcoder.encode_fused) gets e and g instead of x when the ef feedback left the sum to it
+ * (c->x_add): the coder forms x in its own pass.  Decode validates the whole section (indices and
+ * values) before it adds anything to the accumulator.
  */
 #include "core/internal.h"
 
 #define SECTION 24
+
+bool gcomp__fuses_residual(const gcomp__spec *s) {
+    return !s->codec->select && !s->codec->encode && s->vcoder && s->vcoder->encode_fused;
+}
 
 gcomp_status gcomp__sel_reserve(gcomp_compressor *c, size_t k, size_t nv, gcomp__selection *sel) {
     if (gcomp__buf_reserve(&c->sel_idx, (k ? k : 1) * sizeof(uint32_t)) != GCOMP_OK ||
@@ -101,7 +107,10 @@ gcomp_status gcomp__sparse_encode(gcomp_compressor *c, const float *x, float *re
     } else if (res) {
         vres = res;
     }
-    st = vc->encode(&c->vp, sel.val, sel.nvals, vres, key, p, room, &vlen);
+    if (dense && c->x_add) /* the feedback left e + g for the coder to form (fused) */
+        st = vc->encode_fused(&c->vp, c->x_add, x, sel.nvals, vres, key, p, room, &vlen);
+    else
+        st = vc->encode(&c->vp, sel.val, sel.nvals, vres, key, p, room, &vlen);
     if (st != GCOMP_OK) return st;
     if (res && !dense) {
         /* residual = x - decoded = x - (val - vres); for unscaled values that is vres. */

@@ -70,7 +70,7 @@ gcomp_status gcomp__compressor_build(gcomp_compressor **out, const gcomp__spec *
     }
     if (fb != &gcomp__feedback_none) {
         gcomp_error why;
-        st = gcomp__ef_refusal(&c->spec, &c->vp, c->max_values, fb->name, why.message,
+        st = gcomp__ef_refusal(&c->spec, &c->vp, c->max_values, fb->info.name, why.message,
                                sizeof why.message);
         if (st != GCOMP_OK) {
             gcomp_compressor_free(c);
@@ -136,6 +136,7 @@ gcomp_status gcomp_encode(gcomp_compressor *c, const float *grad, void *dst, siz
     uint64_t t0 = gcomp__now_ns();
     const float *x;
     float *res;
+    c->x_add = NULL;
     gcomp_status st = c->spec.feedback->prepare(c, grad, &x, &res);
     if (st != GCOMP_OK) return st;
     uint8_t *h = dst, *payload = h + GCOMP_HEADER_SIZE;

@@ -28,6 +28,34 @@
 #define GCOMP__MAX_ITEMS 32 /* parameters in one parsed spec */
 #define GCOMP__SPEC_MAX 512 /* canonical spec length */
 
+/* Entries of a static array: parameter tables count themselves. */
+#define GCOMP__COUNTOF(a) (sizeof(a) / sizeof((a)[0]))
+
+/* ---- the registry (registry.def): wire ids and choices, from one list ---------------------- */
+
+/* Value coder ids (docs/FORMAT.md, "Value coders"): GCOMP__V_f32, GCOMP__V_int8, ... */
+enum {
+#define GCOMP__VALUES(name, vid) GCOMP__V_##name = vid,
+#define GCOMP__QUANTIZER(name, vid, id) GCOMP__V_##name = vid,
+#include "core/registry.def"
+};
+/* Codec ids (docs/FORMAT.md, "Codec ids"): GCOMP__C_topk, GCOMP__C_int8, ... */
+enum {
+#define GCOMP__CODEC(name, id) GCOMP__C_##name = id,
+#define GCOMP__QUANTIZER(name, vid, id) GCOMP__C_##name = id,
+#include "core/registry.def"
+};
+/* "|f32|f16|..." and "|none|ef|dgc" in registry order (registry.c); the choices of values=
+ * and feedback= start one character in, which is still a constant for static tables. */
+extern const char gcomp__values_choices[];
+extern const char gcomp__feedback_choices[];
+#define GCOMP__VALUES_CHOICES (gcomp__values_choices + 1)
+#define GCOMP__FEEDBACK_CHOICES (gcomp__feedback_choices + 1)
+/* Name and wire id of a registered codec or value coder, for its definition: a name that
+ * has no registry line does not compile. */
+#define GCOMP__CODEC_NAME_ID(name) #name, GCOMP__C_##name
+#define GCOMP__VCODER_NAME_ID(n_) .name = #n_, .id = GCOMP__V_##n_
+
 /* ---- parsed spec ---------------------------------------------------------------------- */
 
 typedef struct gcomp__vcoder gcomp__vcoder;
@@ -97,19 +125,6 @@ static inline uint64_t gcomp__stream(uint64_t seed, uint64_t step, uint64_t purp
 
 /* ---- value coders --------------------------------------------------------------------------- */
 
-/* Wire ids of value coders (docs/FORMAT.md, "value coders"). */
-enum {
-    GCOMP__V_F32 = 0,
-    GCOMP__V_F16 = 1,
-    GCOMP__V_BF16 = 2,
-    GCOMP__V_INT8 = 3,
-    GCOMP__V_INT4 = 4,
-    GCOMP__V_SIGN = 5,
-    GCOMP__V_TWOBIT = 6,
-    GCOMP__V_TERNARY = 7,
-    GCOMP__V_QSGD = 8
-};
-
 /* Parameters a value coder reads from the spec, resolved once at create. */
 typedef struct gcomp__vparams {
     const gcomp__spec *spec; /* for coder-specific keys */
@@ -127,6 +142,16 @@ struct gcomp__vcoder {
      * `key` seeds stochastic rounding.  Non-finite input: GCOMP_E_NONFINITE. */
     gcomp_status (*encode)(const gcomp__vparams *p, const float *v, size_t nv, float *res,
                            uint64_t key, uint8_t *dst, size_t cap, size_t *len);
+    /* Optional, the fused residual of error feedback: codes x = e[i] + g[i] (that sum, e
+     * first, as feedback_ef.c would form it) in the same pass, writing res[i] = x -
+     * decoded(x) (res may alias e).  e and g are read once and x is never stored, so
+     * error feedback costs the coder no pass of its own: MXNet's 2-bit kernel reads the
+     * residual and the gradient and writes the residual once.  The bytes and the residual
+     * must be exactly encode's on the formed sum (tests/unit/test_twobit.c).  Non-finite
+     * x: GCOMP_E_NONFINITE.  Used by the ef feedback when the codec sends every element
+     * (gcomp__fuses_residual). */
+    gcomp_status (*encode_fused)(const gcomp__vparams *p, const float *e, const float *g, size_t nv,
+                                 float *res, uint64_t key, uint8_t *dst, size_t cap, size_t *len);
     /* Untrusted input: src[0..len) must describe exactly nv values.  acc NULL validates
      * only; otherwise acc[i] += scale * value_i for i < nv.  Every error is detected
      * before the first write to acc. */
@@ -254,8 +279,6 @@ struct gcomp__codec {
 };
 
 const gcomp__codec *gcomp__codec_find(const char *name);
-/* Value coders a selector's `values=` may name; keep in step with registry.c. */
-#define GCOMP__VALUES_CHOICES "f32|f16|bf16|int8|int4|sign|twobit|ternary|qsgd"
 /* Parameters most selectors share, so their tables do not repeat them. */
 #define GCOMP__PARAM_VALUES                                                                        \
     {                                                                                              \
@@ -266,6 +289,18 @@ const gcomp__codec *gcomp__codec_find(const char *name);
     {                                                                                              \
         "density", GCOMP_PARAM_FLOAT, 0, 1, 1, dflt, NULL,                                         \
             "fraction of elements sent: k = ceil(density * n)"                                     \
+    }
+/* The dense codec of a value coder registered with GCOMP__QUANTIZER: every element, coded
+ * by gcomp__vcoder_<name>, whose parameter table is the codec's own.  `feedback`: NULL, or
+ * the feedback that is part of the method (twobit: "ef"). */
+#define GCOMP__QUANTIZER_CODEC(name_, params_, nparams_, flags_, feedback_, help_)                 \
+    const gcomp__codec gcomp__codec_##name_ = {                                                    \
+        .info = {GCOMP__CODEC_NAME_ID(name_), GCOMP_CODEC_QUANTIZER | (flags_), help_, params_,    \
+                 nparams_},                                                                        \
+        .fixed_values = &gcomp__vcoder_##name_,                                                    \
+        .fixed_feedback = feedback_,                                                               \
+        .traits = GCOMP_SPEC_UNBIASED, /* the dense selection: every element */                    \
+        .count = GCOMP__COUNT_ALL,                                                                 \
     }
 const gcomp__codec *gcomp__codec_by_id(uint16_t id);
 
@@ -281,9 +316,7 @@ gcomp_status gcomp__sparse_info(const uint8_t *payload, size_t len, gcomp_messag
  */
 
 struct gcomp__feedback {
-    const char *name;
-    const gcomp_param_info *params; /* keys this feedback adds (momentum=, ...) */
-    size_t nparams;
+    gcomp_feedback_info info; /* name, help and the keys it adds (momentum=, ...) */
     gcomp_status (*init)(gcomp_compressor *c);
     void (*fini)(gcomp_compressor *c);
     /* Working vector for this step: *x = g (no feedback) or a workspace holding e + g.
@@ -300,9 +333,12 @@ struct gcomp__feedback {
     unsigned traits; /* GCOMP_SPEC_FEEDBACK, _MOMENTUM (gcomp_spec_describe) */
 };
 const gcomp__feedback *gcomp__feedback_find(const char *name);
-extern const gcomp__feedback gcomp__feedback_none;
-extern const gcomp__feedback gcomp__feedback_ef;
-extern const gcomp__feedback gcomp__feedback_dgc;
+#define GCOMP__FEEDBACK(name) extern const gcomp__feedback gcomp__feedback_##name;
+#include "core/registry.def"
+
+/* Whether the value coder forms the error-feedback sum e + g in its own pass
+ * (vcoder.encode_fused): the codec sends every element through the generic pipeline. */
+bool gcomp__fuses_residual(const gcomp__spec *s);
 
 /* ---- the compressor object ---------------------------------------------------------------------
  */
@@ -323,6 +359,9 @@ struct gcomp_compressor {
     size_t max_entries, max_values; /* selection size bound, set by codec init (default n) */
     void *codec_state;
     void *fb_state;
+    /* Set by the feedback's prepare for this step: when not NULL the working vector is
+     * x + x_add, left for the value coder to form (vcoder.encode_fused). */
+    const float *x_add;
 
     /* Workspace for selection (reused every step). */
     gcomp__buf sel_idx, sel_val, sel_tmp, sel_res, scratch;

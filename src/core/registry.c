@@ -1,63 +1,50 @@
 /*
- * registry.c - the static tables of codecs, value coders and feedback kinds.
+ * registry.c - the static tables of codecs, value coders and feedback stages, and the
+ * choices of `values=` and `feedback=`, all made from the one list in registry.def.
  *
- * Wire ids are allocated here and in docs/FORMAT.md, never reused.  Each codec lives in
- * its own file under src/select, src/values or src/lowrank and is listed below; the
- * spec parser, the decoder and `gradcomp list-codecs` read only these tables.
+ * Each codec lives in its own file under src/select, src/values, src/feedback or
+ * src/lowrank; the spec parser, the decoder, gcomp_spec_describe and `gradcomp
+ * list-codecs` read only these tables.  Rejected: a hand-kept table per kind (a value
+ * coder was listed in four places, and forgetting one made its key "unknown").
  */
 #include "core/internal.h"
 
-extern const gcomp__codec gcomp__codec_none;
-extern const gcomp__codec gcomp__codec_topk;
-extern const gcomp__codec gcomp__codec_threshold;
-extern const gcomp__codec gcomp__codec_sampled;
-extern const gcomp__codec gcomp__codec_randomk;
-extern const gcomp__codec gcomp__codec_bernoulli;
-extern const gcomp__codec gcomp__codec_importance;
-extern const gcomp__codec gcomp__codec_block;
-extern const gcomp__codec gcomp__codec_rows;
-extern const gcomp__codec gcomp__codec_cols;
-extern const gcomp__codec gcomp__codec_dgc;
-extern const gcomp__codec gcomp__codec_int8;
-extern const gcomp__codec gcomp__codec_int4;
-extern const gcomp__codec gcomp__codec_sign;
-extern const gcomp__codec gcomp__codec_twobit;
-extern const gcomp__codec gcomp__codec_ternary;
-extern const gcomp__codec gcomp__codec_qsgd;
-extern const gcomp__codec gcomp__codec_powersgd;
+#define GCOMP__CODEC(name, id) extern const gcomp__codec gcomp__codec_##name;
+#define GCOMP__VALUES(name, vid) extern const gcomp__vcoder gcomp__vcoder_##name;
+#define GCOMP__QUANTIZER(name, vid, id)                                                            \
+    extern const gcomp__codec gcomp__codec_##name;                                                 \
+    extern const gcomp__vcoder gcomp__vcoder_##name;
+#include "core/registry.def"
 
 static const gcomp__codec *const codecs[] = {
-    &gcomp__codec_none,    &gcomp__codec_topk,      &gcomp__codec_threshold,  &gcomp__codec_sampled,
-    &gcomp__codec_randomk, &gcomp__codec_bernoulli, &gcomp__codec_importance, &gcomp__codec_block,
-    &gcomp__codec_rows,    &gcomp__codec_cols,      &gcomp__codec_dgc,        &gcomp__codec_int8,
-    &gcomp__codec_int4,    &gcomp__codec_sign,      &gcomp__codec_twobit,     &gcomp__codec_ternary,
-    &gcomp__codec_qsgd,    &gcomp__codec_powersgd,
+#define GCOMP__CODEC(name, id) &gcomp__codec_##name,
+#define GCOMP__QUANTIZER(name, vid, id) &gcomp__codec_##name,
+#include "core/registry.def"
 };
-#define NCODECS (sizeof codecs / sizeof codecs[0])
-
-extern const gcomp__vcoder gcomp__vcoder_f32;
-extern const gcomp__vcoder gcomp__vcoder_f16;
-extern const gcomp__vcoder gcomp__vcoder_bf16;
-extern const gcomp__vcoder gcomp__vcoder_int8;
-extern const gcomp__vcoder gcomp__vcoder_int4;
-extern const gcomp__vcoder gcomp__vcoder_sign;
-extern const gcomp__vcoder gcomp__vcoder_twobit;
-extern const gcomp__vcoder gcomp__vcoder_ternary;
-extern const gcomp__vcoder gcomp__vcoder_qsgd;
+#define NCODECS GCOMP__COUNTOF(codecs)
 
 static const gcomp__vcoder *const vcoders[] = {
-    &gcomp__vcoder_f32,    &gcomp__vcoder_f16,     &gcomp__vcoder_bf16,
-    &gcomp__vcoder_int8,   &gcomp__vcoder_int4,    &gcomp__vcoder_sign,
-    &gcomp__vcoder_twobit, &gcomp__vcoder_ternary, &gcomp__vcoder_qsgd,
+#define GCOMP__VALUES(name, vid) &gcomp__vcoder_##name,
+#define GCOMP__QUANTIZER(name, vid, id) &gcomp__vcoder_##name,
+#include "core/registry.def"
 };
-#define NVCODERS (sizeof vcoders / sizeof vcoders[0])
+#define NVCODERS GCOMP__COUNTOF(vcoders)
 
 static const gcomp__feedback *const feedbacks[] = {
-    &gcomp__feedback_none,
-    &gcomp__feedback_ef,
-    &gcomp__feedback_dgc,
+#define GCOMP__FEEDBACK(name) &gcomp__feedback_##name,
+#include "core/registry.def"
 };
-#define NFEEDBACKS (sizeof feedbacks / sizeof feedbacks[0])
+#define NFEEDBACKS GCOMP__COUNTOF(feedbacks)
+
+const char gcomp__values_choices[] = ""
+#define GCOMP__VALUES(name, vid) "|" #name
+#define GCOMP__QUANTIZER(name, vid, id) "|" #name
+#include "core/registry.def"
+    ;
+const char gcomp__feedback_choices[] = ""
+#define GCOMP__FEEDBACK(name) "|" #name
+#include "core/registry.def"
+    ;
 
 size_t gcomp_codec_count(void) {
     return NCODECS;
@@ -104,6 +91,14 @@ const gcomp__vcoder *gcomp__vcoder_by_id(uint8_t id) {
 
 const gcomp__feedback *gcomp__feedback_find(const char *name) {
     for (size_t i = 0; i < NFEEDBACKS; i++)
-        if (!strcmp(feedbacks[i]->name, name)) return feedbacks[i];
+        if (!strcmp(feedbacks[i]->info.name, name)) return feedbacks[i];
     return NULL;
+}
+
+size_t gcomp_feedback_count(void) {
+    return NFEEDBACKS;
+}
+
+const gcomp_feedback_info *gcomp_feedback_at(size_t i) {
+    return i < NFEEDBACKS ? &feedbacks[i]->info : NULL;
 }

@@ -17,7 +17,7 @@
 #include <stdlib.h>
 
 static const gcomp_param_info common_params[] = {
-    {"feedback", GCOMP_PARAM_ENUM, 0, 0, 0, "none", "none|ef|dgc",
+    {"feedback", GCOMP_PARAM_ENUM, 0, 0, 0, "none", GCOMP__FEEDBACK_CHOICES,
      "what the compressor remembers: none, ef (error-feedback residual), dgc (momentum "
      "correction, clipping, masking, warm-up)"},
     {"seed", GCOMP_PARAM_INT, 0, 9007199254740991.0, 0, "0", NULL,
@@ -25,7 +25,7 @@ static const gcomp_param_info common_params[] = {
 };
 
 const gcomp_param_info *gcomp_common_params(size_t *count) {
-    if (count) *count = sizeof common_params / sizeof common_params[0];
+    if (count) *count = GCOMP__COUNTOF(common_params);
     return common_params;
 }
 
@@ -276,17 +276,20 @@ gcomp_status gcomp__spec_parse(const char *text, gcomp__spec *out, gcomp_error *
                                    "%s: feedback is always %s for this codec (it is part of the "
                                    "method); remove feedback=%s",
                                    cname, codec->fixed_feedback, fb);
-            fbname = gcomp__feedback_find(fb)->name;
+            fbname = gcomp__feedback_find(fb)->info.name;
         }
     const gcomp__feedback *fb = gcomp__feedback_find(fbname);
 
     table tabs[4];
     size_t nt = 0;
     tabs[nt++] = (table){codec->info.params, codec->info.nparams, GCOMP__TABLE_CODEC};
-    if (vc && vc->nparams) tabs[nt++] = (table){vc->params, vc->nparams, GCOMP__TABLE_VALUES};
+    /* A quantizer codec's table is its value coder's: listed once. */
+    if (vc && vc->nparams && vc->params != codec->info.params)
+        tabs[nt++] = (table){vc->params, vc->nparams, GCOMP__TABLE_VALUES};
     tabs[nt++] =
         (table){common_params, sizeof common_params / sizeof common_params[0], GCOMP__TABLE_COMMON};
-    if (fb && fb->nparams) tabs[nt++] = (table){fb->params, fb->nparams, GCOMP__TABLE_FEEDBACK};
+    if (fb && fb->info.nparams)
+        tabs[nt++] = (table){fb->info.params, fb->info.nparams, GCOMP__TABLE_FEEDBACK};
 
     /* Every parameter of every table, given or default, in table order. */
     int w = snprintf(out->canonical, sizeof out->canonical, "%s", codec->info.name);
@@ -297,6 +300,15 @@ gcomp_status gcomp__spec_parse(const char *text, gcomp__spec *out, gcomp_error *
             const gcomp_param_info *p = &tabs[t].p[j];
             if (out->count == GCOMP__MAX_ITEMS)
                 return gcomp__fail(err, GCOMP_E_SPEC, "%s: too many parameters", cname);
+            /* One key, one meaning: two stages claiming a name would take one value for
+             * both and write the key twice.  Keys are renamed so that this never happens
+             * (tests/unit/test_registry.c builds every combination). */
+            for (size_t i = 0; i < out->count; i++)
+                if (!strcmp(out->items[i].p->name, p->name))
+                    return gcomp__fail(err, GCOMP_E_SPEC,
+                                       "%s: key '%s' is claimed by two stages of this spec (a "
+                                       "registry bug: rename one)",
+                                       cname, p->name);
             double v;
             kv *given = NULL;
             for (size_t i = 0; i < np; i++)
@@ -443,7 +455,7 @@ gcomp_status gcomp_spec_set(const char *spec, const char *key, const char *value
     } else if (s.items[at].table == GCOMP__TABLE_COMMON && !strcmp(key, "feedback")) {
         const gcomp__feedback *fb = gcomp__feedback_find(value);
         swapped = GCOMP__TABLE_FEEDBACK;
-        if (fb) ntab = fb->params, nn = fb->nparams;
+        if (fb) ntab = fb->info.params, nn = fb->info.nparams;
     }
     char text[2 * GCOMP__SPEC_MAX];
     int w = snprintf(text, sizeof text, "%s", s.codec->info.name);

@@ -143,7 +143,7 @@ gcomp_status gcomp_spec_describe(const char *spec, size_t n, gcomp_spec_info *ou
 
     out->codec = &codec->info;
     out->values = s.vcoder ? s.vcoder->name : "";
-    out->feedback = s.feedback->name;
+    out->feedback = s.feedback->info.name;
     out->flags = f;
     out->value_type = vt;
     out->value_bits = vd.bits;

@@ -247,9 +247,10 @@ static const gcomp_param_info dgc_params[] = {
 };
 
 const gcomp__feedback gcomp__feedback_dgc = {
-    .name = "dgc",
-    .params = dgc_params,
-    .nparams = sizeof dgc_params / sizeof dgc_params[0],
+    .info = {"dgc",
+             "Deep Gradient Compression's feedback (docs/DGC.md): momentum correction, local "
+             "gradient clipping, momentum factor masking, warm-up of the density",
+             dgc_params, GCOMP__COUNTOF(dgc_params)},
     .init = dgc_init,
     .fini = dgc_fini,
     .prepare = dgc_prepare,
@@ -287,10 +288,10 @@ static const gcomp_param_info dgc_codec_params[] = {
 };
 
 const gcomp__codec gcomp__codec_dgc = {
-    .info = {"dgc", 11, GCOMP_CODEC_SPARSE,
+    .info = {GCOMP__CODEC_NAME_ID(dgc), GCOMP_CODEC_SPARSE,
              "Deep Gradient Compression: top-k of the momentum-corrected accumulation, with "
              "clipping, momentum masking and warm-up (feedback dgc built in)",
-             dgc_codec_params, sizeof dgc_codec_params / sizeof dgc_codec_params[0]},
+             dgc_codec_params, GCOMP__COUNTOF(dgc_codec_params)},
     .select = dgc_select,
     .init = dgc_codec_init,
     .fixed_feedback = "dgc",

@@ -11,12 +11,24 @@
  * succeeded (commit), so a failed call leaves the state exactly as it was.  The sum pass
  * also checks the result is finite, which catches NaN/Inf gradients before anything is
  * sent.
+ *
+ * prepare has two ways to hand over x = e + g:
+ *   formed  one pass here writes x into the workspace w (checking it is finite); the
+ *           codec reads x and writes the residual x - decoded back into w.
+ *   fused   when the codec sends every element and its value coder can form the sum in
+ *           its own pass (vcoder.encode_fused: twobit, MXNet's one-pass kernel), prepare
+ *           does no work: x is g, the pending addend c->x_add is e, and the coder writes
+ *           the residual into w.  Three streams of n floats instead of five.
+ * Either way commit swaps w in.  A stage that wants its sum fused elsewhere (a selector
+ * reading e + g as it selects) takes the same road: set c->x_add and let the consumer that
+ * knows how add it.
  */
 #include "core/internal.h"
 
 typedef struct ef_state {
-    float *e; /* residual: the state */
-    float *w; /* this step's working vector, becomes e on commit */
+    float *e;   /* residual: the state */
+    float *w;   /* this step's working vector, becomes e on commit */
+    bool fused; /* the value coder forms e + g itself (gcomp__fuses_residual) */
 } ef_state;
 
 static gcomp_status none_prepare(gcomp_compressor *c, const float *g, const float **x,
@@ -27,7 +39,10 @@ static gcomp_status none_prepare(gcomp_compressor *c, const float *g, const floa
     return GCOMP_OK;
 }
 
-const gcomp__feedback gcomp__feedback_none = {.name = "none", .prepare = none_prepare};
+const gcomp__feedback gcomp__feedback_none = {
+    .info = {"none", "nothing is remembered: each step sends only its own gradient", NULL, 0},
+    .prepare = none_prepare,
+};
 
 static gcomp_status ef_init(gcomp_compressor *c) {
     ef_state *s = gcomp__calloc(sizeof *s);
@@ -40,6 +55,7 @@ static gcomp_status ef_init(gcomp_compressor *c) {
         gcomp__free(s);
         return GCOMP_E_NOMEM;
     }
+    s->fused = gcomp__fuses_residual(&c->spec);
     c->fb_state = s;
     return GCOMP_OK;
 }
@@ -55,6 +71,12 @@ static void ef_fini(gcomp_compressor *c) {
 
 static gcomp_status ef_prepare(gcomp_compressor *c, const float *g, const float **x, float **res) {
     ef_state *s = c->fb_state;
+    if (s->fused) { /* the coder adds e, and checks that the sum is finite */
+        *x = g;
+        *res = s->w;
+        c->x_add = s->e;
+        return GCOMP_OK;
+    }
     const float *e = s->e;
     float *w = s->w;
     size_t n = c->n;
@@ -109,7 +131,10 @@ static const float *ef_residual(const gcomp_compressor *c) {
 }
 
 const gcomp__feedback gcomp__feedback_ef = {
-    .name = "ef",
+    .info = {"ef",
+             "error feedback: the residual of what was not sent is added to the next step's "
+             "gradient (e += g; send C(e); e -= decoded)",
+             NULL, 0},
     .init = ef_init,
     .fini = ef_fini,
     .prepare = ef_prepare,

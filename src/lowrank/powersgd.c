@@ -80,7 +80,7 @@
 #include <omp.h>
 #endif
 
-#define CODEC_ID 32
+#define CODEC_ID GCOMP__C_powersgd
 #define SECTION 16    /* low-rank section header, docs/FORMAT.md */
 #define MAX_RANK 1024 /* spec and wire limit on r */
 #define LANES 16      /* accumulators per dot product (one AVX-512 register) */
@@ -590,7 +590,7 @@ static gcomp_status psgd_init(gcomp_compressor *c, gcomp_error *err) {
     s->warm = gcomp__spec_num(sp, "warm_start", 1) != 0;
     s->start_iter = (uint64_t)gcomp__spec_num(sp, "start_iter", 0);
     s->rate = gcomp__spec_num(sp, "min_compression_rate", 2);
-    s->values = sp->vcoder && sp->vcoder->id == GCOMP__V_F16 ? VAL_F16 : VAL_F32;
+    s->values = sp->vcoder && sp->vcoder->id == GCOMP__V_f16 ? VAL_F16 : VAL_F32;
     size_t rank = (size_t)gcomp__spec_num(sp, "rank", 4);
     if (c->rows && c->cols) {
         s->r = min_sz(rank, min_sz(c->rows, c->cols));
@@ -877,7 +877,7 @@ static gcomp_status psgd_encode(gcomp_compressor *c, const float *x, float *res,
     if (step_is_dense(c, s)) {
         if (cap < SECTION + 4 * c->n) return GCOMP_E_DST_SIZE;
         if (!gcomp__all_finite(x, c->n)) return GCOMP_E_NONFINITE;
-        put_section(payload, 0, GCOMP__V_F32, 0, c);
+        put_section(payload, 0, GCOMP__V_f32, 0, c);
         memcpy(payload + SECTION, x, 4 * c->n);
         *len = SECTION + 4 * c->n;
         c->last.nvals = c->n;
@@ -921,7 +921,7 @@ static gcomp_status psgd_info(const uint8_t *pl, size_t len, gcomp_message_info 
     bool lowrank = pl[0] == 1;
     info->elements_sent = lowrank ? r * (rows + cols) : info->n;
     info->index_coding = lowrank ? "low-rank (P, Q)" : "none";
-    info->value_coding = pl[1] == GCOMP__V_F16 ? "f16" : "f32";
+    info->value_coding = pl[1] == GCOMP__V_f16 ? "f16" : "f32";
     return GCOMP_OK;
 }
 
@@ -935,15 +935,15 @@ static gcomp_status psgd_decode(const uint8_t *pl, size_t len, size_t n, float *
     const uint8_t *v = pl + SECTION;
     const size_t vlen = len - SECTION;
     if (kind == 0) { /* dense: G itself, f32 */
-        if (vid != GCOMP__V_F32 || r != 0) return GCOMP_E_CORRUPT;
+        if (vid != GCOMP__V_f32 || r != 0) return GCOMP_E_CORRUPT;
         if ((rows || cols) && rows * cols != n) return GCOMP_E_CORRUPT;
-        return gcomp__vcoder_by_id(GCOMP__V_F32)->decode(v, vlen, n, acc, scale);
+        return gcomp__vcoder_by_id(GCOMP__V_f32)->decode(v, vlen, n, acc, scale);
     }
-    if (kind != 1 || (vid != GCOMP__V_F32 && vid != GCOMP__V_F16)) return GCOMP_E_CORRUPT;
+    if (kind != 1 || (vid != GCOMP__V_f32 && vid != GCOMP__V_f16)) return GCOMP_E_CORRUPT;
     if (rows == 0 || cols == 0 || rows * cols != n || r == 0 || r > MAX_RANK || r > rows ||
         r > cols)
         return GCOMP_E_CORRUPT;
-    const size_t width = vid == GCOMP__V_F16 ? 2 : 4;
+    const size_t width = vid == GCOMP__V_f16 ? 2 : 4;
     const size_t np = (size_t)(rows * r), nq = (size_t)(r * cols);
     if (vlen != (np + nq) * width) return GCOMP_E_CORRUPT;
     const gcomp__vcoder *vc = gcomp__vcoder_by_id(vid);
@@ -1030,7 +1030,7 @@ const gcomp__codec gcomp__codec_powersgd = {
              GCOMP_CODEC_MULTIPHASE | GCOMP_CODEC_NEEDS_SHAPE | GCOMP_CODEC_STOCHASTIC,
              "PowerSGD (Vogels et al. 2019): rank-r P*Q^T with warm start and its own error "
              "feedback; P and Q sum by allreduce (gcomp_lowrank_*); 1-D tensors go dense",
-             psgd_params, sizeof psgd_params / sizeof psgd_params[0]},
+             psgd_params, GCOMP__COUNTOF(psgd_params)},
     .init = psgd_init,
     .fini = psgd_fini,
     .payload_bound = psgd_payload_bound,

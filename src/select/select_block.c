@@ -251,9 +251,9 @@ static const gcomp_param_info cols_params[] = {
 };
 
 const gcomp__codec gcomp__codec_block = {
-    .info = {"block", 8, GCOMP_CODEC_SPARSE,
+    .info = {GCOMP__CODEC_NAME_ID(block), GCOMP_CODEC_SPARSE,
              "top-K blocks of block= elements by l2/l1 norm; one index per block", block_params,
-             sizeof block_params / sizeof block_params[0]},
+             GCOMP__COUNTOF(block_params)},
     .select = block_select,
     .init = block_init,
     .fini = block_fini,
@@ -261,9 +261,9 @@ const gcomp__codec gcomp__codec_block = {
 };
 
 const gcomp__codec gcomp__codec_rows = {
-    .info = {"rows", 9, GCOMP_CODEC_SPARSE | GCOMP_CODEC_NEEDS_SHAPE,
+    .info = {GCOMP__CODEC_NAME_ID(rows), GCOMP_CODEC_SPARSE | GCOMP_CODEC_NEEDS_SHAPE,
              "top-K rows of a rows x cols gradient by l2/l1 norm (needs the shape)", rows_params,
-             sizeof rows_params / sizeof rows_params[0]},
+             GCOMP__COUNTOF(rows_params)},
     .select = block_select,
     .init = rows_init,
     .fini = block_fini,
@@ -271,9 +271,9 @@ const gcomp__codec gcomp__codec_rows = {
 };
 
 const gcomp__codec gcomp__codec_cols = {
-    .info = {"cols", 10, GCOMP_CODEC_SPARSE | GCOMP_CODEC_NEEDS_SHAPE,
+    .info = {GCOMP__CODEC_NAME_ID(cols), GCOMP_CODEC_SPARSE | GCOMP_CODEC_NEEDS_SHAPE,
              "top-K columns of a rows x cols gradient by l2/l1 norm (needs the shape)", cols_params,
-             sizeof cols_params / sizeof cols_params[0]},
+             GCOMP__COUNTOF(cols_params)},
     .select = block_select,
     .init = cols_init,
     .fini = block_fini,

@@ -207,9 +207,10 @@ static const gcomp_param_info importance_params[] = {
 };
 
 const gcomp__codec gcomp__codec_randomk = {
-    .info = {"randomk", 5, GCOMP_CODEC_SPARSE | GCOMP_CODEC_STOCHASTIC | GCOMP_CODEC_LINEAR,
+    .info = {GCOMP__CODEC_NAME_ID(randomk),
+             GCOMP_CODEC_SPARSE | GCOMP_CODEC_STOCHASTIC | GCOMP_CODEC_LINEAR,
              "k random positions from a seed shared by all ranks; indices do not travel",
-             randomk_params, 3},
+             randomk_params, GCOMP__COUNTOF(randomk_params)},
     .select = randomk_select,
     .init = randomk_init,
     /* Positions from (seed, step): every rank must draw the same. */
@@ -219,8 +220,9 @@ const gcomp__codec gcomp__codec_randomk = {
 };
 
 const gcomp__codec gcomp__codec_bernoulli = {
-    .info = {"bernoulli", 6, GCOMP_CODEC_SPARSE | GCOMP_CODEC_STOCHASTIC,
-             "keep each element with probability p, scaled by 1/p (unbiased)", bernoulli_params, 2},
+    .info = {GCOMP__CODEC_NAME_ID(bernoulli), GCOMP_CODEC_SPARSE | GCOMP_CODEC_STOCHASTIC,
+             "keep each element with probability p, scaled by 1/p (unbiased)", bernoulli_params,
+             GCOMP__COUNTOF(bernoulli_params)},
     .select = bernoulli_select,
     .init = any_k_init,
     .traits = GCOMP_SPEC_PRIVATE_DRAWS | GCOMP_SPEC_UNBIASED | GCOMP__T_NOT_CONTRACTION,
@@ -228,9 +230,9 @@ const gcomp__codec gcomp__codec_bernoulli = {
 };
 
 const gcomp__codec gcomp__codec_importance = {
-    .info = {"importance", 7, GCOMP_CODEC_SPARSE | GCOMP_CODEC_STOCHASTIC,
+    .info = {GCOMP__CODEC_NAME_ID(importance), GCOMP_CODEC_SPARSE | GCOMP_CODEC_STOCHASTIC,
              "keep with probability proportional to |g| (capped at 1), rescaled: unbiased",
-             importance_params, 2},
+             importance_params, GCOMP__COUNTOF(importance_params)},
     .select = importance_select,
     .init = any_k_init,
     .traits = GCOMP_SPEC_PRIVATE_DRAWS | GCOMP_SPEC_UNBIASED | GCOMP__T_NOT_CONTRACTION,

@@ -1,7 +1,7 @@
 /*
  * select_threshold.c - `threshold` (|g| >= t) and DGC's `sampled` threshold.
  *
- * threshold: a fixed t.  How many elements pass depends on the gradient, so the
+ * threshold: a fixed t (tau=).  How many elements pass depends on the gradient, so the
  *   workspace grows to the largest count seen (one rescan when it grows).
  * sampled: Lin et al. 2018 (DGC), section 3: estimate the top-k threshold from a random
  *   sample (sample= fraction of n), take |g| >= t in one pass, and refine only when the
@@ -42,7 +42,7 @@ static void elem_selection(gcomp__selection *sel, size_t k) {
 
 static gcomp_status threshold_select(gcomp_compressor *c, const float *x, gcomp__selection *sel) {
     if (!gcomp__all_finite(x, c->n)) return GCOMP_E_NONFINITE;
-    float t = (float)gcomp__spec_num(&c->spec, "threshold", 0.0);
+    float t = (float)gcomp__spec_num(&c->spec, "tau", 0.0);
     size_t m;
     gcomp_status st = collect_all(c, x, t, sel, &m);
     if (st == GCOMP_OK) elem_selection(sel, m);
@@ -122,8 +122,9 @@ static gcomp_status sampled_select(gcomp_compressor *c, const float *x, gcomp__s
 }
 
 static const gcomp_param_info threshold_params[] = {
-    {"threshold", GCOMP_PARAM_FLOAT, 0, 3.0e38, 0, "0.001", NULL,
-     "send every element with |g| >= threshold"},
+    /* tau (Strom 2015's name for it), not `threshold`: twobit, a value coder this
+     * selector may carry, has its own `threshold` (MXNet's name). */
+    {"tau", GCOMP_PARAM_FLOAT, 0, 3.0e38, 0, "0.001", NULL, "send every element with |g| >= tau"},
     GCOMP__PARAM_VALUES,
 };
 static const gcomp_param_info sampled_params[] = {
@@ -136,16 +137,16 @@ static const gcomp_param_info sampled_params[] = {
 };
 
 const gcomp__codec gcomp__codec_threshold = {
-    .info = {"threshold", 3, GCOMP_CODEC_SPARSE, "every element with |g| >= threshold",
-             threshold_params, 2},
+    .info = {GCOMP__CODEC_NAME_ID(threshold), GCOMP_CODEC_SPARSE, "every element with |g| >= tau",
+             threshold_params, GCOMP__COUNTOF(threshold_params)},
     .select = threshold_select,
     .count = GCOMP__COUNT_DATA,
 };
 
 const gcomp__codec gcomp__codec_sampled = {
-    .info = {"sampled", 4, GCOMP_CODEC_SPARSE,
+    .info = {GCOMP__CODEC_NAME_ID(sampled), GCOMP_CODEC_SPARSE,
              "DGC's sampled top-k threshold with a bounded refinement (count within 10% of k)",
-             sampled_params, 4},
+             sampled_params, GCOMP__COUNTOF(sampled_params)},
     .select = sampled_select,
     .init = sampled_init,
     /* The threshold is estimated from a sample drawn from the seed; the positions travel. */

@@ -39,16 +39,16 @@ static const gcomp_param_info none_params[] = {GCOMP__PARAM_VALUES};
 static const gcomp_param_info topk_params[] = {GCOMP__PARAM_DENSITY("0.01"), GCOMP__PARAM_VALUES};
 
 const gcomp__codec gcomp__codec_none = {
-    .info = {"none", 1, GCOMP_CODEC_LINEAR,
+    .info = {GCOMP__CODEC_NAME_ID(none), GCOMP_CODEC_LINEAR,
              "dense baseline: every element, as f32 or cast (f16, bf16) by values=", none_params,
-             1},
+             GCOMP__COUNTOF(none_params)},
     .traits = GCOMP_SPEC_UNBIASED, /* every element: exact with f32 */
 };
 
 const gcomp__codec gcomp__codec_topk = {
-    .info = {"topk", 2, GCOMP_CODEC_SPARSE,
+    .info = {GCOMP__CODEC_NAME_ID(topk), GCOMP_CODEC_SPARSE,
              "exact top-k by magnitude (ties: lower index), O(n) selection, never a full sort",
-             topk_params, 2},
+             topk_params, GCOMP__COUNTOF(topk_params)},
     .select = topk_select,
     .init = topk_init,
     .count = GCOMP__COUNT_FIXED,

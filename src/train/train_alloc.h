@@ -1,25 +1,17 @@
 /*
- * train_alloc.h - the trainer's allocator for big buffers: aligned, and from 4 MiB on
- * advised as transparent huge pages (a fresh 4 KiB page costs ~10 us to touch here,
- * shared/TORCH.md).  Not pre-touched: callers that need it zeroed do that themselves.
+ * train_alloc.h - the trainer's allocator for big buffers: the libraries' own policy
+ * (src/common/huge_alloc.h: 2 MiB-aligned transparent huge pages from 4 MiB on, 64-byte
+ * alignment below), so weights, activations and data sets are placed as the codecs'
+ * workspaces are.  Not pre-touched: callers that need it zeroed do that themselves.
+ * Blocks are released with free().
  */
 #ifndef GTRAIN_ALLOC_H
 #define GTRAIN_ALLOC_H
 
-#include <stdlib.h>
-#include <sys/mman.h>
+#include "../common/huge_alloc.h"
 
 static inline void *gtrain_huge_alloc(size_t bytes) {
-    const size_t huge = (size_t)2 << 20;
-    size_t align = bytes >= 2 * huge ? huge : 64;
-    size_t rounded = (bytes + align - 1) / align * align;
-    void *p = NULL;
-    if (rounded == 0) rounded = align;
-    if (posix_memalign(&p, align, rounded) != 0) return NULL;
-#ifdef MADV_HUGEPAGE
-    if (align == huge) (void)madvise(p, rounded, MADV_HUGEPAGE);
-#endif
-    return p;
+    return gcomp__huge_alloc(bytes);
 }
 
 #endif

@@ -143,25 +143,12 @@ static gcomp_status bf16_decode(const uint8_t *src, size_t len, size_t nv, float
 }
 
 /* f32 is exact (unbiased, trivially); f16 and bf16 round to nearest. */
-const gcomp__vcoder gcomp__vcoder_f32 = {.name = "f32",
-                                         .id = GCOMP__V_F32,
-                                         .bound = bound4,
-                                         .encode = f32_encode,
-                                         .decode = f32_decode,
-                                         .type = GCOMP_VALUES_F32,
-                                         .bits = 32,
-                                         .traits = GCOMP_SPEC_UNBIASED};
-const gcomp__vcoder gcomp__vcoder_f16 = {.name = "f16",
-                                         .id = GCOMP__V_F16,
-                                         .bound = bound2,
-                                         .encode = f16_encode,
-                                         .decode = f16_decode,
-                                         .type = GCOMP_VALUES_F16,
-                                         .bits = 16};
-const gcomp__vcoder gcomp__vcoder_bf16 = {.name = "bf16",
-                                          .id = GCOMP__V_BF16,
-                                          .bound = bound2,
-                                          .encode = bf16_encode,
-                                          .decode = bf16_decode,
-                                          .type = GCOMP_VALUES_BF16,
-                                          .bits = 16};
+const gcomp__vcoder gcomp__vcoder_f32 = {
+    GCOMP__VCODER_NAME_ID(f32), .bound = bound4, .encode = f32_encode,         .decode = f32_decode,
+    .type = GCOMP_VALUES_F32,   .bits = 32,      .traits = GCOMP_SPEC_UNBIASED};
+const gcomp__vcoder gcomp__vcoder_f16 = {GCOMP__VCODER_NAME_ID(f16), .bound = bound2,
+                                         .encode = f16_encode,       .decode = f16_decode,
+                                         .type = GCOMP_VALUES_F16,   .bits = 16};
+const gcomp__vcoder gcomp__vcoder_bf16 = {GCOMP__VCODER_NAME_ID(bf16), .bound = bound2,
+                                          .encode = bf16_encode,       .decode = bf16_decode,
+                                          .type = GCOMP_VALUES_BF16,   .bits = 16};

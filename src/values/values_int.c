@@ -26,7 +26,6 @@ static const gcomp_param_info int_params[] = {
     {"rounding", GCOMP_PARAM_ENUM, 0, 0, 0, "nearest", "nearest|stochastic",
      "nearest: |x - x^| <= scale/2; stochastic: unbiased, drawn from seed= and the step"},
 };
-#define NINT_PARAMS (sizeof int_params / sizeof int_params[0])
 
 static size_t code_bytes(unsigned bits, size_t nv) {
     return bits == 8 ? nv : nv / 2 + (nv & 1);
@@ -258,42 +257,30 @@ static gcomp_status int4_decode(const uint8_t *src, size_t len, size_t nv, float
     return int_decode(4, src, len, nv, acc, scale);
 }
 
-/* As `values=` of a selector: the coder brings its keys into the spec. */
-/* No ef_ratio: either rounding errs by less than one step, scale = (max - min)/(2^b - 1)
- * <= 2 max|v| / (2^b - 1), so a residual fed back shrinks in the max norm by 2/15 (int4)
- * or 2/255 (int8) every step and stays bounded: error feedback converges. */
 /* rounding=stochastic draws from the seed and is unbiased; nearest is neither. */
 static void int_describe(const gcomp__vparams *p, gcomp__desc *d) {
     if (gcomp__spec_num(p->spec, "rounding", 0) == 1)
         d->traits |= GCOMP_SPEC_UNBIASED | GCOMP_SPEC_PRIVATE_DRAWS;
 }
 
-#define INT_CODER(bits_, name_, id_, params_, nparams_)                                            \
+/* As `values=` of a selector and as the dense codec alike: one coder per width. */
+#define INT_CODER(bits_)                                                                           \
     {                                                                                              \
-        .name = name_, .id = id_, .params = params_, .nparams = nparams_,                          \
-        .bound = int##bits_##_bound, .encode = int##bits_##_encode, .decode = int##bits_##_decode, \
-        .type = GCOMP_VALUES_OTHER, .bits = bits_, .describe = int_describe                        \
+        GCOMP__VCODER_NAME_ID(int##bits_),                                                         \
+            .params = int_params, .nparams = GCOMP__COUNTOF(int_params),                           \
+            .bound = int##bits_##_bound, .encode = int##bits_##_encode,                            \
+            .decode = int##bits_##_decode, .type = GCOMP_VALUES_OTHER, .bits = bits_,              \
+            .describe = int_describe                                                               \
     }
-const gcomp__vcoder gcomp__vcoder_int8 =
-    INT_CODER(8, "int8", GCOMP__V_INT8, int_params, NINT_PARAMS);
-const gcomp__vcoder gcomp__vcoder_int4 =
-    INT_CODER(4, "int4", GCOMP__V_INT4, int_params, NINT_PARAMS);
-/* As a dense codec the keys are the codec's own (list-codecs shows them there), so the
- * fixed coder carries no table: the parser would otherwise list them twice. */
-static const gcomp__vcoder int8_dense = INT_CODER(8, "int8", GCOMP__V_INT8, NULL, 0);
-static const gcomp__vcoder int4_dense = INT_CODER(4, "int4", GCOMP__V_INT4, NULL, 0);
+/* No ef_ratio: either rounding errs by less than one step, scale = (max - min)/(2^b - 1)
+ * <= 2 max|v| / (2^b - 1), so a residual fed back shrinks in the max norm by 2/15 (int4)
+ * or 2/255 (int8) every step and stays bounded: error feedback converges. */
+const gcomp__vcoder gcomp__vcoder_int8 = INT_CODER(8);
+const gcomp__vcoder gcomp__vcoder_int4 = INT_CODER(4);
 
-const gcomp__codec gcomp__codec_int8 = {
-    .info = {"int8", 16, GCOMP_CODEC_QUANTIZER | GCOMP_CODEC_STOCHASTIC,
-             "8-bit linear quantization, min and scale per bucket (~3.9x); usable as values=",
-             int_params, NINT_PARAMS},
-    .fixed_values = &int8_dense,
-    .traits = GCOMP_SPEC_UNBIASED, /* the dense selection: every element */
-};
-const gcomp__codec gcomp__codec_int4 = {
-    .info = {"int4", 17, GCOMP_CODEC_QUANTIZER | GCOMP_CODEC_STOCHASTIC,
-             "4-bit linear quantization, min and scale per bucket (~7.8x); usable as values=",
-             int_params, NINT_PARAMS},
-    .fixed_values = &int4_dense,
-    .traits = GCOMP_SPEC_UNBIASED, /* the dense selection: every element */
-};
+GCOMP__QUANTIZER_CODEC(int8, int_params, GCOMP__COUNTOF(int_params), GCOMP_CODEC_STOCHASTIC, NULL,
+                       "8-bit linear quantization, min and scale per bucket (~3.9x); usable as "
+                       "values=");
+GCOMP__QUANTIZER_CODEC(int4, int_params, GCOMP__COUNTOF(int_params), GCOMP_CODEC_STOCHASTIC, NULL,
+                       "4-bit linear quantization, min and scale per bucket (~7.8x); usable as "
+                       "values=");

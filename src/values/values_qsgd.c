@@ -46,7 +46,6 @@ static const gcomp_param_info qsgd_params[] = {
     {"coding", GCOMP_PARAM_ENUM, 0, 0, 0, "fixed", "fixed|elias",
      "fixed: sign + level in 1 + bitlen(s) bits; elias: gaps and levels Elias-gamma coded"},
 };
-#define NQSGD_PARAMS (sizeof qsgd_params / sizeof qsgd_params[0])
 
 static unsigned field_bits(uint32_t s) {
     return 1 + gcomp__q_bitlen(s);
@@ -585,21 +584,17 @@ static void qsgd_describe(const gcomp__vparams *p, gcomp__desc *d) {
     d->bits = field_bits((uint32_t)gcomp__spec_num(p->spec, "levels", 16));
 }
 
-#define QSGD_CODER(params_, nparams_)                                                              \
-    {                                                                                              \
-        .name = "qsgd", .id = GCOMP__V_QSGD, .params = params_, .nparams = nparams_,               \
-        .bound = qsgd_bound, .encode = qsgd_encode, .decode = qsgd_decode,                         \
-        .ef_ratio = qsgd_ef_ratio, .bits = 6,                                                      \
-        .traits = GCOMP_SPEC_UNBIASED | GCOMP_SPEC_PRIVATE_DRAWS, .describe = qsgd_describe        \
-    }
-const gcomp__vcoder gcomp__vcoder_qsgd = QSGD_CODER(qsgd_params, NQSGD_PARAMS);
-static const gcomp__vcoder qsgd_dense = QSGD_CODER(NULL, 0);
+const gcomp__vcoder gcomp__vcoder_qsgd = {GCOMP__VCODER_NAME_ID(qsgd),
+                                          .params = qsgd_params,
+                                          .nparams = GCOMP__COUNTOF(qsgd_params),
+                                          .bound = qsgd_bound,
+                                          .encode = qsgd_encode,
+                                          .decode = qsgd_decode,
+                                          .ef_ratio = qsgd_ef_ratio,
+                                          .bits = 6,
+                                          .traits = GCOMP_SPEC_UNBIASED | GCOMP_SPEC_PRIVATE_DRAWS,
+                                          .describe = qsgd_describe};
 
-const gcomp__codec gcomp__codec_qsgd = {
-    .info = {"qsgd", 21, GCOMP_CODEC_QUANTIZER | GCOMP_CODEC_STOCHASTIC,
-             "QSGD: s levels of the bucket's L2 norm, stochastic and unbiased, sign + level in "
-             "the fewest bits or Elias-coded (~5.3x at s=16)",
-             qsgd_params, NQSGD_PARAMS},
-    .fixed_values = &qsgd_dense,
-    .traits = GCOMP_SPEC_UNBIASED, /* the dense selection: every element */
-};
+GCOMP__QUANTIZER_CODEC(qsgd, qsgd_params, GCOMP__COUNTOF(qsgd_params), GCOMP_CODEC_STOCHASTIC, NULL,
+                       "QSGD: s levels of the bucket's L2 norm, stochastic and unbiased, sign + "
+                       "level in the fewest bits or Elias-coded (~5.3x at s=16)");

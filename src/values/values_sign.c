@@ -28,7 +28,6 @@ static const gcomp_param_info sign_params[] = {
     {"scale", GCOMP_PARAM_ENUM, 0, 0, 0, "mean", "mean|l2",
      "scale of a bucket: mean |x| (EF-signSGD) or L2 norm / sqrt(n)"},
 };
-#define NSIGN_PARAMS (sizeof sign_params / sizeof sign_params[0])
 
 static size_t section_bytes(size_t nv, size_t B) {
     return 4 + 4 * gcomp__q_nbuckets(nv, B) + 4 * ((nv + 31) / 32);
@@ -122,25 +121,14 @@ static gcomp_status sign_decode(const uint8_t *src, size_t len, size_t nv, float
     return GCOMP_OK;
 }
 
-const gcomp__vcoder gcomp__vcoder_sign = {.name = "sign",
-                                          .id = GCOMP__V_SIGN,
+const gcomp__vcoder gcomp__vcoder_sign = {GCOMP__VCODER_NAME_ID(sign),
                                           .params = sign_params,
-                                          .nparams = NSIGN_PARAMS,
+                                          .nparams = GCOMP__COUNTOF(sign_params),
                                           .bound = sign_bound,
                                           .encode = sign_encode,
                                           .decode = sign_decode,
                                           .bits = 1};
-static const gcomp__vcoder sign_dense = {.name = "sign",
-                                         .id = GCOMP__V_SIGN,
-                                         .bound = sign_bound,
-                                         .encode = sign_encode,
-                                         .decode = sign_decode,
-                                         .bits = 1};
 
-const gcomp__codec gcomp__codec_sign = {
-    .info = {"sign", 18, GCOMP_CODEC_QUANTIZER,
-             "1 bit per value and a scale per bucket (~30x): signSGD, EF-signSGD with feedback=ef",
-             sign_params, NSIGN_PARAMS},
-    .fixed_values = &sign_dense,
-    .traits = GCOMP_SPEC_UNBIASED, /* the dense selection: every element */
-};
+GCOMP__QUANTIZER_CODEC(sign, sign_params, GCOMP__COUNTOF(sign_params), 0, NULL,
+                       "1 bit per value and a scale per bucket (~30x): signSGD, EF-signSGD with "
+                       "feedback=ef");

@@ -7,8 +7,8 @@
  * so E[x^] = x (unbiased; the draws come from the seeded per-bucket stream).  The paper
  * uses one s per layer: bucket=0 does that; the default bucket=512 gives each bucket its
  * own s, which lowers the variance (it scales with s * |x|) for 4 bytes per 512 values.
- * Optional gradient clipping as in the paper (section 3.3): with clip=c > 0 every value is
- * first clipped to [-c*sigma, c*sigma], sigma the standard deviation of the whole vector
+ * Optional gradient clipping as in the paper (section 3.3): with clip_sigma=c > 0 every
+ * value is first clipped to [-c*sigma, c*sigma], sigma the standard deviation of the whole vector
  * (c = 2.5 in the paper); that makes the coder biased on purpose, and with feedback=ef
  * the clipped part stays in the residual.
  *
@@ -24,10 +24,11 @@
 static const gcomp_param_info ternary_params[] = {
     {"bucket", GCOMP_PARAM_INT, 0, 4294967295.0, 0, "512", NULL,
      "values sharing one scale s = max |x| (0: one s for all values, as in the paper)"},
-    {"clip", GCOMP_PARAM_FLOAT, 0, 1.0e6, 0, "0", NULL,
-     "clip values to +-clip*sigma before ternarizing (TernGrad uses 2.5; 0: off)"},
+    /* Not `clip`: DGC's feedback has a `clip` of its own (an L2 norm), and a spec may
+     * name both (ternary:feedback=dgc). */
+    {"clip_sigma", GCOMP_PARAM_FLOAT, 0, 1.0e6, 0, "0", NULL,
+     "clip values to +-clip_sigma*sigma before ternarizing (TernGrad uses 2.5; 0: off)"},
 };
-#define NTERNARY_PARAMS (sizeof ternary_params / sizeof ternary_params[0])
 
 static size_t section_bytes(size_t nv, size_t B) {
     return 4 + 4 * gcomp__q_nbuckets(nv, B) + 4 * ((nv + 15) / 16);
@@ -63,7 +64,7 @@ static gcomp_status ternary_encode(const gcomp__vparams *p, const float *v, size
     if (B > UINT32_MAX) return GCOMP_E_LIMIT;
     size_t nb = gcomp__q_nbuckets(nv, B), need = section_bytes(nv, B);
     if (cap < need) return GCOMP_E_DST_SIZE;
-    double clip = gcomp__spec_num(p->spec, "clip", 0);
+    double clip = gcomp__spec_num(p->spec, "clip_sigma", 0);
     float lim = INFINITY;
     if (clip > 0 && nv > 0) {
         double s1 = 0, s2 = gcomp__q_sum_sq(v, nv);
@@ -187,9 +188,9 @@ static gcomp_status ternary_decode(const uint8_t *src, size_t len, size_t nv, fl
  * below 1 only for buckets of at most 8 values.  Gaussian buckets of 512 measure 1.6;
  * error feedback around them does not blow up as QSGD's does (no error exceeds the
  * bucket's max) but its residual levels off near 70 |g|^2 on Gaussian gradients, eight
- * gradients' worth of stale update, and nothing guarantees convergence.  Clipping (clip=) keeps the
- * bound: the clipped part r and the ternarized part y = v - r err independently of sign and |r|^2 +
- * |y|^2 <= |v|^2.
+ * gradients' worth of stale update, and nothing guarantees convergence.  Clipping (clip_sigma=)
+ * keeps the bound: the clipped part r and the ternarized part y = v - r err independently of sign
+ * and |r|^2 + |y|^2 <= |v|^2.
  */
 static double ternary_ef_ratio(const gcomp__vparams *p, size_t nv, char *fix, size_t fixcap) {
     size_t B = gcomp__q_bucket(p, nv);
@@ -201,23 +202,21 @@ static double ternary_ef_ratio(const gcomp__vparams *p, size_t nv, char *fix, si
 
 /* Clipping makes it biased on purpose (see the top). */
 static void ternary_describe(const gcomp__vparams *p, gcomp__desc *d) {
-    if (gcomp__spec_num(p->spec, "clip", 0) > 0) d->traits &= ~GCOMP_SPEC_UNBIASED;
+    if (gcomp__spec_num(p->spec, "clip_sigma", 0) > 0) d->traits &= ~GCOMP_SPEC_UNBIASED;
 }
 
-#define TERNARY_CODER(params_, nparams_)                                                           \
-    {                                                                                              \
-        .name = "ternary", .id = GCOMP__V_TERNARY, .params = params_, .nparams = nparams_,         \
-        .bound = ternary_bound, .encode = ternary_encode, .decode = ternary_decode,                \
-        .ef_ratio = ternary_ef_ratio, .bits = 2,                                                   \
-        .traits = GCOMP_SPEC_UNBIASED | GCOMP_SPEC_PRIVATE_DRAWS, .describe = ternary_describe     \
-    }
-const gcomp__vcoder gcomp__vcoder_ternary = TERNARY_CODER(ternary_params, NTERNARY_PARAMS);
-static const gcomp__vcoder ternary_dense = TERNARY_CODER(NULL, 0);
+const gcomp__vcoder gcomp__vcoder_ternary = {GCOMP__VCODER_NAME_ID(ternary),
+                                             .params = ternary_params,
+                                             .nparams = GCOMP__COUNTOF(ternary_params),
+                                             .bound = ternary_bound,
+                                             .encode = ternary_encode,
+                                             .decode = ternary_decode,
+                                             .ef_ratio = ternary_ef_ratio,
+                                             .bits = 2,
+                                             .traits =
+                                                 GCOMP_SPEC_UNBIASED | GCOMP_SPEC_PRIVATE_DRAWS,
+                                             .describe = ternary_describe};
 
-const gcomp__codec gcomp__codec_ternary = {
-    .info = {"ternary", 20, GCOMP_CODEC_QUANTIZER | GCOMP_CODEC_STOCHASTIC,
-             "TernGrad: {-1,0,+1} * max|x| per bucket, stochastic and unbiased (~15x)",
-             ternary_params, NTERNARY_PARAMS},
-    .fixed_values = &ternary_dense,
-    .traits = GCOMP_SPEC_UNBIASED, /* the dense selection: every element */
-};
+GCOMP__QUANTIZER_CODEC(ternary, ternary_params, GCOMP__COUNTOF(ternary_params),
+                       GCOMP_CODEC_STOCHASTIC, NULL,
+                       "TernGrad: {-1,0,+1} * max|x| per bucket, stochastic and unbiased (~15x)");

@@ -17,18 +17,22 @@
  * 10 = -t, 00 = 0.  01 is never written and is rejected (MXNet reads it as 0).
  *
  * Speed: one pass, 16 values per AVX-512 step: two compare masks, a blend for the
- * residual, and the masks interleaved into the word with two bit deposits.  The dense
- * codec fuses the residual update r + g into that pass (below, "the dense codec"), so it
- * reads r and g and writes r once, as MXNet's kernel does.
+ * residual, and the masks interleaved into the word with two bit deposits.  When every
+ * element travels, the coder fuses the residual update r + g into that pass (a fused
+ * residual, encode_fused below, which the ef feedback honours), so it reads r and g and
+ * writes r once, as MXNet's kernel does.
  *
  * As `values=` of a selector it quantizes the kept values the same way (with
- * feedback=ef that is MXNet's rule applied to a sparse set).  Under the `threshold`
- * selector the key `threshold` is shared: the selection threshold is also t.
+ * feedback=ef that is MXNet's rule applied to a sparse set).  The `threshold` selector
+ * calls its own cut-off `tau`, so `threshold:tau=1e-3,values=twobit,threshold=0.5` names
+ * both.
  *
  * Rejected: letting the generic ef feedback form r + g in a pass of its own (five
- * streams of n floats instead of three: ~0.4x memcpy instead of ~0.6x); reading code 01
- * as 0 like MXNet (a damaged message should fail, not turn into zeros); a threshold per
- * bucket (MXNet has one per tensor, and the point of the method is its simplicity).
+ * streams of n floats instead of three: ~0.4x memcpy instead of ~0.6x); a copy of the ef
+ * feedback inside this file that the codec swapped in at create (the stage's code twice,
+ * and a codec reaching into the feedback); reading code 01 as 0 like MXNet (a damaged
+ * message should fail, not turn into zeros); a threshold per bucket (MXNet has one per
+ * tensor, and the point of the method is its simplicity).
  */
 #include "values/values_quant.h"
 
@@ -36,7 +40,6 @@ static const gcomp_param_info twobit_params[] = {
     {"threshold", GCOMP_PARAM_FLOAT, 0, 3.0e38, 1, "0.5", NULL,
      "t: residual >= t sends +t, <= -t sends -t, else 0 (MXNet's 2bit threshold)"},
 };
-#define NTWOBIT_PARAMS (sizeof twobit_params / sizeof twobit_params[0])
 
 static size_t section_bytes(size_t nv) {
     return 4 + 4 * ((nv + 15) / 16);
@@ -228,158 +231,40 @@ static gcomp_status twobit_decode(const uint8_t *src, size_t len, size_t nv, flo
     return GCOMP_OK;
 }
 
-/* ---- the dense codec: MXNet's residual update fused into the pass ----------------------
- *
- * With the generic pipeline, feedback=ef first writes w = e + g in a pass of its own and
- * the coder then reads w and writes w - q: five streams of n floats.  MXNet's kernel
- * reads r and g and writes r once: three.  So the `twobit` codec replaces the ef feedback
- * it was created with by `twobit_ef` below -- the same semantics, name, residual and
- * saved-state layout (n x f32, docs/FORMAT.md "state"), so gcomp_compressor_residual,
- * save/load and the canonical spec are unchanged -- whose prepare does no work and whose
- * residual the codec updates itself: w = (e + g) - q, swapped in by commit on success
- * (so a NaN gradient still changes nothing).  The float operations are ef's plus the
- * coder's, in the same order: the messages and residuals are bit-identical to the
- * unfused pipeline (tests/unit/test_twobit.c checks it). */
-typedef struct twobit_state {
-    float *e, *w;
-} twobit_state;
-
-static gcomp_status tbef_init(gcomp_compressor *c) {
-    twobit_state *s = gcomp__calloc(sizeof *s);
-    if (!s) return GCOMP_E_NOMEM;
-    c->fb_state = s;
-    s->e = gcomp__calloc(c->n * sizeof(float));
-    s->w = gcomp__alloc(c->n * sizeof(float));
-    return s->e && s->w ? GCOMP_OK : GCOMP_E_NOMEM;
-}
-static void tbef_fini(gcomp_compressor *c) {
-    twobit_state *s = c->fb_state;
-    if (!s) return;
-    gcomp__free(s->e);
-    gcomp__free(s->w);
-    gcomp__free(s);
-    c->fb_state = NULL;
-}
-static gcomp_status tbef_prepare(gcomp_compressor *c, const float *g, const float **x,
-                                 float **res) {
-    twobit_state *s = c->fb_state;
-    *x = g; /* the codec adds e itself and checks the sum is finite */
-    *res = s->w;
-    return GCOMP_OK;
-}
-static void tbef_commit(gcomp_compressor *c) {
-    twobit_state *s = c->fb_state;
-    float *t = s->e;
-    s->e = s->w;
-    s->w = t;
-}
-static size_t tbef_state_size(const gcomp_compressor *c) {
-    return c->n * sizeof(float);
-}
-static void tbef_state_save(const gcomp_compressor *c, uint8_t *dst) {
-    const twobit_state *s = c->fb_state;
-    memcpy(dst, s->e, c->n * sizeof(float));
-}
-static gcomp_status tbef_state_load(gcomp_compressor *c, const uint8_t *src, size_t len) {
-    twobit_state *s = c->fb_state;
-    if (len != c->n * sizeof(float)) return GCOMP_E_STATE;
-    for (size_t i = 0; i < c->n; i++)
-        if ((gcomp__get32(src + 4 * i) & 0x7f800000u) == 0x7f800000u) return GCOMP_E_STATE;
-    memcpy(s->e, src, len);
-    return GCOMP_OK;
-}
-static void tbef_state_reset(gcomp_compressor *c) {
-    twobit_state *s = c->fb_state;
-    memset(s->e, 0, c->n * sizeof(float));
-}
-static const float *tbef_residual(const gcomp_compressor *c) {
-    const twobit_state *s = c->fb_state;
-    return s->e;
-}
-
-static const gcomp__feedback twobit_ef = {
-    .name = "ef",
-    .init = tbef_init,
-    .fini = tbef_fini,
-    .prepare = tbef_prepare,
-    .commit = tbef_commit,
-    .state_size = tbef_state_size,
-    .state_save = tbef_state_save,
-    .state_load = tbef_state_load,
-    .state_reset = tbef_state_reset,
-    .residual = tbef_residual,
-    .traits = GCOMP_SPEC_FEEDBACK,
-};
-
-static gcomp_status twobit_codec_init(gcomp_compressor *c, gcomp_error *err) {
-    (void)err;
-    if (c->spec.feedback != &gcomp__feedback_ef) return GCOMP_OK;
-    if (gcomp__feedback_ef.fini) gcomp__feedback_ef.fini(c);
-    c->fb_state = NULL;
-    c->spec.feedback = &twobit_ef;
-    return twobit_ef.init(c);
-}
-
-#define SECTION 24 /* the sparse section header (docs/FORMAT.md), dense form */
-
-static gcomp_status twobit_codec_encode(gcomp_compressor *c, const float *x, float *res,
-                                        uint8_t *payload, size_t cap, size_t *len) {
-    if (c->spec.feedback != &twobit_ef) return gcomp__sparse_encode(c, x, res, payload, cap, len);
-    const twobit_state *s = c->fb_state;
-    size_t n = c->n, need = SECTION + section_bytes(n);
+/* The fused residual (gcomp__vcoder.encode_fused): MXNet's kernel reads the residual r and
+ * the gradient g and writes r once -- three streams of n floats -- where forming r + g in
+ * a pass of its own and coding it would be five.  So the error-feedback stage hands the
+ * coder e and g, and the coder forms x = e + g in its one pass (e first, as feedback_ef.c
+ * would: the same float operations in the same order, so messages and residuals are
+ * bit-identical to the unfused pipeline; tests/unit/test_twobit.c checks it).  A residual
+ * far larger than the caches is written with non-temporal stores: it is not read again
+ * this step. */
+static gcomp_status twobit_encode_fused(const gcomp__vparams *p, const float *e, const float *g,
+                                        size_t nv, float *res, uint64_t key, uint8_t *dst,
+                                        size_t cap, size_t *len) {
+    (void)key;
+    size_t need = section_bytes(nv);
     if (cap < need) return GCOMP_E_DST_SIZE;
-    const float t = (float)gcomp__spec_num(&c->spec, "threshold", 0.5);
-    /* r + g, as ef would have formed it (e first, then g). */
-    gcomp_status st = twobit_run(t, s->e, x, res, n, payload + SECTION + 4, n >= (1u << 21));
+    const float t = (float)gcomp__spec_num(p->spec, "threshold", 0.5);
+    gcomp__putf(dst, t);
+    gcomp_status st = twobit_run(t, e, g, res, nv, dst + 4, nv >= (1u << 21));
     if (st != GCOMP_OK) return st;
-    gcomp__put32(payload, (uint32_t)n);     /* k */
-    gcomp__put32(payload + 4, (uint32_t)n); /* nvals */
-    payload[8] = GCOMP__IX_NONE;
-    payload[9] = GCOMP__V_TWOBIT;
-    payload[10] = GCOMP__EXPAND_ELEM;
-    payload[11] = 0;
-    gcomp__put32(payload + 12, 1); /* unit */
-    gcomp__put32(payload + 16, 0); /* stride */
-    gcomp__put32(payload + 20, 0); /* index bytes */
-    gcomp__putf(payload + SECTION, t);
-    gcomp__selection sel = {0};
-    sel.k = sel.nvals = n;
-    sel.val = (float *)x;
-    sel.index_kind = GCOMP__IX_NONE;
-    sel.expand = GCOMP__EXPAND_ELEM;
-    sel.unit = 1;
-    c->last = sel;
-    c->last_dense = true;
     *len = need;
     return GCOMP_OK;
 }
 
 /* At most t per element whatever the input: saturating. */
-const gcomp__vcoder gcomp__vcoder_twobit = {.name = "twobit",
-                                            .id = GCOMP__V_TWOBIT,
+const gcomp__vcoder gcomp__vcoder_twobit = {GCOMP__VCODER_NAME_ID(twobit),
                                             .params = twobit_params,
-                                            .nparams = NTWOBIT_PARAMS,
+                                            .nparams = GCOMP__COUNTOF(twobit_params),
                                             .bound = twobit_bound,
                                             .encode = twobit_encode,
+                                            .encode_fused = twobit_encode_fused,
                                             .decode = twobit_decode,
                                             .bits = 2,
                                             .traits = GCOMP_SPEC_SATURATING};
-static const gcomp__vcoder twobit_dense = {.name = "twobit",
-                                           .id = GCOMP__V_TWOBIT,
-                                           .bound = twobit_bound,
-                                           .encode = twobit_encode,
-                                           .decode = twobit_decode,
-                                           .bits = 2,
-                                           .traits = GCOMP_SPEC_SATURATING};
 
-const gcomp__codec gcomp__codec_twobit = {
-    .info = {"twobit", 19, GCOMP_CODEC_QUANTIZER,
-             "MXNet 2-bit: residual +g, send +-t where |r| >= t, 16 values per word (~16x); "
-             "the residual (feedback=ef) is part of the method",
-             twobit_params, NTWOBIT_PARAMS},
-    .fixed_values = &twobit_dense,
-    .init = twobit_codec_init,
-    .encode = twobit_codec_encode,
-    .fixed_feedback = "ef",
-    .traits = GCOMP_SPEC_UNBIASED, /* the dense selection: every element */
-};
+/* The residual (feedback=ef) is part of MXNet's method. */
+GCOMP__QUANTIZER_CODEC(twobit, twobit_params, GCOMP__COUNTOF(twobit_params), 0, "ef",
+                       "MXNet 2-bit: residual +g, send +-t where |r| >= t, 16 values per word "
+                       "(~16x); the residual (feedback=ef) is part of the method");

@@ -73,7 +73,7 @@ int main(int argc, char **argv) {
     const char *specs[] = {"\x01topk:density=0.001,values=f16,feedback=ef",
                            "\x02topk: density = 1e-3 , values=bf16",
                            "\x03randomk:density=0.5,seed=9007199254740991",
-                           "\x04threshold:threshold=3e38",
+                           "\x04threshold:tau=3e38",
                            "\x05sampled:density=1,exact=1",
                            "\x06none:values=f16,feedback=ef,seed=1"};
     for (size_t i = 0; i < sizeof specs / sizeof *specs; i++) {

@@ -309,9 +309,9 @@ int main(int argc, char **argv) {
         {"topk:density=0.05,values=f16,feedback=ef", GCOMP_MPI_SPARSE, f32, -1},
         {"topk:density=0.3", GCOMP_MPI_SPARSE, f32, -1}, /* slices go dense */
         {"topk:density=0.05", GCOMP_MPI_RSAG, f32, -1},
-        {"threshold:threshold=1e30", GCOMP_MPI_AUTO, f32, GCOMP_MPI_ALLGATHER}, /* empty */
-        {"threshold:threshold=1e30", GCOMP_MPI_SPARSE, f32, -1},
-        {"threshold:threshold=1e30", GCOMP_MPI_RSAG, f32, -1},
+        {"threshold:tau=1e30", GCOMP_MPI_AUTO, f32, GCOMP_MPI_ALLGATHER}, /* empty */
+        {"threshold:tau=1e30", GCOMP_MPI_SPARSE, f32, -1},
+        {"threshold:tau=1e30", GCOMP_MPI_RSAG, f32, -1},
         {"bernoulli:density=0.1,seed=3", GCOMP_MPI_AUTO, f32, GCOMP_MPI_ALLGATHER},
         {"dgc:density=0.05", GCOMP_MPI_AUTO, f32, GCOMP_MPI_ALLGATHER},
         {"block:density=0.2,block=8,values=bf16", GCOMP_MPI_SPARSE, f32, -1},

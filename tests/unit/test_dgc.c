@@ -341,7 +341,7 @@ static void test_conservation(void) {
     conservation("dgc:density=0.01,masking=0,values=bf16,momentum=0.5", 0, 0.5f);
     conservation("block:density=0.01,block=16,feedback=dgc,masking=0", 0, 0.9f);
     conservation("sampled:density=0.01,feedback=dgc,masking=0", 0, 0.9f);
-    conservation("threshold:threshold=30,feedback=dgc,masking=0", 0, 0.9f);
+    conservation("threshold:tau=30,feedback=dgc,masking=0", 0, 0.9f);
     conservation("none:feedback=dgc", 0, 0.9f);
 }
 

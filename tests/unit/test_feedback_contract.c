@@ -43,7 +43,7 @@ static void test_refused(void) {
         {"topk:density=0.5,values=qsgd,levels=4,feedback=ef", 10000, "levels >= 12"},
         {"ternary:feedback=ef", 1000, "bucket <= 8"},
         {"ternary:bucket=9,feedback=ef", 1000, "bucket <= 8"}, /* bound exactly 1 */
-        {"ternary:clip=2.5,feedback=ef", 1000, "bucket <= 8"},
+        {"ternary:clip_sigma=2.5,feedback=ef", 1000, "bucket <= 8"},
         {"block:density=0.2,block=8,values=ternary,feedback=ef", 1000, "bucket <= 8"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
@@ -74,7 +74,7 @@ static void test_accepted(void) {
         {"qsgd:levels=4,feedback=ef", 60},             /* the tensor is smaller than a bucket */
         {"qsgd:levels=4,feedback=ef,coding=elias,bucket=32", 4096},
         {"ternary:bucket=8,feedback=ef", 4096}, /* bound 0.91 */
-        {"ternary:bucket=4,clip=2.5,feedback=ef", 4096},
+        {"ternary:bucket=4,clip_sigma=2.5,feedback=ef", 4096},
         {"int4:rounding=stochastic,feedback=ef", 4096}, /* no bound needed: see values_int.c */
         {"int8:rounding=stochastic,feedback=ef,bucket=0", 4096},
         {"qsgd:levels=4", 4096}, /* no feedback: unbiased, nothing to diverge */
@@ -217,7 +217,7 @@ static void test_norm_overflow(void) {
         {"sign", GCOMP_OK},
         {"sign:scale=l2", GCOMP_OK},
         {"ternary", GCOMP_OK},
-        {"ternary:clip=2", GCOMP_OK},
+        {"ternary:clip_sigma=2", GCOMP_OK},
         {"twobit:threshold=1e38", GCOMP_OK},
     };
     enum { N = 64 };

@@ -110,9 +110,9 @@ static void check_conservation(const char *spec, size_t n, int steps, double tol
 
 static void test_error_feedback(void) {
     const char *specs[] = {
-        "topk:density=0.01,feedback=ef",     "topk:density=0.05,values=f16,feedback=ef",
-        "threshold:threshold=2,feedback=ef", "sampled:density=0.01,feedback=ef",
-        "randomk:density=0.02,feedback=ef",  "none:values=bf16,feedback=ef",
+        "topk:density=0.01,feedback=ef",    "topk:density=0.05,values=f16,feedback=ef",
+        "threshold:tau=2,feedback=ef",      "sampled:density=0.01,feedback=ef",
+        "randomk:density=0.02,feedback=ef", "none:values=bf16,feedback=ef",
         "none:values=f16,feedback=ef"};
     for (size_t i = 0; i < sizeof specs / sizeof *specs; i++)
         check_conservation(specs[i], 20011, 40, 1e-4);
@@ -261,7 +261,7 @@ static void test_corruption(void) {
                            "topk:density=0.3,values=f16",
                            "randomk:density=0.05",
                            "bernoulli:density=0.6",
-                           "threshold:threshold=1.5"};
+                           "threshold:tau=1.5"};
     unsigned long long s = 99;
     for (size_t i = 0; i < sizeof specs / sizeof *specs; i++) {
         gcomp_compressor *c = make(specs[i], n);
@@ -356,7 +356,7 @@ static void test_nonfinite(void) {
                            "topk:density=0.01",
                            "none",
                            "none:values=f16",
-                           "threshold:threshold=1",
+                           "threshold:tau=1",
                            "sampled:density=0.01,feedback=ef",
                            "bernoulli:density=0.1",
                            "importance:density=0.1",
@@ -454,7 +454,7 @@ static void test_alloc_failures(void) {
     test_fill(g, n, 12);
     const char *specs[] = {"topk:density=0.01,feedback=ef", "sampled:density=0.01",
                            "randomk:density=0.01", "bernoulli:density=0.01",
-                           "threshold:threshold=2,feedback=ef"};
+                           "threshold:tau=2,feedback=ef"};
     for (size_t s = 0; s < sizeof specs / sizeof *specs; s++) {
         int completed = 0;
         for (size_t fail = 0; fail < 40 && !completed; fail++) {

@@ -8,8 +8,11 @@
  *
  * A fixed sequence of gradients is replayed and every message byte, every decoded value
  * and every residual value is compared exactly, for sizes around the 16-value word, on
- * the SIMD and the portable kernel, through the fused dense codec and through the generic
- * pipeline (`none:values=twobit,feedback=ef`), which must agree bit for bit.  Also: exact
+ * the SIMD and the portable kernel, through `twobit` and `none:values=twobit,feedback=ef`
+ * (both dense: the ef feedback leaves e + g to the coder's fused pass).  The fused pass is
+ * then held to the unfused one: at the coder (encode_fused(e, g) against encode(e + g),
+ * byte for byte, residual for residual) and through the pipeline (against
+ * `topk:density=1,values=twobit`, where the ef stage forms the sum itself).  Also: exact
  * payload size (threshold + ceil(n/16) words), a NaN step that changes nothing, state
  * save/load continuing the same sequence, and a residual large enough for the
  * non-temporal store path.
@@ -116,23 +119,78 @@ static void test_edges(void) {
     gcomp_compressor_free(c);
 }
 
-/* Both kernels and both pipelines make the same bytes: fused dense codec vs generic. */
-static void test_fused_matches_generic(void) {
+/* The fused residual is the unfused pass, bit for bit: at the coder, on both kernels. */
+static void test_fused_coder(void) {
+    static const size_t sizes[] = {1, 15, 16, 17, 100, 1000, 4099, ((size_t)1 << 21) + 3};
+    const gcomp__vcoder *vc = gcomp__vcoder_find("twobit");
+    CHECK(vc && vc->encode_fused);
+    if (!vc || !vc->encode_fused) return;
+    gcomp__spec spec;
+    CHECK_OK(gcomp__spec_parse("none:values=twobit,threshold=0.3", &spec, NULL));
+    gcomp__vparams vp = {&spec, 0};
+    for (size_t k = 0; k < sizeof sizes / sizeof sizes[0]; k++) {
+        size_t n = sizes[k], cap = vc->bound(&vp, n);
+        float *e = malloc(n * 4), *g = malloc(n * 4), *x = malloc(n * 4), *r1 = malloc(n * 4),
+              *r2 = malloc(n * 4);
+        uint8_t *m1 = malloc(cap), *m2 = malloc(cap);
+        grad(e, n, 1, 0.2f);
+        grad(g, n, 2, 0.2f);
+        for (size_t i = 0; i < n; i++) x[i] = e[i] + g[i]; /* as feedback_ef.c forms it */
+        for (int simd = 0; simd < 2; simd++) {
+            gcomp__test_quant_portable(simd == 0);
+            size_t l1 = 0, l2 = 0;
+            CHECK_OK(vc->encode(&vp, x, n, r1, 0, m1, cap, &l1));
+            CHECK_OK(vc->encode_fused(&vp, e, g, n, r2, 0, m2, cap, &l2));
+            CHECK_MSG(l1 == l2 && !memcmp(m1, m2, l1), "n=%zu simd=%d: bytes differ", n, simd);
+            CHECK_MSG(!memcmp(r1, r2, n * 4), "n=%zu simd=%d: residuals differ", n, simd);
+            /* The residual may be written over e itself. */
+            float *ee = malloc(n * 4);
+            memcpy(ee, e, n * 4);
+            CHECK_OK(vc->encode_fused(&vp, ee, g, n, ee, 0, m2, cap, &l2));
+            CHECK(!memcmp(ee, r1, n * 4) && !memcmp(m1, m2, l1));
+            free(ee);
+            /* A non-finite sum is refused, as the unfused ef stage refuses it. */
+            float keep_g = g[n / 2], keep_e = e[n / 2];
+            g[n / 2] = NAN;
+            CHECK(vc->encode_fused(&vp, e, g, n, r2, 0, m2, cap, &l2) == GCOMP_E_NONFINITE);
+            g[n / 2] = 3e38f; /* finite, but e + g overflows */
+            e[n / 2] = 3e38f;
+            CHECK(vc->encode_fused(&vp, e, g, n, r2, 0, m2, cap, &l2) == GCOMP_E_NONFINITE);
+            g[n / 2] = keep_g;
+            e[n / 2] = keep_e;
+        }
+        gcomp__test_quant_portable(false);
+        free(e), free(g), free(x), free(r1), free(r2), free(m1), free(m2);
+    }
+}
+
+/* The fused dense codec against a pipeline whose ef stage forms e + g in a pass of its
+ * own (topk keeping every element): the same residual and the same decoded sum every step,
+ * and the same value section as the generic dense pipeline. */
+static void test_fused_matches_unfused(void) {
     size_t n = 777;
-    float g[777];
-    gcomp_compressor *a, *b;
+    float g[777], da[777], db[777];
+    gcomp_compressor *a, *b, *c;
     CHECK_OK(gcomp_compressor_create(&a, "twobit:threshold=0.4", n, 0, 0, NULL));
+    CHECK_OK(gcomp_compressor_create(&b, "topk:density=1,values=twobit,threshold=0.4,feedback=ef",
+                                     n, 0, 0, NULL));
     CHECK_OK(
-        gcomp_compressor_create(&b, "none:values=twobit,threshold=0.4,feedback=ef", n, 0, 0, NULL));
-    uint8_t ma[4096], mb[4096];
-    size_t la, lb;
+        gcomp_compressor_create(&c, "none:values=twobit,threshold=0.4,feedback=ef", n, 0, 0, NULL));
+    uint8_t ma[4096], mb[8192], mc[4096];
+    size_t la, lb, lc;
     for (int s = 0; s < 10; s++) {
         grad(g, n, s, 0.2f);
         CHECK_OK(gcomp_encode(a, g, ma, sizeof ma, &la));
         CHECK_OK(gcomp_encode(b, g, mb, sizeof mb, &lb));
-        /* The codec id, fingerprint and CRCs differ; the sections must not. */
-        CHECK(la == lb && !memcmp(ma + HDR, mb + HDR, la - HDR));
+        CHECK_OK(gcomp_encode(c, g, mc, sizeof mc, &lc));
         CHECK(!memcmp(gcomp_compressor_residual(a), gcomp_compressor_residual(b), n * 4));
+        memset(da, 0, sizeof da);
+        memset(db, 0, sizeof db);
+        CHECK_OK(gcomp_decode_add(ma, la, da, n, 1.0f));
+        CHECK_OK(gcomp_decode_add(mb, lb, db, n, 1.0f));
+        CHECK(!memcmp(da, db, sizeof da));
+        /* The codec id, fingerprint and CRCs differ; the sections must not. */
+        CHECK(la == lc && !memcmp(ma + HDR, mc + HDR, la - HDR));
     }
     gcomp_message_info info;
     CHECK_OK(gcomp_message_inspect(ma, la, &info));
@@ -142,6 +200,7 @@ static void test_fused_matches_generic(void) {
     CHECK(st.messages == 10 && st.elements_sent == 10 * n);
     gcomp_compressor_free(a);
     gcomp_compressor_free(b);
+    gcomp_compressor_free(c);
 }
 
 /* A NaN step fails and changes nothing; a saved state resumes the same sequence. */
@@ -210,7 +269,8 @@ static void test_spec(void) {
 int main(void) {
     test_replay();
     test_edges();
-    test_fused_matches_generic();
+    test_fused_coder();
+    test_fused_matches_unfused();
     test_state();
     test_spec();
     return CHECK_DONE();

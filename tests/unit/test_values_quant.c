@@ -144,11 +144,11 @@ static int check_bound(const coder *c, const float *x, const float *d, size_t nv
             for (size_t i = s; i < e; i++) bad += d[i] != (x[i] < 0 ? -(float)sc : (float)sc);
         } else if (!strcmp(n, "ternary")) {
             double sc = gcomp__getf(m + 4 + 4 * b);
-            if (num(c, "clip", 0) == 0) bad += sc != ma;
+            if (num(c, "clip_sigma", 0) == 0) bad += sc != ma;
             for (size_t i = s; i < e; i++) {
                 bad += d[i] != 0.0f && d[i] != (float)sc && d[i] != -(float)sc;
                 bad += d[i] != 0.0f && (d[i] < 0) != (x[i] < 0);
-                if (num(c, "clip", 0) == 0) bad += fabs((double)x[i] - d[i]) > sc;
+                if (num(c, "clip_sigma", 0) == 0) bad += fabs((double)x[i] - d[i]) > sc;
             }
         } else if (!strcmp(n, "qsgd")) {
             size_t hb = 12 + 4 * b;
@@ -188,7 +188,7 @@ static const char *const SPECS[] = {
     "topk:values=ternary",
     "topk:values=ternary,bucket=7",
     "topk:values=ternary,bucket=0",
-    "topk:values=ternary,bucket=48,clip=2.5",
+    "topk:values=ternary,bucket=48,clip_sigma=2.5",
     "topk:values=qsgd",
     "topk:values=qsgd,levels=1",
     "topk:values=qsgd,levels=127",
@@ -395,7 +395,7 @@ static void test_ef_conservation(void) {
         "qsgd:feedback=ef,coding=elias,levels=4,bucket=32",
         "topk:density=0.05,values=int8,feedback=ef",
         "topk:density=0.05,values=sign,feedback=ef,bucket=16",
-        "threshold:threshold=0.8,values=twobit,feedback=ef",
+        "threshold:tau=0.8,values=twobit,feedback=ef",
         "randomk:density=0.2,values=qsgd,feedback=ef,seed=3",
         "block:density=0.2,block=8,values=ternary,feedback=ef,bucket=8,seed=3",
     };
@@ -445,7 +445,7 @@ static void test_nonfinite(void) {
                                         "sign:scale=l2",
                                         "twobit",
                                         "ternary",
-                                        "ternary:clip=2",
+                                        "ternary:clip_sigma=2",
                                         "qsgd",
                                         "qsgd:coding=elias",
                                         "int8:feedback=ef",
@@ -752,7 +752,7 @@ static void test_golden(void) {
         {"topk:values=int4", 520, 0xbfc997a6b1283defull},
         {"topk:values=sign,scale=l2", 140, 0x89eb2efaacfb2d38ull},
         {"topk:values=twobit,threshold=0.7", 256, 0x3509ebee5abbac42ull},
-        {"topk:values=ternary,clip=2.5", 264, 0xd43701ba9a6d2395ull},
+        {"topk:values=ternary,clip_sigma=2.5", 264, 0xd43701ba9a6d2395ull},
         {"topk:values=qsgd", 770, 0x22e6465cf363e470ull},
         {"topk:values=qsgd,coding=elias,levels=3", 103, 0x0757a0b79983e4fcull},
         {"topk:values=qsgd,levels=1000,bucket=0", 1391, 0x86c42e8082023fc2ull},
