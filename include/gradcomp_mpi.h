@@ -25,7 +25,14 @@
  *   layer's gradient is ready).  Every rank must create the same buckets in the same
  *   order, and start the allreduces of one bucket in the same order.
  *
- * Strategies (chosen per tensor from its codec's flags; overridable per tensor)
+ * Strategies (chosen per tensor from its spec's description; overridable per tensor)
+ *   Each strategy is a component of the library (src/mpi/mpi_strategy.h, in the manner of
+ *   Open MPI's coll framework): one file and one line in a table of them, which the
+ *   bucket engine calls through.  Parsing, names, the auto choice (each component's
+ *   query scores the spec's gcomp_spec_describe; gcomp_spec_describe and the spec API are
+ *   all the layer reads of a spec - it never parses spec text or tests a codec's name),
+ *   set-up, scheduling and checkpoints all come from that table, so adding a strategy
+ *   touches no other strategy and no shared switch.  The built-in ones:
  *   allgather   sizes, then MPI_Allgatherv of the messages (no padding), and every rank
  *               decodes every message.  Any codec.  Traffic per rank grows with P.
  *               Default for sparse and other non-linear codecs.
@@ -45,7 +52,8 @@
  *               seed on every rank (values only; the positions are re-derived from the
  *               seed), and PowerSGD's P and Q factors through the multi-phase protocol
  *               of gradcomp.h (gcomp_lowrank_*; one PowerSGD tensor per sub-bucket,
- *               iters <= 8).  Default for linear and multi-phase codecs.
+ *               iters <= 8).  Two components provide it (the linear pack and the
+ *               multi-phase protocol); the spec's description picks.
  *   rsag        reduce-scatter + allgather with re-compression at the owner and error
  *               feedback on both sides (DeepSpeed's 1-bit compressed allreduce): each
  *               rank compresses chunk j of its gradient with its own chunk compressor
@@ -62,7 +70,7 @@
  *               (qsgd:levels=4 gave NaN at step 18 on a 4-rank MLP).  Their owners
  *               re-compress without feedback (the re-compression of an unbiased codec is
  *               unbiased; its variance is added a second time), with a seed of their own
- *               (gcomp_mpi_owner_spec).  Default for quantizers that are contractions
+ *               (gcomp_mpi_owner_spec).  Auto's choice for quantizers that are contractions
  *               (int8, int4, qsgd at 16 levels; not twobit, sign, ternary, qsgd at few
  *               levels: see gcomp_mpi_strategy_auto).  Its owners quantise a second
  *               time: fine for 8 and 4 bits, but for 1-bit sign the second quantisation
@@ -95,8 +103,9 @@
  *   every message is checked again (fingerprint, size, checksums) before it is decoded.
  *
  * Random draws
- *   A codec whose random draws only round or sample values whose positions travel (qsgd,
- *   ternary, int8/int4 rounding=stochastic, bernoulli, importance; allgather, sparse
+ *   A spec whose random draws only round or sample values whose positions travel
+ *   (GCOMP_SPEC_PRIVATE_DRAWS: qsgd, ternary, int8/int4 rounding=stochastic, bernoulli,
+ *   importance, the sample of `sampled`, as values= of any selector too; allgather, sparse
  *   and rsag workers) draws on each rank from a seed of that rank's own, derived from the
  *   spec's seed and the rank (on node leaders, the node; gcomp_mpi_worker_spec), so the
  *   ranks' rounding errors are independent and the variance of the average shrinks by P
@@ -105,9 +114,10 @@
  *   rank's messages carry the fingerprint of its own spec; every rank knows all of them
  *   and still rejects a message that is not the sender's.  The set-up check compares the
  *   specs as given, so different seed= values across ranks are still GCOMP_E_MISMATCH.
- *   Kept on the spec's seed: random-k (the positions come from it; allreduce sums by
- *   position), PowerSGD (its starting Q must agree); the owners of rsag and sparse have
- *   their own seed (gcomp_mpi_owner_spec).
+ *   Kept on the spec's seed: draws every rank must make alike (GCOMP_SPEC_SHARED_DRAWS,
+ *   which wins when a spec has both): random-k (the positions come from it; allreduce
+ *   sums by position), PowerSGD (its starting Q must agree); the owners of rsag and
+ *   sparse have their own seed (gcomp_mpi_owner_spec).
  *
  * Errors, timeouts, failures
  *   Every blocking call takes `timeout_s` (seconds; <= 0 means the communicator's
@@ -204,18 +214,27 @@ GCOMP_API gcomp_status gcomp_mpi_strategy_parse(const char *s, int *out);
 GCOMP_API const char *gcomp_mpi_strategy_name(int strategy);
 
 /**
- * The strategy GCOMP_MPI_AUTO picks for a codec spec (never AUTO, never HIERARCHICAL):
- * ALLREDUCE for linear codecs whose values are f32, f16 or bf16 (`none`, `randomk`) and
- * for multi-phase codecs (PowerSGD), RSAG for quantizers whose output scales with their
- * input and whose owner keeps error feedback (int8, int4, qsgd at enough levels for its
- * bucket: a contraction, see rsag above), ALLGATHER for everything else (sparse
- * selectors; twobit: its fixed +-t cannot carry the sum of P ranks' +-t, so an owner
- * re-compressing it falls ever further behind, as MXNet's server never does; sign: an
- * owner's second 1-bit quantisation doubles the gradient held back in residuals, see rsag
- * above; ternary and qsgd at few levels: an owner without feedback adds the codec's
- * variance a second time, 78.6 % against 85.0 % by allgather for qsgd:levels=4 on a
- * 4-rank MLP after one epoch, 80.0 % against 84.2 % for ternary).  Deciding that may
- * create (and free) one compressor of 65536 elements.
+ * The strategy GCOMP_MPI_AUTO picks for a codec spec (never AUTO, never HIERARCHICAL).
+ * Each strategy component scores the spec's description, gcomp_spec_describe(spec,
+ * 65536) (the size at which the core's contraction bounds are asked, so the answer does
+ * not depend on a tensor's or a region's size), and the highest score wins.  The rule
+ * the built-in scores make, in terms of that description:
+ *   ALLREDUCE  GCOMP_SPEC_MULTIPHASE (PowerSGD), or GCOMP_SPEC_LINEAR with a value_type of
+ *              f32, f16 or bf16 (`none`, `randomk`): the values themselves are summed;
+ *   RSAG       a codec that is itself a quantizer (its gcomp_codec_info has
+ *              GCOMP_CODEC_QUANTIZER: int8, int4, qsgd, ...; not a value coder under a
+ *              selector, `none:values=int8` included) that is a GCOMP_SPEC_CONTRACTION (so
+ *              its owners keep error feedback, see rsag above), not GCOMP_SPEC_SATURATING,
+ *              with value_bits >= 4;
+ *   ALLGATHER  everything else; SPARSE only when asked for by name.
+ * Why the quantizers that fail the rsag test go by allgather, each measured: twobit
+ * (saturating) - its fixed +-t cannot carry the sum of P ranks' +-t, so an owner
+ * re-compressing it falls ever further behind, as MXNet's server never does; sign (1 bit)
+ * - an owner's second 1-bit quantisation doubles the gradient held back in residuals, see
+ * rsag above; ternary and qsgd at few levels (no contraction) - an owner without feedback
+ * adds the codec's variance a second time, 78.6 % against 85.0 % by allgather for
+ * qsgd:levels=4 on a 4-rank MLP after one epoch, 80.0 % against 84.2 % for ternary.
+ * Thread-safe; allocates nothing that outlives the call.
  * `nranks` is the number of ranks that exchange (reserved for size-dependent choices;
  * today unused).
  * Returns GCOMP_OK, GCOMP_E_ARG, GCOMP_E_SPEC, GCOMP_E_UNKNOWN_CODEC or GCOMP_E_NOMEM.
@@ -325,8 +344,15 @@ GCOMP_API void gcomp_mpi_bucket_options_default(gcomp_mpi_bucket_options *o);
  * use, e.g. allreduce for topk); GCOMP_E_MISMATCH (ranks differ: every rank returns it);
  * GCOMP_E_NOMEM; GCOMP_E_TIMEOUT, GCOMP_E_MPI (the communicator is then failed);
  * GCOMP_E_FAILED.
- * A status that only this rank can see (a bad spec) is still reported to the other
- * ranks through the set-up check, which then fails there with GCOMP_E_MISMATCH.
+ * A status that only this rank can see (a bad spec, out of memory) is still reported to
+ * the other ranks through the set-up check, which then fails there with
+ * GCOMP_E_MISMATCH: every rank returns an error together, and the communicator stays
+ * usable.
+ * Memory: every buffer an allreduce can need is reserved here, so that an allreduce
+ * allocates nothing in this layer (an out-of-memory in the middle of an exchange could not
+ * be shared with the other ranks); receive buffers are reserved for the largest messages
+ * the specs allow (gcomp_encode_bound, times P for allgather) in virtual memory, whose
+ * pages are touched only as far as the messages reach.
  */
 GCOMP_API gcomp_status gcomp_mpi_bucket_create(gcomp_mpi_bucket **out, gcomp_mpi_comm *comm,
                                                const gcomp_mpi_tensor *tensors, size_t count,
@@ -428,8 +454,10 @@ GCOMP_API gcomp_status gcomp_mpi_owner_residual(const gcomp_mpi_bucket *b, size_
  * The canonical spec tensor i's owner re-compresses its region with (sparse and rsag;
  * hierarchical: node leaders only), NULL otherwise.  It is the tensor's spec with a seed
  * of its own (the owner's random draws must not be the workers') and feedback=ef when the
- * codec is a contraction (see rsag above), feedback=none when it is not; the owners'
- * messages carry its fingerprint.  Owned by the bucket.  For references and tests.
+ * spec is a contraction (GCOMP_SPEC_CONTRACTION, see rsag above), feedback=none when it is
+ * not, its own feedback when the method fixes it (GCOMP_SPEC_FIXED_FEEDBACK: dgc,
+ * twobit); the owners' messages carry its fingerprint.  Owned by the bucket.  For
+ * references and tests.
  */
 GCOMP_API const char *gcomp_mpi_owner_spec(const gcomp_mpi_bucket *b, size_t i);
 

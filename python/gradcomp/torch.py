@@ -108,11 +108,12 @@ class LayerPolicy:
 
 
 def _is_plain_dense(canonical):
-    # "none" with f32 values and no feedback sends the tensor as is: an all_reduce does the
-    # same with no message headers and no gather.
-    name, _, rest = canonical.partition(":")
-    kv = dict(item.split("=", 1) for item in rest.split(",") if "=" in item)
-    return name == "none" and kv.get("values", "f32") == "f32" and kv.get("feedback", "none") == "none"
+    # Every element as f32, summed as is, with nothing kept between steps: the tensor as it
+    # is, which an all_reduce sends with no message headers and no gather.
+    d = _core.describe(canonical)
+    props = d["properties"]
+    return ("linear" in props and "sparse" not in props and "feedback" not in props
+            and d["value_type"] == "f32")
 
 
 def _u64_to_i64(v):
@@ -407,7 +408,7 @@ def _gather_path(state, group, world, bucket_index, entries, grads):
 
 
 def _is_f16(spec):
-    return ",values=f16" in "," + spec.split(":", 1)[-1]
+    return _core.describe(spec)["value_type"] == "f16"
 
 
 def _copy_back(src, bufs):

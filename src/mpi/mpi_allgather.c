@@ -15,9 +15,14 @@
  * Per-rank traffic is (P-1) x its message: fine for small P or very sparse messages; the
  * sparse strategy (mpi_owner.c) bounds it instead.
  */
-#include "mpi_internal.h"
+#include "mpi_strategy.h"
 
 #include <limits.h>
+
+/* Per tensor: with per-rank seeds, a decoder for each other rank's messages. */
+typedef struct ag_tensor {
+    gm_peers peers;
+} ag_tensor;
 
 static gcomp_status ag_encode(gcomp_mpi_bucket *b, gm_group *g) {
     uint8_t *send = g->send.p;
@@ -55,19 +60,17 @@ static gcomp_status ag_sizes(gcomp_mpi_bucket *b, gm_group *g) {
 static gcomp_status ag_data(gcomp_mpi_bucket *b, gm_group *g) {
     size_t P = (size_t)g->xsize, nt = g->nt;
     if (gm_scan_markers(b, g, g->sz_recv, P * nt, nt)) return GCOMP_OK; /* all ranks skip */
-    uint64_t total = 0;
-    for (size_t r = 0; r < P; r++) {
-        uint64_t c = 0;
-        for (size_t k = 0; k < nt; k++) c += g->sz_recv[r * nt + k];
-        if (c > INT_MAX || total + c > INT_MAX) {
-            gm_group_shared_fail(b, g, GCOMP_E_LIMIT, -1, g->t0);
-            return GCOMP_OK; /* every rank computed the same sums: all skip */
-        }
-        g->cnt_r[r] = (int)c;
-        g->dsp_r[r] = (int)total;
-        total += c;
+    size_t total = 0;
+    if (gm_gather_counts(g, g->sz_recv, nt, &total) != GCOMP_OK) {
+        gm_group_shared_fail(b, g, GCOMP_E_LIMIT, -1, g->t0);
+        return GCOMP_OK; /* every rank computed the same sums: all skip */
     }
-    if (gm_reserve(&g->recv, total ? total : 1) != GCOMP_OK) return GCOMP_E_NOMEM;
+    /* Reserved at set-up for P messages at their bound: a larger size is no message of
+     * this spec (the same words on every rank: all skip together). */
+    if (total > g->recv.cap) {
+        gm_group_shared_fail(b, g, GCOMP_E_CORRUPT, -1, g->t0);
+        return GCOMP_OK;
+    }
     int rc = MPI_Iallgatherv(g->send.p, (int)g->send_len, MPI_BYTE, g->recv.p, g->cnt_r, g->dsp_r,
                              MPI_BYTE, g->xc, &g->req[0]);
     if (rc != MPI_SUCCESS) return gm_issue_fail(b, rc, "MPI_Iallgatherv (messages)");
@@ -93,8 +96,9 @@ static gcomp_status ag_decode(gcomp_mpi_bucket *b, gm_group *g) {
         uint64_t t0 = gm_now_ns();
         for (size_t r = 0; r < P; r++) {
             size_t len = (size_t)g->sz_recv[r * nt + k];
-            gcomp_compressor *dc = t->dec && t->dec[r] ? t->dec[r] : t->c;
-            uint64_t fp = t->rfp ? t->rfp[r] : t->fp;
+            const ag_tensor *at = t->priv;
+            gcomp_compressor *dc = gm_peer_decoder(&at->peers, (int)r, t->c);
+            uint64_t fp = gm_peer_fp(&at->peers, (int)r, t->fp);
             gcomp_status st = g->st != GCOMP_OK ? GCOMP_OK
                                                 : gm_decode_checked(dc, recv + g->pos[r], len, fp,
                                                                     t->n, t->io, b->scale);
@@ -123,7 +127,8 @@ static gcomp_status ag_zero(gcomp_mpi_bucket *b, gm_group *g) {
     return GCOMP_OK;
 }
 
-void gm_steps_allgather(gm_group *g) {
+static void ag_steps(gcomp_mpi_bucket *b, gm_group *g) {
+    (void)b;
     gm_add_step(g, false, ag_encode, "compressing (allgather)");
     gm_add_step(g, true, ag_sizes, "exchanging message sizes (MPI_Iallgather)");
     gm_add_step(g, true, ag_data, "exchanging messages (MPI_Iallgatherv)");
@@ -131,9 +136,59 @@ void gm_steps_allgather(gm_group *g) {
     gm_add_step(g, false, ag_decode, "decoding (allgather)");
 }
 
-gcomp_status gm_reserve_allgather(gcomp_mpi_bucket *b, gm_group *g) {
+/* The send buffer holds this rank's messages at their bound; the receive buffer every
+ * rank's (all ranks have the same bound: the same codec and n, seeds aside).  Reserved
+ * now, in virtual memory only until messages reach that far, so that a call never
+ * allocates. */
+static gcomp_status ag_reserve(gcomp_mpi_bucket *b, gm_group *g) {
     size_t cap = 0;
     for (size_t i = g->t0; i < g->t1; i++) cap += gcomp_encode_bound(b->t[i].c);
     if (cap > INT_MAX) return GCOMP_E_LIMIT;
-    return gm_reserve(&g->send, cap);
+    /* An exchange above MPI's int counts fails as GCOMP_E_LIMIT at run time anyway. */
+    size_t all = cap > INT_MAX / (size_t)g->xsize ? (size_t)INT_MAX : cap * (size_t)g->xsize;
+    if (gm_reserve(&g->send, cap) != GCOMP_OK || gm_reserve(&g->recv, all) != GCOMP_OK)
+        return GCOMP_E_NOMEM;
+    return GCOMP_OK;
 }
+
+static gcomp_status ag_setup(gcomp_mpi_bucket *b, gm_tensor *t, gcomp_error *err) {
+    (void)b;
+    ag_tensor *at = gm_calloc(1, sizeof *at);
+    if (!at) return gm_fail(err, GCOMP_E_NOMEM, "out of memory");
+    t->priv = at;
+    gcomp_status st = gm_peers_setup(&at->peers, t, t->n, t->rows, t->cols, err);
+    if (st != GCOMP_OK) return st;
+    gcomp_error e2;
+    st = gcomp_compressor_create(&t->c, t->wspec, t->n, t->rows, t->cols, &e2);
+    if (st != GCOMP_OK) return gm_fail(err, st, "tensor '%s': %s", t->name, e2.message);
+    return GCOMP_OK;
+}
+
+static void ag_free(gm_tensor *t) {
+    ag_tensor *at = t->priv;
+    if (!at) return;
+    gm_peers_free(&at->peers);
+    gm_free(at);
+}
+
+/* Any codec that sends messages; the default for what sums neither linearly nor through an
+ * owner (1).  Multi-phase codecs exchange no messages. */
+static int ag_query(const gm_query *q, const char **why) {
+    if (q->info->flags & GCOMP_SPEC_MULTIPHASE) {
+        *why = "a multi-phase codec runs only with the allreduce strategy (its factors sum "
+               "linearly; it exchanges no messages)";
+        return -2;
+    }
+    return 1;
+}
+
+const gm_strategy gm_strategy_allgather = {
+    .version = GM_STRATEGY_VERSION,
+    GM_NAMES("allgather"),
+    .id = GCOMP_MPI_ALLGATHER,
+    .query = ag_query,
+    .tensor_setup = ag_setup,
+    .tensor_free = ag_free,
+    .reserve = ag_reserve,
+    .steps = ag_steps,
+};

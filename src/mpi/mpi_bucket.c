@@ -1,6 +1,16 @@
 /*
- * mpi_bucket.c - buckets: set-up (compressors, sub-buckets, the cross-rank check), the
- * pipelined engine behind start/test/wait, statistics and introspection.
+ * mpi_bucket.c - the bucket engine: set-up (tensors, sub-buckets, the cross-rank check),
+ * the pipelined engine behind start/test/wait, statistics and introspection.
+ *
+ * Components.  The engine knows no strategy: each tensor's strategy is a component of the
+ * table in mpi_strategy.c (mpi_strategy.h has the contract), chosen by its query from the
+ * spec's description, and the engine calls its members - set-up of the tensor on the
+ * ranks of the exchange, the grouping rule, the reservation and the steps of each
+ * sub-bucket, checkpoint slots, the owner view.  What several strategies need (size words
+ * and markers, the pack reductions, decoders per rank, derived specs, the buffers handed
+ * to MPI, statistics) is here or in mpi_spec.c / mpi_util.c, and components call it, never
+ * each other.  The hierarchical flag is a wrapper of the engine's (mpi_hier.c), which puts
+ * the node-internal sum before a component's steps and the broadcast after them.
  *
  * Engine.  A bucket is cut into groups (sub-buckets, see gradcomp_mpi.h).  Each group
  * runs a fixed list of steps: LOCAL steps do codec work, COLL steps issue non-blocking
@@ -14,15 +24,22 @@
  * machines as small as these); one communicator for all buckets (buckets started in
  * different orders by a trainer would then mismatch: each bucket has its own duplicate).
  *
+ * Memory.  Every allocation goes through libgradcomp's allocator (gm_alloc), and all of
+ * them happen at creation: a call allocates nothing in this layer, because a rank that ran
+ * out of memory in the middle of an exchange could not tell the others (tests/mpi/
+ * test_mpi_nomem.c sweeps every allocation).  Creation itself issues the same collectives
+ * on every rank whatever its memory (their results live in the communicator's cells), so
+ * a local failure travels in the check below.
+ *
  * Set-up check.  Bucket creation compares, across ranks, a hash of everything that must
  * agree (tensor count, each tensor's canonical spec fingerprint, n, shape, strategy,
  * name, the format version and the bucket options) with one MPI_Allreduce(MPI_MAX) of
  * (h, ~h): every rank gets max(h) and ~min(h), so all agree whether and where they
  * differ.  Only when the bucket hash differs does a second allreduce name the tensor.
- * A rank that failed locally (bad spec) puts a marker in the first allreduce, so the
- * others fail too instead of waiting for it.
+ * A rank that failed locally (bad spec, out of memory) puts a marker in the first
+ * allreduce, so the others fail too instead of waiting for it.
  */
-#include "mpi_internal.h"
+#include "mpi_strategy.h"
 
 #include <limits.h>
 #include <math.h>
@@ -39,13 +56,13 @@ gcomp_status gm_issue_fail(gcomp_mpi_bucket *b, int rc, const char *what) {
     return gm_comm_mpi_fail(b->comm, NULL, rc, what);
 }
 
-gcomp_status gm_req_room(gm_group *g, int k) {
+/* Makes room for k requests in g->req. */
+static gcomp_status gm_req_room(gm_group *g, int k) {
     if (g->req_cap >= k) return GCOMP_OK;
-    MPI_Request *r = realloc(g->req, (size_t)k * sizeof *r);
-    if (!r) return GCOMP_E_NOMEM;
-    g->req = r;
-    g->req_cap = k;
-    return GCOMP_OK;
+    gcomp_status st =
+        gm_grow((void **)&g->req, (size_t)g->req_cap * sizeof *g->req, (size_t)k * sizeof *g->req);
+    if (st == GCOMP_OK) g->req_cap = k;
+    return st;
 }
 
 void gm_group_local_fail(gcomp_mpi_bucket *b, gm_group *g, gcomp_status st, size_t tensor,
@@ -92,35 +109,61 @@ bool gm_scan_markers(gcomp_mpi_bucket *b, gm_group *g, const uint64_t *w, size_t
     return false;
 }
 
-/* ---- tensors ------------------------------------------------------------------------------ */
-
-static void tensor_free(gm_tensor *t, int xsize) {
-    free(t->name);
-    gcomp_compressor_free(t->c);
-    if (t->dec)
-        for (int j = 0; j < xsize; j++) gcomp_compressor_free(t->dec[j]);
-    free(t->dec);
-    free(t->rfp);
-    if (t->chunk)
-        for (int j = 0; j < xsize; j++) gcomp_compressor_free(t->chunk[j]);
-    free(t->chunk);
-    gcomp_compressor_free(t->owner);
-    free(t->reg);
-    gm_buf_free(&t->own);
-    gm_buf_free(&t->bits);
-    gm_buf_free(&t->pos);
-    free(t->msgs);
-    /* t->work is freed (or buried) by the bucket */
+gcomp_status gm_gather_counts(gm_group *g, const uint64_t *w, size_t per_rank, size_t *total) {
+    uint64_t sum = 0;
+    for (size_t r = 0; r < (size_t)g->xsize; r++) {
+        uint64_t c = 0;
+        for (size_t k = 0; k < per_rank; k++) c += w[r * per_rank + k];
+        if (c > INT_MAX || sum + c > INT_MAX) return GCOMP_E_LIMIT;
+        g->cnt_r[r] = (int)c;
+        g->dsp_r[r] = (int)sum;
+        sum += c;
+    }
+    *total = (size_t)sum;
+    return GCOMP_OK;
 }
 
-/* Sets up one tensor: canonical spec, strategy, compressors.  Errors go to err. */
+gcomp_status gm_start_pack_reduce(gcomp_mpi_bucket *b, gm_group *g, int vid, size_t count, int nchk,
+                                  const char *what) {
+    char msg[96];
+    int rc = MPI_Iallreduce(g->chk, g->chk_out, nchk, MPI_UINT64_T, MPI_MAX, g->xc, &g->req[0]);
+    if (rc != MPI_SUCCESS) {
+        snprintf(msg, sizeof msg, "MPI_Iallreduce (check words of the %s)", what);
+        return gm_issue_fail(b, rc, msg);
+    }
+    MPI_Datatype dt = vid == GM_VID_F32 ? MPI_FLOAT : MPI_UINT16_T;
+    MPI_Op op = vid == GM_VID_F32   ? MPI_SUM
+                : vid == GM_VID_F16 ? b->comm->op_f16
+                                    : b->comm->op_bf16;
+    rc = MPI_Iallreduce(MPI_IN_PLACE, g->pack.p, (int)count, dt, op, g->xc, &g->req[1]);
+    if (rc != MPI_SUCCESS) {
+        snprintf(msg, sizeof msg, "MPI_Iallreduce (%s)", what);
+        return gm_issue_fail(b, rc, msg);
+    }
+    g->nreq = 2;
+    return GCOMP_OK;
+}
+
+/* ---- tensors ------------------------------------------------------------------------------ */
+
+static void tensor_free(gm_tensor *t) {
+    if (t->S && t->S->tensor_free) t->S->tensor_free(t);
+    t->priv = NULL;
+    gm_free(t->name);
+    gcomp_compressor_free(t->c);
+    gm_free(t->msgs);
+    /* t->work and t->tmp are freed (or buried) by the bucket */
+}
+
+/* Sets up one tensor: canonical spec and description, strategy, and (on the ranks of the
+ * exchange) the component's compressors.  Errors go to err. */
 static gcomp_status tensor_setup(gcomp_mpi_bucket *b, size_t i, const gcomp_mpi_tensor *d,
                                  gcomp_error *err) {
     gcomp_mpi_comm *c = b->comm;
     gm_tensor *t = &b->t[i];
     char nm[32];
     if (!d->name) snprintf(nm, sizeof nm, "#%zu", i);
-    t->name = strdup(d->name ? d->name : nm);
+    t->name = gm_strdup(d->name ? d->name : nm);
     if (!t->name) return gm_fail(err, GCOMP_E_NOMEM, "out of memory");
     t->n = d->n;
     t->rows = d->rows;
@@ -131,215 +174,60 @@ static gcomp_status tensor_setup(gcomp_mpi_bucket *b, size_t i, const gcomp_mpi_
         return gm_fail(err, GCOMP_E_ARG, "tensor '%s': %zu elements; MPI counts allow %d", t->name,
                        d->n, INT_MAX);
     gcomp_error e2;
-    gcomp_status st = gcomp_spec_canonical(d->spec, t->spec, sizeof t->spec, &t->fp, &e2);
+    gcomp_status st = gm_spec_describe(d->spec, t->spec, sizeof t->spec, &t->fp, &t->info, &e2);
     if (st != GCOMP_OK) return gm_fail(err, st, "tensor '%s': %s", t->name, e2.message);
-    int s = d->strategy;
-    if ((s & ~(0xff | GCOMP_MPI_HIERARCHICAL)) || (s & 0xff) > GCOMP_MPI_RSAG)
+    int s = d->strategy, base = s & 0xff;
+    const gm_strategy *S = base == GCOMP_MPI_AUTO ? NULL : gm_strategy_by_id(base);
+    if ((s & ~(0xff | GCOMP_MPI_HIERARCHICAL)) || (base != GCOMP_MPI_AUTO && !S))
         return gm_fail(err, GCOMP_E_ARG,
                        "tensor '%s': strategy %d is not one of gcomp_mpi_strategy", t->name, s);
     t->hier = (s & GCOMP_MPI_HIERARCHICAL) != 0;
-    int xsize = t->hier ? c->nnodes : c->size;
-    int xrank = t->hier ? c->node_index : c->rank;
-    bool member = !t->hier || c->node_rank == 0;
-    bool exchange = member && !(t->hier && c->nnodes == 1);
-    t->strategy = s & 0xff;
-    if (t->strategy == GCOMP_MPI_AUTO) {
-        st = gcomp_mpi_strategy_auto(t->spec, xsize, &t->strategy);
-        if (st != GCOMP_OK)
-            return gm_fail(err, st, "tensor '%s': %s", t->name, gcomp_status_str(st));
-    }
-    char name[64], values[16] = "";
-    size_t nl = strcspn(t->spec, ":");
-    snprintf(name, sizeof name, "%.*s", (int)nl, t->spec);
-    const gcomp_codec_info *ci = gcomp_codec_find(name);
-    t->flags = ci ? ci->flags : 0;
-    const char *v = strstr(t->spec, "values=");
-    if (v) snprintf(values, sizeof values, "%.*s", (int)strcspn(v + 7, ","), v + 7);
-    if (t->flags & GCOMP_CODEC_MULTIPHASE) {
-        if (t->strategy != GCOMP_MPI_ALLREDUCE)
-            return gm_fail(err, GCOMP_E_UNSUPPORTED,
-                           "tensor '%s': multi-phase codec '%s' runs only with the allreduce "
-                           "strategy (its factors sum linearly; its messages are not exchanged)",
-                           t->name, name);
-        const char *it = strstr(t->spec, "iters=");
-        long iters = it ? strtol(it + 6, NULL, 10) : 1;
-        if (iters < 1 || iters > 8)
-            return gm_fail(err, GCOMP_E_UNSUPPORTED,
-                           "tensor '%s': iters=%ld; the MPI layer runs 1 to 8 power iterations",
-                           t->name, iters);
-        t->lowrank = true;
-        t->phases = 2 * (int)iters;
-        t->vtype = !strcmp(values, "f16") ? 1 : !strcmp(values, "bf16") ? 2 : 0;
-    } else if (t->strategy == GCOMP_MPI_ALLREDUCE) {
-        t->vtype = !strcmp(values, "f32")    ? 0
-                   : !strcmp(values, "f16")  ? 1
-                   : !strcmp(values, "bf16") ? 2
-                                             : -1;
-        if (!(t->flags & GCOMP_CODEC_LINEAR) || t->vtype < 0)
-            return gm_fail(err, GCOMP_E_UNSUPPORTED,
-                           "tensor '%s': strategy allreduce needs a codec whose messages sum "
-                           "linearly with f32/f16/bf16 values (none, randomk); '%s' does not",
-                           t->name, t->spec);
-        t->seeded = (t->flags & GCOMP_CODEC_SPARSE) != 0;
-    }
-    if ((t->strategy == GCOMP_MPI_RSAG || t->strategy == GCOMP_MPI_SPARSE) &&
-        (t->flags & GCOMP_CODEC_NEEDS_SHAPE))
-        return gm_fail(err, GCOMP_E_UNSUPPORTED,
-                       "tensor '%s': strategy %s cuts the tensor into regions; codec '%s' needs a "
-                       "matrix shape",
-                       t->name, gcomp_mpi_strategy_name(t->strategy), name);
+    t->xsize = t->hier ? c->nnodes : c->size;
+    t->xrank = t->hier ? c->node_index : c->rank;
+    t->exchange = (!t->hier || c->node_rank == 0) && !(t->hier && c->nnodes == 1);
+    gm_query q = {t->spec, &t->info, t->n, t->rows, t->cols, t->xsize};
+    const char *why = NULL;
+    S = gm_strategy_choose(&q, base, &why);
+    if (!S && base == GCOMP_MPI_AUTO)
+        return gm_fail(err, GCOMP_E_UNSUPPORTED, "tensor '%s': no strategy carries '%s': %s",
+                       t->name, t->spec, why);
+    if (!S)
+        return gm_fail(err, GCOMP_E_UNSUPPORTED, "tensor '%s': strategy %s cannot carry '%s': %s",
+                       t->name, gcomp_mpi_strategy_name(base), t->spec, why);
+    t->S = S;
+    t->strategy = S->id;
 
-    t->msgs = calloc((size_t)(xsize > 0 ? xsize : 1), sizeof *t->msgs);
+    t->msgs = gm_calloc((size_t)(t->xsize > 0 ? t->xsize : 1), sizeof *t->msgs);
     if (!t->msgs) return gm_fail(err, GCOMP_E_NOMEM, "out of memory");
     if (t->hier && (gm_reserve(&t->work, t->n * sizeof(float)) != GCOMP_OK ||
                     (c->node_size > 1 && gm_reserve(&t->tmp, t->n * sizeof(float)) != GCOMP_OK)))
         return gm_fail(err, GCOMP_E_NOMEM, "tensor '%s': out of memory", t->name);
-    if (!exchange) return GCOMP_OK; /* no compressor here */
+    if (!t->exchange) return GCOMP_OK; /* no compressor here */
 
-    bool own = false;
     snprintf(t->wspec, sizeof t->wspec, "%s", t->spec);
-    if (t->strategy != GCOMP_MPI_ALLREDUCE) {
-        /* Independent rounding per rank (gm_rank_spec).  Whoever decodes other ranks'
-         * worker messages (allgather: everyone, rsag: the owner of the region) learns each
-         * rank's fingerprint and keeps a decoder per rank: the core checks a message's
-         * fingerprint against its decoder's spec. */
-        uint64_t fp;
-        st = gm_rank_spec(t->spec, xrank, t->wspec, sizeof t->wspec, &fp, &own);
-        if (st != GCOMP_OK)
-            return gm_fail(err, st, "tensor '%s': no per-rank spec for '%s'", t->name, t->spec);
-    }
-    size_t dec_n = t->n;
-    if (t->strategy == GCOMP_MPI_RSAG)
-        dec_n = (size_t)(((unsigned __int128)t->n * (unsigned)(xrank + 1)) / (unsigned)xsize) -
-                (size_t)(((unsigned __int128)t->n * (unsigned)xrank) / (unsigned)xsize);
-    if (own && t->strategy != GCOMP_MPI_SPARSE) {
-        t->rfp = calloc((size_t)xsize, sizeof *t->rfp);
-        t->dec = calloc((size_t)xsize, sizeof *t->dec);
-        if (!t->rfp || !t->dec) return gm_fail(err, GCOMP_E_NOMEM, "out of memory");
-        for (int r = 0; r < xsize; r++) {
-            char rs[512];
-            bool o;
-            st = gm_rank_spec(t->spec, r, rs, sizeof rs, &t->rfp[r], &o);
-            if (st == GCOMP_OK && r != xrank && dec_n)
-                st = gcomp_compressor_create(&t->dec[r], rs, dec_n,
-                                             t->strategy == GCOMP_MPI_RSAG ? 0 : t->rows,
-                                             t->strategy == GCOMP_MPI_RSAG ? 0 : t->cols, &e2);
-            if (st != GCOMP_OK)
-                return gm_fail(err, st, "tensor '%s': decoder for rank %d: %s", t->name, r,
-                               gcomp_status_str(st));
-        }
-    }
-    if (t->strategy == GCOMP_MPI_RSAG || t->strategy == GCOMP_MPI_SPARSE) {
-        t->reg = calloc((size_t)xsize + 1, sizeof *t->reg);
-        if (!t->reg) return gm_fail(err, GCOMP_E_NOMEM, "out of memory");
-        for (int j = 0; j <= xsize; j++)
-            t->reg[j] = (size_t)(((unsigned __int128)t->n * (unsigned)j) / (unsigned)xsize);
-        size_t mine = t->reg[xrank + 1] - t->reg[xrank];
-        st = gm_owner_spec(t->spec, t->ospec, sizeof t->ospec, &t->owner_fp);
-        if (st != GCOMP_OK)
-            return gm_fail(err, st, "tensor '%s': no owner-side spec for '%s'", t->name, t->spec);
-        if (mine) {
-            st = gcomp_compressor_create(&t->owner, t->ospec, mine, 0, 0, &e2);
-            if (st != GCOMP_OK)
-                return gm_fail(err, st, "tensor '%s': owner compressor: %s", t->name, e2.message);
-        }
-        if (t->strategy == GCOMP_MPI_RSAG) {
-            t->chunk = calloc((size_t)xsize, sizeof *t->chunk);
-            if (!t->chunk) return gm_fail(err, GCOMP_E_NOMEM, "out of memory");
-            for (int j = 0; j < xsize; j++) {
-                size_t len = t->reg[j + 1] - t->reg[j];
-                if (!len) continue;
-                st = gcomp_compressor_create(&t->chunk[j], t->wspec, len, 0, 0, &e2);
-                if (st != GCOMP_OK)
-                    return gm_fail(err, st, "tensor '%s': chunk compressor: %s", t->name,
-                                   e2.message);
-            }
-            return GCOMP_OK;
-        }
-    }
+    if (S->tensor_setup) return S->tensor_setup(b, t, err);
     st = gcomp_compressor_create(&t->c, t->wspec, t->n, t->rows, t->cols, &e2);
     if (st != GCOMP_OK) return gm_fail(err, st, "tensor '%s': %s", t->name, e2.message);
-    if (t->strategy == GCOMP_MPI_SPARSE &&
-        gm_reserve(&t->own, gcomp_encode_bound(t->c)) != GCOMP_OK)
-        return gm_fail(err, GCOMP_E_NOMEM, "tensor '%s': out of memory", t->name);
-    if (t->strategy == GCOMP_MPI_ALLREDUCE && !t->lowrank) {
-        /* How many values travel is fixed by the spec and n; learn it from one encode of
-         * zeros so the packed layout is identical on every rank before any call. */
-        t->nvals = t->n;
-        if (t->seeded) {
-            gcomp_compressor *tmp;
-            size_t cap = 0, len = 0;
-            st = gcomp_compressor_create(&tmp, t->spec, t->n, t->rows, t->cols, &e2);
-            if (st != GCOMP_OK) return gm_fail(err, st, "tensor '%s': %s", t->name, e2.message);
-            cap = gcomp_encode_bound(tmp);
-            float *z = calloc(t->n, sizeof *z);
-            uint8_t *m = malloc(cap);
-            const uint8_t *vals;
-            uint64_t key;
-            st = !z || !m ? GCOMP_E_NOMEM : gcomp_encode(tmp, z, m, cap, &len);
-            if (st == GCOMP_OK)
-                st = gm_linear_values(m, len, t->n, t->vtype, &vals, &t->nvals, &key);
-            free(z);
-            free(m);
-            gcomp_compressor_free(tmp);
-            if (st != GCOMP_OK)
-                return gm_fail(err, st, "tensor '%s': cannot sum '%s' messages linearly: %s",
-                               t->name, t->spec, gcomp_status_str(st));
-            if (gm_reserve(&t->pos, t->nvals * 4 + 4) != GCOMP_OK)
-                return gm_fail(err, GCOMP_E_NOMEM, "out of memory");
-        }
-    }
     return GCOMP_OK;
 }
 
 /* ---- groups ------------------------------------------------------------------------------- */
 
-static void add_steps(gcomp_mpi_bucket *b, gm_group *g) {
-    g->nsteps = 0;
-    bool inner = !(g->hier && g->single_node);
-    if (g->hier) gm_steps_hier_prefix(g, b->comm->node_size);
-    int first_inner = g->nsteps;
-    if (inner) {
-        switch (g->strategy) {
-        case GCOMP_MPI_ALLGATHER:
-            gm_steps_allgather(g);
-            break;
-        case GCOMP_MPI_ALLREDUCE:
-            if (b->t[g->t0].lowrank)
-                gm_steps_lowrank(g, b->t[g->t0].phases);
-            else
-                gm_steps_allreduce(b, g);
-            break;
-        default:
-            gm_steps_owner(g);
-            break;
-        }
-    }
-    if (g->hier) {
-        for (int i = first_inner; i < g->nsteps; i++) g->steps[i].member_only = true;
-        gm_steps_hier_suffix(g, b->comm->node_size);
-    }
-    g->last_coll = -1;
-    for (int i = 0; i < g->nsteps; i++)
-        if (g->steps[i].coll && (!g->steps[i].member_only || g->member)) g->last_coll = i;
-}
-
 static gcomp_status group_setup(gcomp_mpi_bucket *b, gm_group *g) {
     gcomp_mpi_comm *c = b->comm;
     gm_tensor *t0 = &b->t[g->t0];
     g->nt = g->t1 - g->t0;
-    g->strategy = t0->strategy;
+    g->S = t0->S;
     g->hier = t0->hier;
     g->single_node = g->hier && c->nnodes == 1;
     g->xc = g->hier ? b->bleaders : b->bc;
-    g->xsize = g->hier ? c->nnodes : c->size;
-    g->xrank = g->hier ? c->node_index : c->rank;
+    g->xsize = t0->xsize;
+    g->xrank = t0->xrank;
     g->member = !g->hier || c->node_rank == 0;
-    add_steps(b, g);
-    if (g->steps_nomem) return GCOMP_E_NOMEM;
     if (gm_req_room(g, (int)g->nt + 4) != GCOMP_OK) return GCOMP_E_NOMEM;
     size_t P = (size_t)g->xsize, nt = g->nt;
-    size_t words = 8 * (3 * P * nt + nt + 2 * (P + 1)) + 4 * 4 * P + 64;
+    size_t words = 8 * (3 * P * nt + nt + 2 * GM_CHK + 1) + sizeof(size_t) * (P + 1) +
+                   sizeof(int) * 4 * P + 64;
     if (gm_reserve(&g->words, words) != GCOMP_OK) return GCOMP_E_NOMEM;
     memset(g->words.p, 0, words);
     uint64_t *w = g->words.p;
@@ -347,54 +235,61 @@ static gcomp_status group_setup(gcomp_mpi_bucket *b, gm_group *g) {
     g->sz_recv = w + P * nt;
     g->gsz_recv = w + 2 * P * nt;
     g->gsz_send = w + 3 * P * nt;
-    g->dest_off = (size_t *)(w + 3 * P * nt + nt);
-    g->pos = g->dest_off + P + 1;
+    g->chk = g->gsz_send + nt;
+    g->chk_out = g->chk + GM_CHK;
+    g->hstat = g->chk_out + GM_CHK;
+    g->pos = (size_t *)(g->hstat + 1);
     int *ip = (int *)(g->pos + P + 1);
     g->cnt_s = ip;
     g->dsp_s = ip + P;
     g->cnt_r = ip + 2 * P;
     g->dsp_r = ip + 3 * P;
-    if (!g->member || g->single_node) return GCOMP_OK;
-    switch (g->strategy) {
-    case GCOMP_MPI_ALLGATHER:
-        return gm_reserve_allgather(b, g);
-    case GCOMP_MPI_ALLREDUCE:
-        return b->t[g->t0].lowrank ? gm_reserve_lowrank(b, g) : gm_reserve_allreduce(b, g);
-    default:
-        return gm_reserve_owner(b, g);
+
+    /* The schedule: [hierarchical prefix] [the component's steps] [hierarchical suffix].
+     * Ranks outside the exchange (node members under the wrapper) run only the wrapper's. */
+    bool inner = g->member && !g->single_node;
+    if (inner && g->S->reserve) {
+        gcomp_status st = g->S->reserve(b, g);
+        if (st != GCOMP_OK) return st;
     }
+    g->nsteps = 0;
+    if (g->hier) gm_steps_hier_prefix(g, c->node_size);
+    int first_inner = g->nsteps;
+    if (inner) g->S->steps(b, g);
+    if (g->hier) {
+        for (int i = first_inner; i < g->nsteps; i++) g->steps[i].member_only = true;
+        gm_steps_hier_suffix(g, c->node_size);
+    }
+    if (g->steps_nomem) return GCOMP_E_NOMEM;
+    g->last_coll = -1;
+    for (int i = 0; i < g->nsteps; i++)
+        if (g->steps[i].coll) g->last_coll = i;
+    return GCOMP_OK;
 }
 
 void gm_add_step(gm_group *g, bool coll, gm_step_fn fn, const char *what) {
     if (g->nsteps == g->steps_cap) {
         int cap = g->steps_cap ? 2 * g->steps_cap : 16;
-        gm_step *s = realloc(g->steps, (size_t)cap * sizeof *s);
-        if (!s) {
+        if (gm_grow((void **)&g->steps, (size_t)g->steps_cap * sizeof *g->steps,
+                    (size_t)cap * sizeof *g->steps) != GCOMP_OK) {
             g->steps_nomem = true;
             return;
         }
-        g->steps = s;
         g->steps_cap = cap;
     }
     g->steps[g->nsteps++] = (gm_step){coll, false, fn, what, NULL};
 }
 
 static bool same_group(const gm_tensor *a, const gm_tensor *t) {
-    if (a->strategy != t->strategy || a->hier != t->hier) return false;
-    if (a->lowrank || t->lowrank) return false; /* one PowerSGD tensor per sub-bucket */
-    if (a->strategy == GCOMP_MPI_ALLREDUCE && a->vtype != t->vtype) return false;
-    return true;
+    if (a->S != t->S || a->hier != t->hier) return false;
+    return !a->S->groups_with || a->S->groups_with(a, t);
 }
 
 /* ---- the set-up check ------------------------------------------------------------------------ */
 
 enum { CHK_T = 0, CHK_H = 2, CHK_FAIL = 4, CHK_N = 5 };
 enum { PT_FP = 0, PT_SIZE = 2, PT_STRAT = 4, PT_NAME = 6, PT_N = 8 };
-
-typedef struct check_cells {
-    uint64_t in[CHK_N], out[CHK_N];
-    uint64_t *tin, *tout;
-} check_cells;
+_Static_assert(CHK_N <= GM_SETUP_WORDS, "the check words live in gm_setup_cells");
 
 static void put_pair(uint64_t *a, uint64_t v) {
     a[0] = v;
@@ -404,22 +299,20 @@ static bool pair_differs(const uint64_t *a) {
     return a[0] != ~a[1];
 }
 
-static gcomp_status setup_check(gcomp_mpi_bucket *b, const gcomp_mpi_tensor *d, size_t count,
-                                gcomp_status local, uint64_t deadline, gcomp_error *err) {
-    gcomp_mpi_comm *c = b->comm;
-    check_cells *cc = calloc(1, sizeof *cc);
-    if (!cc) return gm_comm_fail(c, err, GCOMP_E_NOMEM, "out of memory in the set-up check");
-    cc->tin = calloc(count * PT_N, 8);
-    cc->tout = calloc(count * PT_N, 8);
-    if (!cc->tin || !cc->tout) {
-        free(cc->tin);
-        free(cc->tout);
-        free(cc);
-        return gm_comm_fail(c, err, GCOMP_E_NOMEM, "out of memory in the set-up check");
-    }
-    uint64_t h = gm_mix(GCOMP_FORMAT_VERSION) ^ gm_mix(0x5eed0000ull + b->opt.bucket_bytes);
+/* The check over `bc` (the bucket's duplicate).  `b` is NULL, and `tin` / `tout` (count *
+ * PT_N words each, for the second round) may be NULL, only on a rank whose set-up failed
+ * (local != GCOMP_OK): its marker makes every rank fail in the first round.  On a timeout
+ * the cells stay pending and tout is leaked: MPI may still write them. */
+static gcomp_status setup_check(gcomp_mpi_comm *c, MPI_Comm bc, const gcomp_mpi_bucket *b,
+                                const gcomp_mpi_tensor *d, size_t count, gcomp_status local,
+                                uint64_t *tin, uint64_t *tout, uint64_t deadline,
+                                gcomp_error *err) {
+    gm_setup_cells *cc = c->cells;
+    memset(cc->in, 0, sizeof cc->in);
+    uint64_t h =
+        gm_mix(GCOMP_FORMAT_VERSION) ^ gm_mix(0x5eed0000ull + (b ? b->opt.bucket_bytes : 0));
     h = gm_mix(h ^ (uint64_t)c->opt.ranks_per_node);
-    for (size_t i = 0; i < count; i++) {
+    for (size_t i = 0; b && tin && i < count; i++) {
         const gm_tensor *t = &b->t[i];
         /* A rank whose canonicalisation failed hashes the raw spec: it fails anyway. */
         uint64_t fp =
@@ -430,7 +323,7 @@ static gcomp_status setup_check(gcomp_mpi_bucket *b, const gcomp_mpi_tensor *d, 
             gm_mix(gm_mix(d[i].n) ^ gm_mix(d[i].rows * 0x9e3779b97f4a7c15ull) ^ (d[i].cols << 1));
         uint64_t strat = (uint64_t)((unsigned)d[i].strategy) << 8 | (uint64_t)(t->strategy & 0xff);
         uint64_t nm = d[i].name ? gm_fnv1a(d[i].name, strlen(d[i].name), 0) : gm_mix(i + 1);
-        uint64_t *p = cc->tin + i * PT_N;
+        uint64_t *p = tin + i * PT_N;
         put_pair(p + PT_FP, fp);
         put_pair(p + PT_SIZE, sz);
         put_pair(p + PT_STRAT, strat);
@@ -441,53 +334,45 @@ static gcomp_status setup_check(gcomp_mpi_bucket *b, const gcomp_mpi_tensor *d, 
     put_pair(cc->in + CHK_H, h);
     cc->in[CHK_FAIL] = local != GCOMP_OK ? gm_marker(local, c->rank) : 0;
     MPI_Request req;
-    int rc = MPI_Iallreduce(cc->in, cc->out, CHK_N, MPI_UINT64_T, MPI_MAX, b->bc, &req);
-    if (rc != MPI_SUCCESS) {
-        free(cc->tin);
-        free(cc->tout);
-        free(cc);
+    int rc = MPI_Iallreduce(cc->in, cc->out, CHK_N, MPI_UINT64_T, MPI_MAX, bc, &req);
+    if (rc != MPI_SUCCESS)
         return gm_comm_mpi_fail(c, err, rc, "MPI_Iallreduce (bucket set-up check)");
-    }
+    cc->pending = true;
     gcomp_status st = gm_wait_all(c, &req, 1, deadline, "bucket set-up check", err);
-    if (st != GCOMP_OK) return st; /* cc leaked on purpose */
-    st = GCOMP_OK;
+    if (st != GCOMP_OK) return st; /* the cells stay pending */
+    cc->pending = false;
     if (cc->out[CHK_FAIL]) {
         uint64_t m = cc->out[CHK_FAIL];
-        st = local != GCOMP_OK ? local : GCOMP_E_MISMATCH;
-        if (local == GCOMP_OK)
-            gm_fail(err, st, "rank %d could not set up the bucket (%s); no rank uses it",
-                    gm_marker_rank(m), gcomp_status_str(gm_marker_status(m)));
-    } else if (pair_differs(cc->out + CHK_T)) {
-        st = gm_fail(err, GCOMP_E_MISMATCH, "ranks have different tensor counts (%llu to %llu)",
-                     (unsigned long long)~cc->out[CHK_T + 1], (unsigned long long)cc->out[CHK_T]);
-    } else if (pair_differs(cc->out + CHK_H)) {
-        rc = MPI_Iallreduce(cc->tin, cc->tout, (int)(count * PT_N), MPI_UINT64_T, MPI_MAX, b->bc,
-                            &req);
-        if (rc != MPI_SUCCESS) return gm_comm_mpi_fail(c, err, rc, "MPI_Iallreduce (set-up check)");
-        st = gm_wait_all(c, &req, 1, deadline, "bucket set-up check (per tensor)", err);
-        if (st != GCOMP_OK) return st;
-        st = gm_fail(err, GCOMP_E_MISMATCH,
-                     "bucket settings differ across ranks "
-                     "(bucket_bytes, ranks_per_node or format version)");
-        for (size_t i = 0; i < count; i++) {
-            const uint64_t *p = cc->tout + i * PT_N;
-            const char *what = pair_differs(p + PT_FP)      ? "codec spec (fingerprint)"
-                               : pair_differs(p + PT_SIZE)  ? "size or shape"
-                               : pair_differs(p + PT_STRAT) ? "strategy"
-                               : pair_differs(p + PT_NAME)  ? "name (tensor order?)"
-                                                            : NULL;
-            if (what) {
-                st = gm_fail(err, GCOMP_E_MISMATCH,
-                             "tensor '%s' (#%zu): %s differs across ranks (this rank: %s, n=%zu)",
-                             b->t[i].name ? b->t[i].name : "?", i, what,
-                             b->t[i].spec[0] ? b->t[i].spec : d[i].spec, d[i].n);
-                break;
-            }
-        }
+        if (local != GCOMP_OK) return local;
+        return gm_fail(err, GCOMP_E_MISMATCH,
+                       "rank %d could not set up the bucket (%s); no rank uses it",
+                       gm_marker_rank(m), gcomp_status_str(gm_marker_status(m)));
     }
-    free(cc->tin);
-    free(cc->tout);
-    free(cc);
+    if (pair_differs(cc->out + CHK_T))
+        return gm_fail(err, GCOMP_E_MISMATCH, "ranks have different tensor counts (%llu to %llu)",
+                       (unsigned long long)~cc->out[CHK_T + 1], (unsigned long long)cc->out[CHK_T]);
+    if (!pair_differs(cc->out + CHK_H)) return GCOMP_OK;
+    /* No rank failed locally, so every rank has b, tin and tout. */
+    rc = MPI_Iallreduce(tin, tout, (int)(count * PT_N), MPI_UINT64_T, MPI_MAX, bc, &req);
+    if (rc != MPI_SUCCESS) return gm_comm_mpi_fail(c, err, rc, "MPI_Iallreduce (set-up check)");
+    st = gm_wait_all(c, &req, 1, deadline, "bucket set-up check (per tensor)", err);
+    if (st != GCOMP_OK) return st;
+    st = gm_fail(err, GCOMP_E_MISMATCH,
+                 "bucket settings differ across ranks "
+                 "(bucket_bytes, ranks_per_node or format version)");
+    for (size_t i = 0; i < count; i++) {
+        const uint64_t *p = tout + i * PT_N;
+        const char *what = pair_differs(p + PT_FP)      ? "codec spec (fingerprint)"
+                           : pair_differs(p + PT_SIZE)  ? "size or shape"
+                           : pair_differs(p + PT_STRAT) ? "strategy"
+                           : pair_differs(p + PT_NAME)  ? "name (tensor order?)"
+                                                        : NULL;
+        if (what)
+            return gm_fail(err, GCOMP_E_MISMATCH,
+                           "tensor '%s' (#%zu): %s differs across ranks (this rank: %s, n=%zu)",
+                           b->t[i].name ? b->t[i].name : "?", i, what,
+                           b->t[i].spec[0] ? b->t[i].spec : d[i].spec, d[i].n);
+    }
     return st;
 }
 
@@ -517,26 +402,33 @@ static void bucket_destroy(gcomp_mpi_bucket *b) {
     for (size_t gi = 0; gi < b->ng; gi++)
         if (b->g[gi].inflight) nreq += b->g[gi].nreq;
     if (nreq > 0 && !fin) {
-        MPI_Request *req = calloc((size_t)nreq, sizeof *req);
-        void **bufs = calloc(6 * b->ng + 2 * b->nt + 1, sizeof *bufs);
+        MPI_Request *req = gm_calloc((size_t)nreq, sizeof *req);
+        void **bufs = gm_calloc(6 * b->ng + 2 * b->nt + 1, sizeof *bufs);
         size_t nb = 0;
         int k = 0;
+        bool keep = req && bufs; /* else every such buffer is leaked, never freed */
         for (size_t gi = 0; gi < b->ng; gi++) {
             gm_group *g = &b->g[gi];
-            if (!g->inflight || !req || !bufs) continue;
-            for (int i = 0; i < g->nreq; i++) req[k++] = g->req[i];
-            nb += group_bufs(g, bufs + nb);
+            if (!g->inflight) continue;
+            for (int i = 0; keep && i < g->nreq; i++) req[k++] = g->req[i];
+            if (keep) nb += group_bufs(g, bufs + nb);
             g->send.p = g->recv.p = g->gsend.p = g->grecv.p = g->pack.p = g->words.p = NULL;
             if (g->hier)
                 for (size_t i = g->t0; i < g->t1; i++) {
-                    bufs[nb++] = b->t[i].work.p;
-                    bufs[nb++] = b->t[i].tmp.p;
+                    if (keep) {
+                        bufs[nb++] = b->t[i].work.p;
+                        bufs[nb++] = b->t[i].tmp.p;
+                    }
                     b->t[i].work.p = b->t[i].tmp.p = NULL;
                 }
         }
         MPI_Comm comms[3] = {b->bc, b->bnode, b->bleaders};
-        if (req && bufs) gm_comm_bury(c, req, k, bufs, nb, comms, 3);
-        /* else: leak; never free what MPI may still use */
+        if (keep) {
+            gm_comm_bury(c, req, k, bufs, nb, comms, 3);
+        } else {
+            gm_free(req);
+            gm_free(bufs);
+        }
         b->bc = b->bnode = b->bleaders = MPI_COMM_NULL;
     }
     for (size_t gi = 0; gi < b->ng; gi++) {
@@ -547,24 +439,27 @@ static void bucket_destroy(gcomp_mpi_bucket *b) {
         gm_buf_free(&g->grecv);
         gm_buf_free(&g->pack);
         gm_buf_free(&g->words);
-        free(g->req);
-        free(g->steps);
+        gm_free(g->req);
+        gm_free(g->steps);
+        if (g->S && g->S->group_free)
+            g->S->group_free(g);
+        else
+            gm_free(g->priv);
     }
     if (b->t)
         for (size_t i = 0; i < b->nt; i++) {
-            int xs = b->t[i].hier ? c->nnodes : c->size;
-            tensor_free(&b->t[i], xs);
+            tensor_free(&b->t[i]);
             gm_buf_free(&b->t[i].work);
             gm_buf_free(&b->t[i].tmp);
         }
-    free(b->t);
-    free(b->g);
+    gm_free(b->t);
+    gm_free(b->g);
     if (!fin) {
         if (b->bc != MPI_COMM_NULL) MPI_Comm_free(&b->bc);
         if (b->bnode != MPI_COMM_NULL) MPI_Comm_free(&b->bnode);
         if (b->bleaders != MPI_COMM_NULL) MPI_Comm_free(&b->bleaders);
     }
-    free(b);
+    gm_free(b);
 }
 
 void gcomp_mpi_bucket_free(gcomp_mpi_bucket *b) {
@@ -573,10 +468,49 @@ void gcomp_mpi_bucket_free(gcomp_mpi_bucket *b) {
     bucket_destroy(b);
 }
 
-typedef struct dup_cells {
-    MPI_Comm bc, bnode, bleaders;
-} dup_cells;
+/* Local set-up of a bucket whose communicators exist: tensors, sub-buckets, buffers. */
+static gcomp_status bucket_setup(gcomp_mpi_bucket *b, const gcomp_mpi_tensor *tensors, size_t count,
+                                 gcomp_error *err) {
+    b->nt = count;
+    b->t = gm_calloc(count, sizeof *b->t);
+    b->g = gm_calloc(count, sizeof *b->g);
+    if (!b->t || !b->g) return gm_fail(err, GCOMP_E_NOMEM, "out of memory creating a bucket");
+    for (size_t i = 0; i < count; i++) {
+        gcomp_status st = tensor_setup(b, i, &tensors[i], err);
+        if (st != GCOMP_OK) return st;
+    }
+    size_t start = 0, bytes = 0;
+    for (size_t i = 0; i <= count; i++) {
+        bool cut =
+            i == count ||
+            (i > start && (!same_group(&b->t[start], &b->t[i]) ||
+                           (b->opt.bucket_bytes && bytes + 4 * b->t[i].n > b->opt.bucket_bytes)));
+        if (i > start && cut) {
+            gm_group *g = &b->g[b->ng++];
+            g->t0 = start;
+            g->t1 = i;
+            start = i;
+            bytes = 0;
+        }
+        if (i < count) bytes += 4 * b->t[i].n;
+    }
+    for (size_t gi = 0; gi < b->ng; gi++) {
+        gcomp_status st = group_setup(b, &b->g[gi]);
+        if (st != GCOMP_OK)
+            return gm_fail(err, st, "sub-bucket at tensor '%s': %s", b->t[b->g[gi].t0].name,
+                           st == GCOMP_E_LIMIT ? "an exchange would exceed MPI's 2 GiB counts"
+                                               : gcomp_status_str(st));
+    }
+    return GCOMP_OK;
+}
 
+/*
+ * Creation is collective, so every rank issues the same collectives whatever happens to it
+ * locally: the communicator duplicates and the check are issued even by a rank that could
+ * not allocate its bucket (their results live in the communicator's cells), and a local
+ * failure travels in the check, so that every rank returns an error together instead of
+ * the others waiting out their timeout.
+ */
 gcomp_status gcomp_mpi_bucket_create(gcomp_mpi_bucket **out, gcomp_mpi_comm *comm,
                                      const gcomp_mpi_tensor *tensors, size_t count,
                                      const gcomp_mpi_bucket_options *opt, double timeout_s,
@@ -588,83 +522,74 @@ gcomp_status gcomp_mpi_bucket_create(gcomp_mpi_bucket **out, gcomp_mpi_comm *com
     if (!tensors || count == 0 || count > (size_t)INT_MAX / 16)
         return gm_fail(err, GCOMP_E_ARG, "tensors must hold 1 or more descriptions");
     uint64_t deadline = gm_deadline(comm, timeout_s);
-    gcomp_mpi_bucket *b = calloc(1, sizeof *b);
-    dup_cells *dc = calloc(1, sizeof *dc);
-    if (!b || !dc) {
-        free(b);
-        free(dc);
-        return gm_fail(err, GCOMP_E_NOMEM, "out of memory creating a bucket");
+    gm_setup_cells *cc = comm->cells;
+    gcomp_error local_err = {0};
+    gcomp_status local = GCOMP_OK;
+    gcomp_mpi_bucket *b = gm_calloc(1, sizeof *b);
+    if (!b) {
+        local = gm_fail(&local_err, GCOMP_E_NOMEM, "out of memory creating a bucket");
+    } else {
+        b->comm = comm;
+        b->epoch = comm->epoch;
+        b->bc = b->bnode = b->bleaders = MPI_COMM_NULL;
+        if (opt)
+            b->opt = *opt;
+        else
+            gcomp_mpi_bucket_options_default(&b->opt);
     }
-    b->comm = comm;
-    b->epoch = comm->epoch;
-    b->bc = b->bnode = b->bleaders = MPI_COMM_NULL;
-    if (opt)
-        b->opt = *opt;
-    else
-        gcomp_mpi_bucket_options_default(&b->opt);
 
     /* 1. Our own communicators (collective on every rank whatever the tensors are). */
     MPI_Request req[3];
-    int nreq = 0, rc = MPI_Comm_idup(comm->comm, &dc->bc, &req[nreq++]);
-    if (rc == MPI_SUCCESS) rc = MPI_Comm_idup(comm->node, &dc->bnode, &req[nreq++]);
+    cc->bc = cc->bnode = cc->bleaders = MPI_COMM_NULL;
+    int nreq = 0, rc = MPI_Comm_idup(comm->comm, &cc->bc, &req[nreq++]);
+    if (rc == MPI_SUCCESS) rc = MPI_Comm_idup(comm->node, &cc->bnode, &req[nreq++]);
     if (rc == MPI_SUCCESS && comm->leaders != MPI_COMM_NULL)
-        rc = MPI_Comm_idup(comm->leaders, &dc->bleaders, &req[nreq++]);
+        rc = MPI_Comm_idup(comm->leaders, &cc->bleaders, &req[nreq++]);
     if (rc != MPI_SUCCESS) {
-        free(b);
-        free(dc);
+        gm_free(b);
         return gm_comm_mpi_fail(comm, err, rc, "MPI_Comm_idup (bucket)");
     }
+    cc->pending = true;
     st = gm_wait_all(comm, req, nreq, deadline, "duplicating the communicator for a bucket", err);
-    if (st != GCOMP_OK) return st; /* b and dc leaked on purpose: MPI may still write them */
-    b->bc = dc->bc;
-    b->bnode = dc->bnode;
-    b->bleaders = comm->leaders != MPI_COMM_NULL ? dc->bleaders : MPI_COMM_NULL;
-    free(dc);
-    comm->nbuckets++;
+    if (st != GCOMP_OK) {
+        gm_free(b); /* the cells stay pending: MPI may still write them */
+        return st;
+    }
+    cc->pending = false;
+    MPI_Comm dups[3] = {cc->bc, cc->bnode, cc->bleaders};
+    if (b) {
+        b->bc = dups[0];
+        b->bnode = dups[1];
+        b->bleaders = dups[2];
+        comm->nbuckets++;
+    }
 
     /* 2. Local set-up.  A failure here is still shared through the check below. */
-    gcomp_error local_err = {0};
-    gcomp_status local = GCOMP_OK;
-    b->nt = count;
-    b->t = calloc(count, sizeof *b->t);
-    b->g = calloc(count, sizeof *b->g);
-    if (!b->t || !b->g)
-        local = gm_fail(&local_err, GCOMP_E_NOMEM, "out of memory creating a bucket");
-    for (size_t i = 0; local == GCOMP_OK && i < count; i++)
-        local = tensor_setup(b, i, &tensors[i], &local_err);
+    uint64_t *tin = NULL, *tout = NULL;
+    if (local == GCOMP_OK) local = bucket_setup(b, tensors, count, &local_err);
     if (local == GCOMP_OK) {
-        size_t start = 0, bytes = 0;
-        for (size_t i = 0; i <= count; i++) {
-            bool cut = i == count ||
-                       (i > start &&
-                        (!same_group(&b->t[start], &b->t[i]) ||
-                         (b->opt.bucket_bytes && bytes + 4 * b->t[i].n > b->opt.bucket_bytes)));
-            if (i > start && cut) {
-                gm_group *g = &b->g[b->ng++];
-                g->t0 = start;
-                g->t1 = i;
-                start = i;
-                bytes = 0;
-            }
-            if (i < count) bytes += 4 * b->t[i].n;
-        }
-        for (size_t gi = 0; local == GCOMP_OK && gi < b->ng; gi++) {
-            local = group_setup(b, &b->g[gi]);
-            if (local != GCOMP_OK)
-                gm_fail(&local_err, local, "sub-bucket at tensor '%s': %s", b->t[b->g[gi].t0].name,
-                        local == GCOMP_E_LIMIT ? "an exchange would exceed MPI's 2 GiB counts"
-                                               : gcomp_status_str(local));
-        }
+        tin = gm_calloc(count * PT_N, 8);
+        tout = gm_calloc(count * PT_N, 8);
+        if (!tin || !tout) local = gm_fail(&local_err, GCOMP_E_NOMEM, "out of memory");
     }
 
     /* 3. Every rank must agree. */
-    st = setup_check(b, tensors, count, local, deadline, err);
+    st = setup_check(comm, dups[0], b, tensors, count, local, tin, tout, deadline, err);
+    gm_free(tin);
+    if (st != GCOMP_OK && comm->failed != GCOMP_OK) {
+        /* The check timed out: b and tout are leaked, MPI may still write them. */
+        if (b) comm->nbuckets--;
+        return st;
+    }
+    gm_free(tout);
     if (st != GCOMP_OK) {
         if (local != GCOMP_OK && err) *err = local_err;
-        if (comm->failed == GCOMP_OK)
+        if (b) {
             gcomp_mpi_bucket_free(b);
-        else
-            comm->nbuckets--; /* the check timed out: b is leaked, MPI may still write it */
+        } else {
+            for (int i = 0; i < 3; i++)
+                if (dups[i] != MPI_COMM_NULL) MPI_Comm_free(&dups[i]);
+        }
         return st;
     }
     *out = b;
@@ -936,19 +861,19 @@ gcomp_status gcomp_mpi_message(const gcomp_mpi_bucket *b, size_t i, size_t j, co
     return GCOMP_OK;
 }
 
+static void owner_view(const gm_tensor *t, gm_owner_view *v) {
+    memset(v, 0, sizeof *v);
+    if (t->S && t->S->owner) t->S->owner(t, v);
+}
+
 gcomp_status gcomp_mpi_owner_residual(const gcomp_mpi_bucket *b, size_t i, const float **res,
                                       size_t *offset, size_t *count) {
     if (!b || i >= b->nt || !res) return GCOMP_E_ARG;
-    const gm_tensor *t = &b->t[i];
-    *res = NULL;
-    if (offset) *offset = 0;
-    if (count) *count = 0;
-    if (!t->owner || !t->reg) return GCOMP_OK;
-    int me = t->hier ? b->comm->node_index : b->comm->rank;
-    *res = gcomp_compressor_residual(t->owner);
-    if (!*res) return GCOMP_OK;
-    if (offset) *offset = t->reg[me];
-    if (count) *count = t->reg[me + 1] - t->reg[me];
+    gm_owner_view v;
+    owner_view(&b->t[i], &v);
+    *res = v.c ? gcomp_compressor_residual(v.c) : NULL;
+    if (offset) *offset = *res ? v.offset : 0;
+    if (count) *count = *res ? v.count : 0;
     return GCOMP_OK;
 }
 
@@ -958,8 +883,10 @@ const char *gcomp_mpi_worker_spec(const gcomp_mpi_bucket *b, size_t i) {
 }
 
 const char *gcomp_mpi_owner_spec(const gcomp_mpi_bucket *b, size_t i) {
-    if (!b || i >= b->nt || !b->t[i].reg) return NULL;
-    return b->t[i].ospec;
+    if (!b || i >= b->nt) return NULL;
+    gm_owner_view v;
+    owner_view(&b->t[i], &v);
+    return v.spec;
 }
 
 gcomp_compressor *gcomp_mpi_compressor(const gcomp_mpi_bucket *b, size_t i) {

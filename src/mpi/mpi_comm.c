@@ -1,5 +1,5 @@
 /*
- * mpi_comm.c - the communicator object, bounded waits, failure state, strategy names.
+ * mpi_comm.c - the communicator object, bounded waits, failure state.
  *
  * Every wait in the library is gm_wait_all: MPI_Testall in a loop with a deadline and a
  * short back-off, never MPI_Wait, so a dead or stalled peer turns into GCOMP_E_TIMEOUT
@@ -19,101 +19,6 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
-
-/* ---- strategies ---------------------------------------------------------------------- */
-
-static const char *const base_names[] = {"auto", "allgather", "sparse", "allreduce", "rsag"};
-static const char *const hier_names[] = {"hierarchical", "hierarchical:allgather",
-                                         "hierarchical:sparse", "hierarchical:allreduce",
-                                         "hierarchical:rsag"};
-
-gcomp_status gcomp_mpi_strategy_parse(const char *s, int *out) {
-    if (!s || !out) return GCOMP_E_ARG;
-    int flag = 0;
-    if (!strncmp(s, "hierarchical", 12)) {
-        flag = GCOMP_MPI_HIERARCHICAL;
-        s += 12;
-        if (*s == 0) {
-            *out = flag | GCOMP_MPI_AUTO;
-            return GCOMP_OK;
-        }
-        if (*s != ':') return GCOMP_E_ARG;
-        s++;
-    }
-    for (int i = 0; i < 5; i++)
-        if (!strcmp(s, base_names[i])) {
-            *out = flag | i;
-            return GCOMP_OK;
-        }
-    return GCOMP_E_ARG;
-}
-
-const char *gcomp_mpi_strategy_name(int strategy) {
-    int base = strategy & 0xff, flags = strategy & ~0xff;
-    if (base > GCOMP_MPI_RSAG || (flags & ~GCOMP_MPI_HIERARCHICAL)) return "?";
-    return flags ? hier_names[base] : base_names[base];
-}
-
-/* The value coder named in a canonical spec ("...,values=f16,..."), or "" if none. */
-static void spec_values(const char *canon, char *out, size_t cap) {
-    out[0] = 0;
-    const char *v = strstr(canon, ":values=");
-    if (!v) v = strstr(canon, ",values=");
-    if (!v) return;
-    v += 8;
-    size_t l = strcspn(v, ",");
-    if (l >= cap) l = cap - 1;
-    memcpy(out, v, l);
-    out[l] = 0;
-}
-
-gcomp_status gcomp_mpi_strategy_auto(const char *spec, int nranks, int *out) {
-    (void)nranks;
-    if (!spec || !out) return GCOMP_E_ARG;
-    char canon[512], name[64], values[16];
-    gcomp_status st = gcomp_spec_canonical(spec, canon, sizeof canon, NULL, NULL);
-    if (st != GCOMP_OK) return st;
-    size_t l = strcspn(canon, ":");
-    if (l >= sizeof name) return GCOMP_E_SPEC;
-    memcpy(name, canon, l);
-    name[l] = 0;
-    const gcomp_codec_info *ci = gcomp_codec_find(name);
-    if (!ci) return GCOMP_E_UNKNOWN_CODEC;
-    spec_values(canon, values, sizeof values);
-    bool float_values = !strcmp(values, "f32") || !strcmp(values, "f16") || !strcmp(values, "bf16");
-    bool owner_ef = false;
-    if ((ci->flags & GCOMP_CODEC_QUANTIZER) && strcmp(name, "twobit") != 0 &&
-        strcmp(name, "sign") != 0) {
-        st = gm_owner_feedback(canon, &owner_ef);
-        if (st != GCOMP_OK) return st;
-    }
-    if (ci->flags & GCOMP_CODEC_MULTIPHASE)
-        *out = GCOMP_MPI_ALLREDUCE;
-    else if ((ci->flags & GCOMP_CODEC_LINEAR) && float_values)
-        *out = GCOMP_MPI_ALLREDUCE;
-    else if (owner_ef)
-        *out = GCOMP_MPI_RSAG;
-    /* twobit sends at most +-t per element per step whatever its input: an owner that
-     * re-compresses the sum of P ranks' +-t falls behind by up to (P-1)t a step, its
-     * residual grows without bound and replays stale steps (training diverged in
-     * gradcomp train).  MXNet's server never re-compresses either: allgather.
-     * sign: rsag is exactly 1-bit Adam's compressed allreduce (tests/mpi/test_mpi_rsag.c),
-     * but the owner's second 1-bit quantisation of the sum throws away another 26-79 % of
-     * its energy each step (the workers' first already 84-96 % on the MLP's 1024x1024 and
-     * 10x1024 layers), so the residuals hold 5-9 steps of gradient instead of 3-4, the
-     * updates lag twice as far behind, and SGD with momentum 0.9 turns unstable (numbers
-     * from a replay of the 4-rank MLP): gradcomp train reached 38 % after one epoch
-     * against 84 % by allgather (dense 86 %).  1-bit Adam compresses the momentum, which
-     * changes slowly; gradients do not: allgather.
-     * A random quantizer that is no contraction (QSGD at few levels, ternary; see
-     * gm_owner_feedback): its owner re-compresses without error feedback (with it the
-     * residual diverges), so a second unbiased estimate adds the codec's variance again
-     * and the 4-rank MLP lost 4-6 points after one epoch (qsgd:levels=4 78.6 % by rsag,
-     * 85.0 % by allgather; ternary 80.0 % and 84.2 %): allgather. */
-    else
-        *out = GCOMP_MPI_ALLGATHER;
-    return GCOMP_OK;
-}
 
 /* ---- failure state --------------------------------------------------------------------- */
 
@@ -178,7 +83,7 @@ gcomp_status gm_wait_all(gcomp_mpi_comm *c, MPI_Request *req, int n, uint64_t de
 
 void gm_comm_bury(gcomp_mpi_comm *c, MPI_Request *req, int nreq, void **bufs, size_t nbufs,
                   const MPI_Comm *comms, int ncomms) {
-    gm_grave *g = calloc(1, sizeof *g);
+    gm_grave *g = gm_calloc(1, sizeof *g);
     if (!g) return; /* leak everything: never free what MPI may still use */
     g->req = req;
     g->nreq = nreq;
@@ -214,12 +119,12 @@ typedef struct build_cells {
 
 static gcomp_status build(gcomp_mpi_comm *c, double timeout_s, gcomp_error *err) {
     uint64_t deadline = gm_deadline(c, timeout_s);
-    build_cells *cell = calloc(1, sizeof *cell);
+    build_cells *cell = gm_calloc(1, sizeof *cell);
     if (!cell) return gm_fail(err, GCOMP_E_NOMEM, "out of memory creating a communicator");
     MPI_Request req;
     int rc = MPI_Comm_idup(c->user, &cell->dup, &req);
     if (rc != MPI_SUCCESS) {
-        free(cell);
+        gm_free(cell);
         return gm_comm_mpi_fail(c, err, rc, "MPI_Comm_idup");
     }
     gcomp_status st = gm_wait_all(c, &req, 1, deadline, "duplicating the communicator", err);
@@ -233,7 +138,7 @@ static gcomp_status build(gcomp_mpi_comm *c, double timeout_s, gcomp_error *err)
     else
         rc = MPI_Comm_split_type(c->comm, MPI_COMM_TYPE_SHARED, c->rank, MPI_INFO_NULL, &c->node);
     if (rc != MPI_SUCCESS) {
-        free(cell);
+        gm_free(cell);
         return gm_comm_mpi_fail(c, err, rc, "splitting the communicator into nodes");
     }
     MPI_Comm_set_errhandler(c->node, MPI_ERRORS_RETURN);
@@ -241,7 +146,7 @@ static gcomp_status build(gcomp_mpi_comm *c, double timeout_s, gcomp_error *err)
     MPI_Comm_size(c->node, &c->node_size);
     rc = MPI_Comm_split(c->comm, c->node_rank == 0 ? 0 : MPI_UNDEFINED, c->rank, &c->leaders);
     if (rc != MPI_SUCCESS) {
-        free(cell);
+        gm_free(cell);
         return gm_comm_mpi_fail(c, err, rc, "making the node leaders' communicator");
     }
     if (c->leaders != MPI_COMM_NULL) {
@@ -251,14 +156,14 @@ static gcomp_status build(gcomp_mpi_comm *c, double timeout_s, gcomp_error *err)
     }
     rc = MPI_Ibcast(cell->info, 2, MPI_INT, 0, c->node, &req);
     if (rc != MPI_SUCCESS) {
-        free(cell);
+        gm_free(cell);
         return gm_comm_mpi_fail(c, err, rc, "MPI_Ibcast (node layout)");
     }
     st = gm_wait_all(c, &req, 1, deadline, "sharing the node layout", err);
     if (st != GCOMP_OK) return st;
     c->node_index = cell->info[0];
     c->nnodes = cell->info[1];
-    free(cell);
+    gm_free(cell);
     return GCOMP_OK;
 }
 
@@ -281,8 +186,14 @@ gcomp_status gcomp_mpi_comm_create(gcomp_mpi_comm **out, MPI_Comm comm,
     if (!(o.timeout_s > 0) || !isfinite(o.timeout_s) || o.ranks_per_node < 0)
         return gm_fail(err, GCOMP_E_ARG,
                        "options: timeout_s must be > 0 and finite, ranks_per_node >= 0");
-    gcomp_mpi_comm *c = calloc(1, sizeof *c);
-    if (!c) return gm_fail(err, GCOMP_E_NOMEM, "out of memory creating a communicator");
+    gcomp_mpi_comm *c = gm_calloc(1, sizeof *c);
+    gm_setup_cells *cells = gm_calloc(1, sizeof *cells);
+    if (!c || !cells) {
+        gm_free(c);
+        gm_free(cells);
+        return gm_fail(err, GCOMP_E_NOMEM, "out of memory creating a communicator");
+    }
+    c->cells = cells;
     c->user = comm;
     c->comm = c->node = c->leaders = MPI_COMM_NULL;
     c->op_f16 = c->op_bf16 = MPI_OP_NULL;
@@ -290,7 +201,8 @@ gcomp_status gcomp_mpi_comm_create(gcomp_mpi_comm **out, MPI_Comm comm,
     if (MPI_Op_create(gm_op_f16_sum, 1, &c->op_f16) != MPI_SUCCESS ||
         MPI_Op_create(gm_op_bf16_sum, 1, &c->op_bf16) != MPI_SUCCESS) {
         if (c->op_f16 != MPI_OP_NULL) MPI_Op_free(&c->op_f16);
-        free(c);
+        gm_free(c->cells);
+        gm_free(c);
         return gm_fail(err, GCOMP_E_MPI, "MPI_Op_create failed");
     }
     gcomp_status st = build(c, timeout_s, err);
@@ -299,7 +211,8 @@ gcomp_status gcomp_mpi_comm_create(gcomp_mpi_comm **out, MPI_Comm comm,
         free_comms(c);
         MPI_Op_free(&c->op_f16);
         MPI_Op_free(&c->op_bf16);
-        free(c);
+        gm_free(c->cells);
+        gm_free(c);
         return st;
     }
     *out = c;
@@ -317,25 +230,32 @@ gcomp_status gcomp_mpi_comm_free(gcomp_mpi_comm *c) {
         int flag = 0;
         if (!fin && g->nreq) MPI_Testall(g->nreq, g->req, &flag, MPI_STATUSES_IGNORE);
         if (flag || !g->nreq) {
-            for (size_t i = 0; i < g->nbufs; i++) free(g->bufs[i]);
-            free(g->bufs);
-            free(g->req);
+            for (size_t i = 0; i < g->nbufs; i++) gm_free(g->bufs[i]);
+            gm_free(g->bufs);
+            gm_free(g->req);
             for (int i = 0; i < 3 && !fin; i++)
                 if (g->comms[i] != MPI_COMM_NULL) MPI_Comm_free(&g->comms[i]);
         } /* else: leaked on purpose, MPI may still use them */
-        free(g);
+        gm_free(g);
     }
     if (!fin) {
         free_comms(c);
         MPI_Op_free(&c->op_f16);
         MPI_Op_free(&c->op_bf16);
     }
-    free(c);
+    if (c->cells && !c->cells->pending) gm_free(c->cells); /* else leaked on purpose */
+    gm_free(c);
     return GCOMP_OK;
 }
 
 gcomp_status gcomp_mpi_comm_reset(gcomp_mpi_comm *c, double timeout_s, gcomp_error *err) {
     if (!c) return gm_fail(err, GCOMP_E_ARG, "communicator is NULL");
+    if (c->cells->pending) {
+        /* A bucket set-up timed out: its requests may still write the old cells. */
+        gm_setup_cells *cells = gm_calloc(1, sizeof *cells);
+        if (!cells) return gm_fail(err, GCOMP_E_NOMEM, "out of memory resetting a communicator");
+        c->cells = cells; /* the old ones are leaked on purpose */
+    }
     /* The old communicators may carry abandoned operations: keep them (see gm_grave)
      * until the communicator is freed, and start over from the caller's. */
     MPI_Comm old[3] = {c->comm, c->node, c->leaders};

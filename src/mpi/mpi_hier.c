@@ -46,7 +46,7 @@ static gcomp_status hier_copy(gcomp_mpi_bucket *b, gm_group *g) {
     }
     g->hround = 0;
     g->hdown = rounds_of(b->comm->node_size) - 1;
-    g->hstat = 0;
+    *g->hstat = 0;
     return GCOMP_OK;
 }
 
@@ -91,7 +91,7 @@ static void leader_status(gcomp_mpi_bucket *b, gm_group *g) {
                 gm_group_shared_fail(b, g, GCOMP_E_NONFINITE, -1, g->t0 + k);
         }
     }
-    g->hstat = g->st != GCOMP_OK ? gm_marker(g->st, b->comm->node_index) : 0;
+    *g->hstat = g->st != GCOMP_OK ? gm_marker(g->st, b->comm->node_index) : 0;
 }
 
 static gcomp_status hier_down(gcomp_mpi_bucket *b, gm_group *g) {
@@ -101,8 +101,8 @@ static gcomp_status hier_down(gcomp_mpi_bucket *b, gm_group *g) {
     bool send = q % (2 * d) == 0 && q + d < S, recv = q % (2 * d) == d;
     if (!send && !recv) return GCOMP_OK;
     int peer = send ? q + d : q - d, rc;
-    rc = send ? MPI_Isend(&g->hstat, 1, MPI_UINT64_T, peer, HIER_TAG, b->bnode, &g->req[0])
-              : MPI_Irecv(&g->hstat, 1, MPI_UINT64_T, peer, HIER_TAG, b->bnode, &g->req[0]);
+    rc = send ? MPI_Isend(g->hstat, 1, MPI_UINT64_T, peer, HIER_TAG, b->bnode, &g->req[0])
+              : MPI_Irecv(g->hstat, 1, MPI_UINT64_T, peer, HIER_TAG, b->bnode, &g->req[0]);
     if (rc != MPI_SUCCESS) return gm_issue_fail(b, rc, "MPI_Isend/Irecv (status, inside the node)");
     g->nreq = 1;
     for (size_t k = 0; k < g->nt; k++) {
@@ -121,12 +121,12 @@ static gcomp_status hier_down(gcomp_mpi_bucket *b, gm_group *g) {
 
 static gcomp_status hier_finish(gcomp_mpi_bucket *b, gm_group *g) {
     if (b->comm->node_rank == 0 && b->comm->node_size == 1) leader_status(b, g);
-    if (b->comm->node_rank != 0 && (g->hstat & GM_MARK) && g->st == GCOMP_OK) {
+    if (b->comm->node_rank != 0 && (*g->hstat & GM_MARK) && g->st == GCOMP_OK) {
         /* The leader's group message stays on the leader; say where to look. */
-        g->st = gm_marker_status(g->hstat);
+        g->st = gm_marker_status(*g->hstat);
         snprintf(g->msg, sizeof g->msg,
                  "sub-bucket at tensor '%s': %s (reported by the leader of node %d)",
-                 b->t[g->t0].name, gcomp_status_str(g->st), gm_marker_rank(g->hstat));
+                 b->t[g->t0].name, gcomp_status_str(g->st), gm_marker_rank(*g->hstat));
     }
     if (g->st != GCOMP_OK) return GCOMP_OK;
     float s = g->single_node ? b->scale : 1.0f;

@@ -4,8 +4,10 @@
  * The MPI layer sees libgradcomp through its public header and src/common/common.h only
  * (the core's internal symbols are hidden in the shared library; the common utilities are
  * linked into this library as its own hidden copy).  Everything else it needs beyond that
- * API is here: the normative wire-format fields it reads (docs/FORMAT.md), the
- * half-precision sums, and the slice format of the sparse allreduce.
+ * API is here: the engine's objects (tensors, groups, buckets), the helpers strategies
+ * share, the normative wire-format fields it reads (docs/FORMAT.md), the half-precision
+ * sums, and the slice format of the sparse allreduce.  The strategies themselves are
+ * components behind the table of mpi_strategy.h.
  *
  * Engine (mpi_bucket.c): a bucket is cut into groups (sub-buckets); each group runs a
  * fixed list of steps, LOCAL (codec work) or COLL (issues non-blocking collectives).
@@ -17,7 +19,9 @@
  * part in every collective the others will issue, or they hang.  So a local failure is
  * written into the next size word it sends (a marker: bit 63, the status, the rank), and
  * a COLL step skips its transfer only when every rank has seen the same markers.  Only
- * MPI errors and timeouts break that rule; they fail the whole communicator.
+ * MPI errors and timeouts break that rule; they fail the whole communicator.  For the
+ * same reason an allreduce allocates nothing in this layer: every buffer a call can need
+ * is reserved when the bucket is created, where a failure is shared by the set-up check.
  */
 #ifndef GCOMP_MPI_INTERNAL_H
 #define GCOMP_MPI_INTERNAL_H
@@ -44,6 +48,33 @@ static inline int gm_marker_rank(uint64_t m) {
 /* Or'ed into a marker by an owner whose own re-compression failed (its sum, or sum plus
  * residual, is not finite), as opposed to a contribution it received. */
 #define GM_MARK_OWNER (1ull << 48)
+
+/* ---- memory --------------------------------------------------------------------------------- */
+
+/* Every allocation of this layer goes through libgradcomp's allocator (src/common/mem.c,
+ * this library's own copy), so the anomaly test (tests/mpi/test_mpi_nomem.c) can fail the
+ * N-th one with gcomp__mpi_test_fail_alloc_after.  Memory from these is freed with gm_free
+ * only, never free(). */
+static inline void *gm_alloc(size_t bytes) {
+    return gcomp__alloc(bytes);
+}
+/* n * size zeroed bytes; NULL on overflow. */
+static inline void *gm_calloc(size_t n, size_t size) {
+    if (size && n > (size_t)-1 / size) return NULL;
+    return gcomp__calloc(n * size);
+}
+static inline void gm_free(void *p) {
+    gcomp__free(p);
+}
+char *gm_strdup(const char *s);
+/* Grows *p (from gm_alloc, `old` bytes used) to `want` bytes keeping its contents (realloc;
+ * the allocator has none).  On failure *p is untouched and GCOMP_E_NOMEM returned. */
+gcomp_status gm_grow(void **p, size_t old, size_t want);
+/* Test hook (exported for tests/mpi only): the allocation after `n` more succeed fails;
+ * (size_t)-1 disables.  Returns how many were left before the call (so a test learns
+ * whether its operation reached the failure).  This library's counter only; the core's is
+ * gcomp__test_fail_alloc_after. */
+GCOMP_API size_t gcomp__mpi_test_fail_alloc_after(size_t n);
 
 /* ---- utilities ---------------------------------------------------------------------------- */
 
@@ -78,10 +109,13 @@ static inline float gm_bf16_to_f32(uint16_t h) {
     return gcomp__bf16_to_f32(h);
 }
 /* random-k positions for (key, n, k), ascending (docs/FORMAT.md "Seeded entries"), the
- * same code the core decoder runs; `bits` is scratch of n bits. */
+ * same code the core decoder runs; `bits` is scratch of gm_seeded_scratch(n) bytes. */
 static inline gcomp_status gm_seeded_positions(uint64_t key, size_t n, size_t k, uint32_t *idx,
                                                gm_buf *bits) {
     return gcomp__seeded_indices(key, n, k, idx, bits);
+}
+static inline size_t gm_seeded_scratch(size_t n) {
+    return (n + 63) / 64 * 8;
 }
 
 /* The layer's own (mpi_util.c). */
@@ -125,11 +159,17 @@ gcomp_status gm_read_hdr(const void *msg, size_t len, gm_hdr *h);
 gcomp_status gm_decode_checked(gcomp_compressor *c, const void *msg, size_t len, uint64_t fp,
                                size_t n, float *acc, float scale);
 
+/* Wire ids of the plain-float value coders in a sparse section (docs/FORMAT.md), and the
+ * width of one value. */
+enum { GM_VID_F32 = 0, GM_VID_F16 = 1, GM_VID_BF16 = 2 };
+static inline size_t gm_vid_width(int vid) {
+    return vid == GM_VID_F32 ? 4 : 2;
+}
 /* A dense or seeded-sparse message's values, for the linear allreduce: checks the
- * layout (index coding none or seeded, value coder f32/f16/bf16 = vtype, lengths) and
+ * layout (index coding none or seeded, value coder f32/f16/bf16 = vid, lengths) and
  * returns where the values are.  *key receives the seeded key (0 for dense). */
-gcomp_status gm_linear_values(const void *msg, size_t len, size_t n, int vtype,
-                              const uint8_t **vals, size_t *nvals, uint64_t *key);
+gcomp_status gm_linear_values(const void *msg, size_t len, size_t n, int vid, const uint8_t **vals,
+                              size_t *nvals, uint64_t *key);
 
 /* ---- sparse-allreduce slices (docs/FORMAT.md, "MPI sparse-allreduce slice") ------------ */
 
@@ -153,7 +193,6 @@ gcomp_status gm_slice_decode_add(const uint8_t *src, size_t n, size_t len, float
 
 /* ---- communicator ----------------------------------------------------------------------- */
 
-/* Buffers whose requests never completed: kept until the communicator is freed. */
 /* Buffers and communicators that an abandoned operation may still use: kept until the
  * communicator is freed.  Communicators are not freed early on purpose: Open MPI may reuse
  * a freed communicator's context id at once, and a late message of the abandoned
@@ -166,6 +205,18 @@ typedef struct gm_grave {
     size_t nbufs;
     MPI_Comm comms[3];
 } gm_grave;
+
+/* What a bucket set-up's collectives write: the bucket's duplicate communicators and the
+ * check words.  The communicator keeps them, so that a rank short of memory still takes
+ * part in those collectives (and shares its failure through the check instead of leaving
+ * the others to time out); after a timeout a request may still write them, so they are
+ * then left to the communicator's end (`pending`). */
+#define GM_SETUP_WORDS 8
+typedef struct gm_setup_cells {
+    MPI_Comm bc, bnode, bleaders;
+    uint64_t in[GM_SETUP_WORDS], out[GM_SETUP_WORDS];
+    bool pending;
+} gm_setup_cells;
 
 struct gcomp_mpi_comm {
     MPI_Comm user;    /* the caller's; not owned */
@@ -180,6 +231,7 @@ struct gcomp_mpi_comm {
     gcomp_status failed;
     gcomp_error failure;
     gm_grave *graves;
+    gm_setup_cells *cells; /* for bucket set-up */
 };
 
 /* Marks the communicator failed (first failure wins) and fills err. */
@@ -193,53 +245,44 @@ gcomp_status gm_comm_mpi_fail(gcomp_mpi_comm *c, gcomp_error *err, int rc, const
 gcomp_status gm_wait_all(gcomp_mpi_comm *c, MPI_Request *req, int n, uint64_t deadline,
                          const char *what, gcomp_error *err);
 uint64_t gm_deadline(const gcomp_mpi_comm *c, double timeout_s);
+/* Keeps req, bufs (and the arrays themselves, from gm_alloc) and comms until the
+ * communicator is freed.  Without memory for the grave they are leaked, never freed. */
 void gm_comm_bury(gcomp_mpi_comm *c, MPI_Request *req, int nreq, void **bufs, size_t nbufs,
                   const MPI_Comm *comms, int ncomms);
 
 /* ---- bucket ------------------------------------------------------------------------------ */
+
+typedef struct gm_strategy gm_strategy;
 
 typedef struct gm_msgref {
     const uint8_t *p;
     size_t len, offset, count;
 } gm_msgref;
 
+/* One tensor of a bucket: what every strategy has.  A strategy's own per-tensor state
+ * (its compressors beyond `c`, regions, decoders, positions...) is behind `priv`. */
 typedef struct gm_tensor {
     char *name;
-    char spec[512]; /* canonical */
-    uint64_t fp;    /* of the canonical spec */
+    char spec[512];       /* canonical */
+    uint64_t fp;          /* of the canonical spec */
+    gcomp_spec_info info; /* gcomp_spec_describe(spec, GM_PROBE_N): the same on every rank */
     size_t n, rows, cols;
-    int strategy; /* resolved, without the HIERARCHICAL flag */
-    bool hier;
-    unsigned flags; /* codec flags */
-    int vtype;      /* allreduce: 0 f32, 1 f16, 2 bf16 */
-    bool seeded;    /* allreduce: random-k, values only */
-    bool lowrank;   /* allreduce: PowerSGD's multi-phase protocol */
-    int phases;     /* lowrank: 2 x iters reductions at most */
-
-    gcomp_compressor *c;      /* allgather, sparse, allreduce */
-    gcomp_compressor **dec;   /* per-rank seeds: a decoder per other rank (allgather: of n
-                                 elements; rsag: of this rank's region) */
-    uint64_t *rfp;            /* allgather, rsag: the fingerprint of each rank's messages */
-    gcomp_compressor **chunk; /* rsag: one per region (NULL when empty) */
-    gcomp_compressor *owner;  /* rsag, sparse: this rank's region (NULL when empty) */
-    char ospec[512];          /* rsag, sparse: the owner's canonical spec (gm_owner_spec) */
-    char wspec[512];          /* this rank's worker spec (gm_rank_spec) */
-    uint64_t owner_fp;
-    size_t *reg;      /* rsag, sparse: xsize + 1 region boundaries */
-    gm_buf work;      /* hierarchical: n floats, the node's partial sums */
-    gm_buf tmp;       /* hierarchical: n floats received from a child */
-    gm_buf own;       /* sparse: this rank's whole message */
-    gm_buf bits, pos; /* allreduce random-k: scratch, positions */
+    const gm_strategy *S; /* its component */
+    int strategy;         /* S->id: resolved, without the HIERARCHICAL flag */
+    bool hier;            /* the hierarchical wrapper around S */
+    int xsize, xrank;     /* the exchange S runs in: its ranks (nodes) and this rank's index */
+    bool exchange;        /* this rank takes part in the exchange (set up by S) */
+    void *priv;           /* S's per-tensor state (S->tensor_setup / S->tensor_free) */
+    gcomp_compressor *c;  /* the worker compressor, for strategies with one per tensor */
+    char wspec[512];      /* this rank's worker spec (gm_worker_spec); "" off the exchange */
+    gm_buf work;          /* hierarchical: n floats, the node's partial sums */
+    gm_buf tmp;           /* hierarchical: n floats received from a child */
 
     /* per call */
-    float *data;            /* the caller's */
-    float *io;              /* what the codec reads and the decoder writes: data or work */
-    size_t send_off;        /* allreduce: message slot in the group's send buffer */
-    size_t pack_off, nvals; /* allreduce: values in the pack buffer */
-    uint64_t key;           /* allreduce random-k */
-    size_t nmsg;
-    gm_msgref *msgs;  /* capacity: xsize (rsag) or 1 */
-    size_t gsend_off; /* owner message slot */
+    float *data;     /* the caller's */
+    float *io;       /* what the codec reads and the decoder writes: data or work */
+    size_t nmsg;     /* messages this rank produced (gcomp_mpi_message) */
+    gm_msgref *msgs; /* capacity xsize */
 
     gcomp_mpi_stats stats, call;
 } gm_tensor;
@@ -254,13 +297,21 @@ typedef struct gm_step {
     gm_step_fn overlap; /* COLL: codec work run right after issuing, while it is in flight */
 } gm_step;
 
+/* Words a group exchanges, in its `words` buffer (MPI writes them: they live and die with
+ * the group's other MPI buffers). */
+enum { GM_CHK = 3 };
+
+/* A sub-bucket: consecutive tensors of one strategy that travel together.  Every buffer
+ * handed to MPI is one of the engine's gm_buf below, never in a strategy's private state,
+ * so that a call abandoned after a failure can keep them alive (gm_grave). */
 struct gm_group {
-    int strategy;
+    const gm_strategy *S;
     bool hier, single_node;
     size_t t0, t1, nt; /* tensors [t0, t1) */
     MPI_Comm xc;       /* exchange communicator (bucket dup, or leaders dup) */
     int xsize, xrank;
     bool member;    /* takes part in the exchange */
+    void *priv;     /* S's per-group state (S->reserve / S->group_free) */
     gm_step *steps; /* grown by gm_add_step */
     int steps_cap;
     bool steps_nomem;
@@ -270,21 +321,15 @@ struct gm_group {
     int nreq, req_cap;
 
     gm_buf send, recv, gsend, grecv, pack, words;
-    uint64_t *sz_send, *sz_recv, *gsz_send, *gsz_recv; /* in `words` */
-    int *cnt_s, *dsp_s, *cnt_r, *dsp_r;                /* in `words` */
-    size_t *dest_off;                                  /* rsag/sparse: xsize + 1 send areas */
-    size_t *pos;                                       /* xsize + 1 running read positions */
+    /* In `words`: */
+    uint64_t *sz_send, *sz_recv;        /* xsize * nt size words (or markers) each */
+    uint64_t *gsz_send, *gsz_recv;      /* nt and xsize * nt: the second round (owners) */
+    uint64_t *chk, *chk_out;            /* GM_CHK check words of a pack reduction, and the MAX */
+    uint64_t *hstat;                    /* hierarchical: the leader's verdict, sent down */
+    int *cnt_s, *dsp_s, *cnt_r, *dsp_r; /* xsize each: v-collective counts, displacements */
+    size_t *pos;                        /* xsize + 1 running read positions */
     size_t send_len, gsend_len;
-    size_t pack_count; /* allreduce */
-    bool ring;         /* allreduce: own ring over point-to-point (big packs) */
-    int ring_s;        /* allreduce ring: next round */
-    uint64_t chk[3], chk_out[3], keyhash;
-    uint64_t hstat;                /* hierarchical: the leader's verdict, sent down */
-    int hround, hdown;             /* hierarchical: tree rounds up and down */
-    int phase, phases, max_phases; /* PowerSGD: reductions done, needed, at most */
-    bool lr_started;
-    float *cur; /* PowerSGD: the compressor's buffer being summed */
-    size_t cur_len;
+    int hround, hdown; /* hierarchical: tree rounds up and down */
 
     gcomp_status st; /* an outcome every rank of the exchange agrees on */
     char msg[256];
@@ -312,6 +357,8 @@ struct gcomp_mpi_bucket {
     gcomp_mpi_stats stats, call;
 };
 
+/* ---- what strategies share (mpi_bucket.c, mpi_spec.c) ---------------------------------- */
+
 /* Appends a step (on allocation failure sets steps_nomem; set-up then fails). */
 void gm_add_step(gm_group *g, bool coll, gm_step_fn fn, const char *what);
 /* Work for the last added COLL step to do while its transfer is in flight. */
@@ -321,52 +368,88 @@ static inline void gm_add_overlap(gm_group *g, gm_step_fn fn) {
 /* Zeroes n floats in pieces, testing the group's requests between pieces: MPI moves
  * large (rendezvous) transfers only inside MPI calls.  Returns an MPI error code. */
 int gm_zero_progress(gm_group *g, float *x, size_t n);
-
-/* Group step builders and steady-state buffer reservations (one file per strategy). */
-void gm_steps_allgather(gm_group *g);
-void gm_steps_allreduce(gcomp_mpi_bucket *b, gm_group *g);
-void gm_steps_owner(gm_group *g); /* rsag and sparse */
-/* Whether an owner can re-compress the canonical spec with error feedback (a contraction),
- * and the owner's canonical spec and fingerprint (mpi_owner.c). */
-gcomp_status gm_owner_feedback(const char *canon, bool *ef);
-gcomp_status gm_owner_spec(const char *canon, char *out, size_t cap, uint64_t *fp);
-/* Rank `rank`'s worker spec: its own seed for codecs whose draws only round (mpi_owner.c);
- * *own false: the canonical spec itself. */
-gcomp_status gm_rank_spec(const char *canon, int rank, char *out, size_t cap, uint64_t *fp,
-                          bool *own);
-void gm_steps_lowrank(gm_group *g, int max_phases);
-gcomp_status gm_reserve_lowrank(gcomp_mpi_bucket *b, gm_group *g);
-void gm_steps_hier_prefix(gm_group *g, int node_size);
-void gm_steps_hier_suffix(gm_group *g, int node_size);
-gcomp_status gm_reserve_allgather(gcomp_mpi_bucket *b, gm_group *g);
-gcomp_status gm_reserve_allreduce(gcomp_mpi_bucket *b, gm_group *g);
-gcomp_status gm_reserve_owner(gcomp_mpi_bucket *b, gm_group *g);
-
-/* Shared step helpers (mpi_bucket.c). */
 gcomp_status gm_issue_fail(gcomp_mpi_bucket *b, int rc, const char *what);
 /* Starts a pack's two reductions, the ones every allreduce-shaped exchange issues: the
- * first nchk u64 check words of g->chk, MAX into g->chk_out, and g->pack_count values of
- * vtype (0 f32, 1 f16, 2 bf16) summed in place in g->pack; g->nreq = 2.  `what` names the
- * pair in errors ("values", "PowerSGD factors"). */
-gcomp_status gm_start_pack_reduce(gcomp_mpi_bucket *b, gm_group *g, int vtype, int nchk,
+ * first nchk u64 check words of g->chk, MAX into g->chk_out, and `count` values of wire
+ * type vid (GM_VID_*) summed in place in g->pack; g->nreq = 2.  `what` names the pair in
+ * errors ("values", "PowerSGD factors"). */
+gcomp_status gm_start_pack_reduce(gcomp_mpi_bucket *b, gm_group *g, int vid, size_t count, int nchk,
                                   const char *what);
 /* Counts one exchange of a u64 size word per tensor with every peer (group and tensors). */
 void gm_count_size_words(gcomp_mpi_bucket *b, gm_group *g);
-/* Makes room for k requests in g->req. */
-gcomp_status gm_req_room(gm_group *g, int k);
 /* Records a failure every exchange rank knows about (first one wins). */
 void gm_group_shared_fail(gcomp_mpi_bucket *b, gm_group *g, gcomp_status st, int rank,
                           size_t tensor);
 void gm_group_local_fail(gcomp_mpi_bucket *b, gm_group *g, gcomp_status st, size_t tensor,
                          const char *what);
-/* Scans size words (count of them) for markers; records the first as a shared failure;
- * returns true when one was found. */
 /* The reduced sum of tensor `tensor` is not finite although every contribution was (a sum
  * of finite values overflowed float): GCOMP_E_NONFINITE for the group.  Every rank holds
  * the same reduced values, so every rank finds it in its own output and all fail alike. */
 void gm_group_overflow(gcomp_mpi_bucket *b, gm_group *g, size_t tensor, const char *where);
+/* Scans size words (count of them) for markers; records the first as a shared failure;
+ * returns true when one was found. */
 bool gm_scan_markers(gcomp_mpi_bucket *b, gm_group *g, const uint64_t *w, size_t count,
                      size_t per_rank);
 uint64_t gm_ring_bytes(size_t bytes, int p);
+/* Sizes of a v-collective from `count` size words per rank (xsize * per_rank words in w):
+ * fills g->cnt_r / g->dsp_r and *total.  GCOMP_E_LIMIT when a count passes MPI's int
+ * (every rank computes the same sums from the same words, so all agree). */
+gcomp_status gm_gather_counts(gm_group *g, const uint64_t *w, size_t per_rank, size_t *total);
+
+/* Element j's region when n elements are cut into `parts` equal regions: [lo(j), lo(j+1)). */
+static inline size_t gm_region_lo(size_t n, int parts, int j) {
+    return (size_t)(((unsigned __int128)n * (unsigned)j) / (unsigned)parts);
+}
+
+/* ---- the hierarchical wrapper (mpi_hier.c) ------------------------------------------------ */
+
+/* The node-internal dense sum before a group's exchange and the broadcast after it. */
+void gm_steps_hier_prefix(gm_group *g, int node_size);
+void gm_steps_hier_suffix(gm_group *g, int node_size);
+
+/* ---- specs, through the core's describe / get / set (mpi_spec.c) ----------------------- */
+
+/*
+ * The size at which the layer asks the core whether a spec is a contraction (auto's rsag
+ * choice, the owner's feedback): the core's worst-case bounds grow with d = min(bucket, n),
+ * so a spec accepted at this size is accepted for any smaller chunk, and every rank and
+ * every region takes the same decision.
+ */
+#define GM_PROBE_N 65536
+
+/* Canonical form, fingerprint and description of a spec (for auto and the set-up). */
+gcomp_status gm_spec_describe(const char *spec, char *canon, size_t cap, uint64_t *fp,
+                              gcomp_spec_info *info, gcomp_error *err);
+/*
+ * This rank's worker spec (allgather, sparse, rsag): with a seed of the rank's own when the
+ * spec's draws are private (GCOMP_SPEC_PRIVATE_DRAWS without SHARED_DRAWS: rounding or
+ * sampling values whose positions travel), so that the ranks' errors are independent and
+ * the variance of the mean shrinks by P; else the spec itself.  Writes the spec for exchange
+ * rank `rank` into out (cap bytes) with its fingerprint; *own says whether it differs.
+ */
+gcomp_status gm_rank_spec(const gm_tensor *t, int rank, char *out, size_t cap, uint64_t *fp,
+                          bool *own);
+
+/*
+ * Decoders of the other ranks' worker messages, for strategies whose receivers decode what
+ * each rank compressed (allgather; rsag's owners) when the ranks have seeds of their own
+ * (gm_rank_spec): the core checks a message's fingerprint against its decoder's spec.
+ */
+typedef struct gm_peers {
+    gcomp_compressor **dec; /* xsize; NULL for this rank (its own compressor decodes) */
+    uint64_t *fp;           /* xsize: the fingerprint of each rank's messages */
+    int count;
+} gm_peers;
+/* Sets t->wspec (this rank's worker spec) and, when the ranks' specs differ, one decoder of
+ * `n` elements (shape rows x cols) per other rank.  Errors name the tensor in err. */
+gcomp_status gm_peers_setup(gm_peers *p, gm_tensor *t, size_t n, size_t rows, size_t cols,
+                            gcomp_error *err);
+void gm_peers_free(gm_peers *p);
+static inline gcomp_compressor *gm_peer_decoder(const gm_peers *p, int r, gcomp_compressor *mine) {
+    return p->dec && p->dec[r] ? p->dec[r] : mine;
+}
+static inline uint64_t gm_peer_fp(const gm_peers *p, int r, uint64_t spec_fp) {
+    return p->fp ? p->fp[r] : spec_fp;
+}
 
 #endif /* GCOMP_MPI_INTERNAL_H */

@@ -1,6 +1,8 @@
 /*
  * mpi_state.c - checkpoints of a bucket's state on one rank: every compressor the bucket
- * keeps for this rank (worker side, rsag chunks, owner side) in one versioned blob.
+ * keeps for this rank (worker side, owner side, rsag's chunks...) in one versioned blob.
+ * Which compressors a tensor has, and in which slot, is its strategy component's answer
+ * (gm_strategy.state_slots / state_slot); this file knows the frame only.
  *
  * A bucket's state is exactly its compressors' (residuals, DGC momentum, PowerSGD's
  * residual and warm start, step counters that key the random streams); everything else
@@ -28,7 +30,7 @@
  * rank, at its own pace; random-k, whose ranks must share the step counter, checks it at
  * run time through its key hash).
  */
-#include "mpi_internal.h"
+#include "mpi_strategy.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -38,14 +40,15 @@
 #define ST_HDR 48
 #define ST_REC 48
 
+/* The strategy component says which compressors fill a tensor's slots (mpi_strategy.h). */
 static int nslots(const gm_tensor *t, const gcomp_mpi_comm *c) {
-    return 2 + (t->strategy == GCOMP_MPI_RSAG ? (t->hier ? c->nnodes : c->size) : 0);
+    (void)c;
+    return t->S->state_slots ? t->S->state_slots(t) : 2;
 }
 
 static gcomp_compressor *slot(const gm_tensor *t, int k) {
-    if (k == 0) return t->c;
-    if (k == 1) return t->owner;
-    return t->chunk ? t->chunk[k - 2] : NULL;
+    if (t->S->state_slot) return t->S->state_slot(t, k);
+    return k == 0 ? t->c : NULL;
 }
 
 static bool failed(const gcomp_mpi_bucket *b) {
@@ -104,7 +107,7 @@ gcomp_status gcomp_mpi_bucket_save_state(gcomp_mpi_bucket *b, void *dst, size_t 
      * meant anyway (its state goes back to before the call). */
     if (b->busy)
         for (size_t i = 0; i < b->nt; i++)
-            if (b->t[i].lowrank && b->t[i].c) gcomp_lowrank_abort(b->t[i].c);
+            if (b->t[i].S->abandon) b->t[i].S->abandon(&b->t[i]);
     uint8_t *p = dst, *q = p + ST_HDR;
     put_header(b, p, total);
     uint32_t crc = gcomp__crc32c(0, p, ST_HDR);
@@ -243,22 +246,22 @@ gcomp_status gcomp_mpi_bucket_load_state(gcomp_mpi_bucket *b, const void *src, s
                        "this bucket's allreduce is in flight: load after it completes");
     size_t nref = 0;
     for (size_t i = 0; i < b->nt; i++) nref += (size_t)nslots(&b->t[i], b->comm);
-    slot_ref *refs = calloc(nref ? nref : 1, sizeof *refs);
+    slot_ref *refs = gm_calloc(nref ? nref : 1, sizeof *refs);
     if (!refs) return gm_fail(err, GCOMP_E_NOMEM, "out of memory");
     gcomp_status st = parse(b, src, len, refs, err);
     if (st != GCOMP_OK) {
-        free(refs);
+        gm_free(refs);
         return st;
     }
     /* Each core load is all-or-nothing; the bucket's is too: keep the current states and
      * put them back if a later slot is refused. */
     size_t cap = gcomp_mpi_bucket_state_size(b);
-    uint8_t *backup = malloc(cap);
-    size_t *blen = calloc(nref ? nref : 1, sizeof *blen);
+    uint8_t *backup = gm_alloc(cap);
+    size_t *blen = gm_calloc(nref ? nref : 1, sizeof *blen);
     if (!backup || !blen) {
-        free(refs);
-        free(backup);
-        free(blen);
+        gm_free(refs);
+        gm_free(backup);
+        gm_free(blen);
         return gm_fail(err, GCOMP_E_NOMEM, "out of memory keeping the current state");
     }
     size_t r = 0, off = 0, done = 0;
@@ -294,8 +297,8 @@ gcomp_status gcomp_mpi_bucket_load_state(gcomp_mpi_bucket *b, const void *src, s
             }
     }
 out:
-    free(refs);
-    free(backup);
-    free(blen);
+    gm_free(refs);
+    gm_free(backup);
+    gm_free(blen);
     return st;
 }

@@ -4,6 +4,8 @@
  * scalar half casts, varints, random-k positions).
  *
  * - Wait-loop backoff, and FNV-1a over specs and names at set-up.
+ * - The layer's allocation wrappers over libgradcomp's allocator, and the test hook that
+ *   fails its N-th allocation (tests/mpi/test_mpi_nomem.c).
  * - Vector half casts and the MPI_Op that sums f16/bf16 words.  The op widens each pair
  *   to float, adds and rounds back (nearest even; f16 saturates at +-65504 like the f16
  *   value coder, so a large partial sum clips instead of poisoning every rank with Inf).
@@ -48,6 +50,28 @@ void gm_backoff(unsigned *spins, uint64_t waited_ns) {
     }
     struct timespec ts = {0, 50000L};
     nanosleep(&ts, NULL);
+}
+
+char *gm_strdup(const char *s) {
+    size_t n = strlen(s) + 1;
+    char *p = gm_alloc(n);
+    if (p) memcpy(p, s, n);
+    return p;
+}
+
+gcomp_status gm_grow(void **p, size_t old, size_t want) {
+    void *q = gm_alloc(want);
+    if (!q) return GCOMP_E_NOMEM;
+    if (*p && old) memcpy(q, *p, old < want ? old : want);
+    gm_free(*p);
+    *p = q;
+    return GCOMP_OK;
+}
+
+size_t gcomp__mpi_test_fail_alloc_after(size_t n) {
+    size_t left = gcomp__alloc_fail_after;
+    gcomp__alloc_fail_after = n;
+    return left;
 }
 
 uint64_t gm_fnv1a(const void *p, size_t len, uint64_t h) {
@@ -183,8 +207,8 @@ gcomp_status gm_decode_checked(gcomp_compressor *c, const void *msg, size_t len,
     return gcomp_decode_add(msg, len, acc, n, scale);
 }
 
-gcomp_status gm_linear_values(const void *msg, size_t len, size_t n, int vtype,
-                              const uint8_t **vals, size_t *nvals, uint64_t *key) {
+gcomp_status gm_linear_values(const void *msg, size_t len, size_t n, int vid, const uint8_t **vals,
+                              size_t *nvals, uint64_t *key) {
     const uint8_t *p = msg;
     gm_hdr h;
     gcomp_status st = gm_read_hdr(msg, len, &h);
@@ -193,9 +217,9 @@ gcomp_status gm_linear_values(const void *msg, size_t len, size_t n, int vtype,
         return GCOMP_E_CORRUPT;
     const uint8_t *s = p + GM_HDR;
     uint32_t k = gcomp__get32(s), nv = gcomp__get32(s + 4), ilen = gcomp__get32(s + 20);
-    uint8_t kind = s[8], vid = s[9], expand = s[10];
-    size_t width = vtype == 0 ? 4 : 2;
-    if (vid != (uint8_t)vtype || expand != 0 || s[11] != 0 || nv != k || nv > n)
+    uint8_t kind = s[8], wire_vid = s[9], expand = s[10];
+    size_t width = gm_vid_width(vid);
+    if (wire_vid != (uint8_t)vid || expand != 0 || s[11] != 0 || nv != k || nv > n)
         return GCOMP_E_UNSUPPORTED;
     if (kind == 0) {
         if (k != n || ilen != 0) return GCOMP_E_UNSUPPORTED;

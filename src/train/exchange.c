@@ -89,9 +89,12 @@ static void method_policy(const char *method, size_t min_elements, const char *d
     const char *semi = strchr(method, ';');
     if (!strcmp(method, "dense"))
         snprintf(out, cap, "spec=none;dense=none");
-    else if (!strcmp(method, "dense-f16"))
-        snprintf(out, cap, "spec=none:values=f16;dense=none:values=f16");
-    else if (!strncmp(method, "policy:", 7))
+    else if (!strcmp(method, "dense-f16")) {
+        /* The dense codec with f16 values (a bad spec makes the policy refuse "spec="). */
+        char f16[128] = "";
+        gcomp_spec_set("none", "values", "f16", f16, sizeof f16, NULL);
+        snprintf(out, cap, "spec=%s;dense=%s", f16, f16);
+    } else if (!strncmp(method, "policy:", 7))
         snprintf(out, cap, "%s", method + 7);
     else {
         int n = snprintf(out, cap, "spec=%s", method);
@@ -155,15 +158,18 @@ int gtrain_exchange_create(gtrain_exchange **out, const char *method, gtrain_ten
             goto out;
         }
         ex->spec[i] = strdup(plan.spec);
-        char canon[600];
-        if (!ex->spec[i] ||
-            gcomp_spec_canonical(plan.spec, canon, sizeof canon, NULL, &e) != GCOMP_OK) {
-            rc = efail(err, errlen, "%s: %s", t[i].name, e.message);
+        gcomp_spec_info info;
+        if (!ex->spec[i] || gcomp_spec_describe(plan.spec, t[i].n, &info, &e) != GCOMP_OK) {
+            rc = efail(err, errlen, "%s: %s", t[i].name, ex->spec[i] ? e.message : "out of memory");
             goto out;
         }
-        ex->owns_momentum[i] = strstr(canon, "feedback=dgc") != NULL;
-        bool dense = plan.rule == GCOMP_RULE_1D || plan.rule == GCOMP_RULE_SMALL ||
-                     !strncmp(canon, "none:", 5);
+        /* DGC's momentum correction keeps the momentum: the optimizer must not add its own. */
+        ex->owns_momentum[i] = (info.flags & GCOMP_SPEC_MOMENTUM) != 0;
+        /* A codec that neither selects, quantizes nor factorises sends the tensor as it is:
+         * the method's strategy is for the compressed tensors, these go by auto. */
+        bool uncompressed = !(info.flags & (GCOMP_SPEC_SPARSE | GCOMP_SPEC_MULTIPHASE)) &&
+                            !(info.codec->flags & GCOMP_CODEC_QUANTIZER);
+        bool dense = plan.rule == GCOMP_RULE_1D || plan.rule == GCOMP_RULE_SMALL || uncompressed;
         gcomp_mpi_tensor mt = {t[i].name, plan.spec, t[i].n,
                                rows,      cols,      dense ? GCOMP_MPI_AUTO : strategy};
         if (gcomp_mpi_bucket_create(&ex->b[i], ex->comm, &mt, 1, NULL, timeout_s, &e) != GCOMP_OK) {

@@ -164,7 +164,7 @@ int main(int argc, char **argv) {
     run(comm, "sign:feedback=ef", 10 * 1000 + 3, 1000, true); /* regions cut the buckets */
     run(comm, "int8:feedback=ef", 10 * 1024, 1024, true);
     run(comm, "int8", 10 * 1024, 1024, true); /* deterministic: owner EF whatever the tensor's */
-    /* Random codecs: the owner's feedback follows the probe (gm_owner_feedback), its draws
+    /* Random codecs: the owner's feedback follows GCOMP_SPEC_CONTRACTION, its draws
      * its own seed.  QSGD levels=4 is no contraction: fed back it diverged (NaN at step 18
      * on the MLP); at 16 levels it is one. */
     run(comm, "qsgd:levels=4,seed=5", 10 * 1024, 1024, false);

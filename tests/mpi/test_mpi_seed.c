@@ -3,9 +3,9 @@
  *
  * Every rank encodes the same gradient.  With one seed everywhere the ranks' rounding
  * errors would be the same draws and the average's error would be a single rank's; with
- * independent draws (gm_rank_spec) its squared error is 1/P of a single rank's mean
- * squared error.  Checked with 60000 elements (the estimate's relative spread is ~1 %)
- * between 0.6/P and 1.5/P, where shared draws give 1.  Random-k keeps the spec's seed: the
+ * independent draws (a seed per rank, GCOMP_SPEC_PRIVATE_DRAWS) its squared error is 1/P of a
+ * single rank's mean squared error.  Checked with 60000 elements (the estimate's relative spread is
+ * ~1 %) between 0.6/P and 1.5/P, where shared draws give 1.  Random-k keeps the spec's seed: the
  * positions agree across ranks (allgather), and its allreduce still sums by position.  A
  * seed that differs across ranks in the user's spec is still a set-up mismatch.
  */

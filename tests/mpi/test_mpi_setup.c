@@ -132,6 +132,70 @@ static void contract(gcomp_mpi_comm *comm) {
     CHECK(gcomp_mpi_bucket_create(&b, comm, &bad, 1, NULL, 30.0, &err) == GCOMP_E_UNSUPPORTED);
 }
 
+/*
+ * Every codec of the registry, alone and (selectors) with every value coder of its values=
+ * choices, as the layer sees it through gcomp_spec_describe, never by name: auto answers
+ * (a codec without parameters of its own used to canonicalise to "name:feedback=..." and
+ * make auto fail), a bucket of that choice can be made, and a rank's worker spec has a seed
+ * of its own exactly when the description says its draws are private and not shared (a
+ * value coder with no codec of its name used to get none).
+ */
+static void every_codec(gcomp_mpi_comm *comm) {
+    for (size_t c = 0; c < gcomp_codec_count(); c++) {
+        const gcomp_codec_info *ci = gcomp_codec_at(c);
+        const char *choices = "";
+        for (size_t k = 0; k < ci->nparams; k++)
+            if (!strcmp(ci->params[k].name, "values") && ci->params[k].choices)
+                choices = ci->params[k].choices;
+        for (const char *v = choices;; v += strcspn(v, "|") + (v[strcspn(v, "|")] ? 1 : 0)) {
+            char spec[96];
+            if (v == choices)
+                snprintf(spec, sizeof spec, "%s", ci->name);
+            else
+                snprintf(spec, sizeof spec, "%s:values=%.*s", ci->name, (int)strcspn(v, "|"), v);
+            gcomp_spec_info d;
+            gcomp_error err;
+            int s = -1;
+            bool shaped = (ci->flags & GCOMP_CODEC_NEEDS_SHAPE) != 0;
+            CHECK_MSG(gcomp_spec_describe(spec, 0, &d, &err) == GCOMP_OK, "%s: %s", spec,
+                      err.message);
+            /* A canonical form that does not parse again (keys that two stages both claim:
+             * the core renames them) cannot be re-derived by anyone; the core's own
+             * combination test owns that. */
+            char c1[512], c2[512];
+            if (gcomp_spec_canonical(spec, c1, sizeof c1, NULL, NULL) != GCOMP_OK ||
+                gcomp_spec_canonical(c1, c2, sizeof c2, NULL, NULL) != GCOMP_OK)
+                continue;
+            gcomp_status st = gcomp_mpi_strategy_auto(spec, mc_size, &s);
+            CHECK_MSG(st == GCOMP_OK, "auto(%s): %s", spec, gcomp_status_str(st));
+            gcomp_mpi_tensor t = {"w",           spec, 4096, shaped ? 64 : 0, shaped ? 64 : 0,
+                                  GCOMP_MPI_AUTO};
+            gcomp_mpi_bucket *b = NULL;
+            st = gcomp_mpi_bucket_create(&b, comm, &t, 1, NULL, 30.0, &err);
+            CHECK_MSG(st == GCOMP_OK, "%s: create: %s", spec, st ? err.message : "");
+            if (b) {
+                CHECK_MSG(gcomp_mpi_bucket_strategy(b, 0) == s, "%s: bucket %s, auto %s", spec,
+                          gcomp_mpi_strategy_name(gcomp_mpi_bucket_strategy(b, 0)),
+                          gcomp_mpi_strategy_name(s));
+                const char *w = gcomp_mpi_worker_spec(b, 0);
+                uint64_t fp = 0;
+                char canon[512];
+                if (w) CHECK_OK(gcomp_spec_canonical(w, canon, sizeof canon, &fp, NULL));
+                uint64_t lo, hi;
+                MPI_Allreduce(&fp, &lo, 1, MPI_UINT64_T, MPI_MIN, MPI_COMM_WORLD);
+                MPI_Allreduce(&fp, &hi, 1, MPI_UINT64_T, MPI_MAX, MPI_COMM_WORLD);
+                bool own = (d.flags & GCOMP_SPEC_PRIVATE_DRAWS) &&
+                           !(d.flags & GCOMP_SPEC_SHARED_DRAWS) && s != GCOMP_MPI_ALLREDUCE;
+                if (mc_size > 1)
+                    CHECK_MSG((lo != hi) == own, "%s [%s]: worker seeds %s across ranks", spec,
+                              gcomp_mpi_strategy_name(s), lo != hi ? "differ" : "agree");
+            }
+            gcomp_mpi_bucket_free(b);
+            if (!v[strcspn(v, "|")]) break;
+        }
+    }
+}
+
 int main(int argc, char **argv) {
     mc_init(&argc, &argv);
     strategies();
@@ -171,6 +235,7 @@ int main(int argc, char **argv) {
                       3, GCOMP_OK, GCOMP_OK, NULL);
     }
     contract(comm);
+    every_codec(comm);
     CHECK_OK(gcomp_mpi_comm_free(comm));
     return mc_done("test_mpi_setup");
 }
