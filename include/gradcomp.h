@@ -425,10 +425,37 @@ GCOMP_API gcomp_status gcomp_compressor_from_state(gcomp_compressor **out, const
 GCOMP_API void gcomp_state_reset(gcomp_compressor *c);
 
 /**
- * Read-only view of the error-feedback residual (n floats), or NULL when the spec keeps
- * none.  Valid until the next call on `c`.
+ * Read-only view of what the compressor holds back (n floats): the error-feedback residual,
+ * DGC's accumulated velocity, or, for a spec that keeps none, what a retune left for the
+ * next message (gcomp_compressor_retune); NULL when there is nothing of the kind
+ * (PowerSGD: gcomp_lowrank_residual).  Valid until the next call on `c`.
  */
 GCOMP_API const float *gcomp_compressor_residual(const gcomp_compressor *c);
+
+/**
+ * Changes the compressor's spec between two steps (adaptive compression: a new density,
+ * rank, bit width, value coder or codec, dense included) keeping what it holds back, so
+ * that with error feedback sum(decoded messages) + held back = sum(gradients) holds across
+ * any number of retunes.  The same n and shape; `spec` is copied.  What carries over is
+ * decided from what the two specs are (gcomp_spec_describe):
+ *   held back (GCOMP_SPEC_FEEDBACK: the ef residual, DGC's velocity v, PowerSGD's
+ *     residual, a pending carry) -> the new spec's feedback (ef: added to e; dgc: to v),
+ *     else its codec's residual (PowerSGD), else, when the new spec keeps none
+ *     (feedback=none, e.g. dense `none`), into the next message: the next gcomp_encode
+ *     sends grad + held back ("switching to dense flushes the residual");
+ *   momentum (GCOMP_SPEC_MOMENTUM on both: dgc to dgc) is kept; from dgc to any other
+ *     spec it is dropped and the caller's optimizer takes momentum back for the tensor;
+ *   warm start (powersgd to powersgd, same shape): the first min(r, r') columns of Q;
+ *   the step counter, the epoch and the statistics continue.
+ * Ranks that exchange a tensor must retune it at the same step to the same spec (the MPI
+ * layer checks: gcomp_mpi_bucket_retune).
+ * Returns GCOMP_OK; GCOMP_E_ARG; the spec's status (GCOMP_E_SPEC, GCOMP_E_UNKNOWN_CODEC,
+ * GCOMP_E_LIMIT); GCOMP_E_PROTOCOL (a PowerSGD step in flight); GCOMP_E_UNSUPPORTED
+ * (PowerSGD for a tensor it always sends dense cannot keep a nonzero held-back vector);
+ * GCOMP_E_NOMEM.  On any error `c` is unchanged.
+ */
+GCOMP_API gcomp_status gcomp_compressor_retune(gcomp_compressor *c, const char *spec,
+                                               gcomp_error *err);
 
 /** Number of successful encodes since creation (or reset, or as loaded). */
 GCOMP_API uint64_t gcomp_compressor_step(const gcomp_compressor *c);
