@@ -967,6 +967,9 @@ GCOMP_API int gcomp_adapt_changed(const gcomp_adapt *a, size_t i);
 /** Candidates in the ladder, and candidate j as a spec (canonical, owned by `a`). */
 GCOMP_API size_t gcomp_adapt_ladder_size(const gcomp_adapt *a);
 GCOMP_API const char *gcomp_adapt_candidate(const gcomp_adapt *a, size_t j);
+/** 1 when the method uses the controller named `name` ("bandwidth", "accuracy", "layers",
+ *  "norm"): e.g. whether to measure the link for it. */
+GCOMP_API int gcomp_adapt_uses(const gcomp_adapt *a, const char *name);
 /** Steps between decisions and between measurements, as resolved (auto included). */
 GCOMP_API uint64_t gcomp_adapt_interval(const gcomp_adapt *a);
 GCOMP_API uint64_t gcomp_adapt_measure_interval(const gcomp_adapt *a);

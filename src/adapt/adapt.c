@@ -400,7 +400,10 @@ static gcomp_status build_ladder(gcomp_adapt *a, const char *base, const gcomp_a
                                "adapt: ladder=auto needs a base with density=, rank= or levels= "
                                "('%s'); give ladder=SPEC/SPEC/...",
                                bcanon);
-        if (wd != 0 && (st = add_candidate(a, "none", err)) != GCOMP_OK) return st;
+        if (wd != 0 &&
+            ((st = item_spec(bcanon, knob, "dense", canon, sizeof canon, err)) != GCOMP_OK ||
+             (st = add_candidate(a, canon, err)) != GCOMP_OK))
+            return st;
         for (size_t i = 0; i < nv; i++) {
             if ((st = item_spec(bcanon, knob, vals[i], canon, sizeof canon, err)) != GCOMP_OK)
                 return st;
@@ -425,7 +428,10 @@ static gcomp_status build_ladder(gcomp_adapt *a, const char *base, const gcomp_a
         if (st != GCOMP_OK) return st;
         if (items == 0)
             return gcomp__fail(err, GCOMP_E_SPEC, "adapt: ladder '%s' is empty", ladder);
-        if (wd != 0 && (st = add_candidate(a, "none", err)) != GCOMP_OK) return st;
+        if (wd != 0 &&
+            ((st = item_spec(bcanon, knob, "dense", canon, sizeof canon, err)) != GCOMP_OK ||
+             (st = add_candidate(a, canon, err)) != GCOMP_OK))
+            return st;
     }
     if ((st = add_candidate(a, bcanon, err)) != GCOMP_OK) return st;
 
@@ -760,6 +766,11 @@ size_t gcomp_adapt_ladder_size(const gcomp_adapt *a) {
 }
 const char *gcomp_adapt_candidate(const gcomp_adapt *a, size_t j) {
     return a && j < a->K ? a->ladder[j] : NULL;
+}
+int gcomp_adapt_uses(const gcomp_adapt *a, const char *name) {
+    for (size_t k = 0; a && name && k < a->nctl; k++)
+        if (!strcmp(a->ctl[k]->name, name)) return 1;
+    return 0;
 }
 uint64_t gcomp_adapt_interval(const gcomp_adapt *a) {
     return a ? a->interval : 0;

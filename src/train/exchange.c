@@ -107,8 +107,9 @@ static void method_policy(const char *method, size_t min_elements, const char *d
 }
 
 int gtrain_exchange_create(gtrain_exchange **out, const char *method, gtrain_tensor *t, size_t nt,
-                           size_t min_elements, const char *dense_spec, int strategy,
-                           double timeout_s, MPI_Comm comm, char *err, size_t errlen) {
+                           const char *const *specs, size_t min_elements, const char *dense_spec,
+                           int strategy, double timeout_s, MPI_Comm comm, char *err,
+                           size_t errlen) {
     *out = NULL;
     gtrain_exchange *ex = calloc(1, sizeof *ex);
     if (!ex) return efail(err, errlen, "out of memory");
@@ -140,7 +141,7 @@ int gtrain_exchange_create(gtrain_exchange **out, const char *method, gtrain_ten
         }
     }
     method_policy(mbuf, min_elements, dense_spec ? dense_spec : "none", pol, sizeof pol);
-    if (gcomp_policy_create(&policy, pol, &e) != GCOMP_OK) {
+    if (!specs && gcomp_policy_create(&policy, pol, &e) != GCOMP_OK) {
         rc = efail(err, errlen, "method '%s': %s", method, e.message);
         goto out;
     }
@@ -152,8 +153,10 @@ int gtrain_exchange_create(gtrain_exchange **out, const char *method, gtrain_ten
         size_t rows = t[i].is_bias || t[i].cols == 1 ? 0 : t[i].rows;
         size_t cols = rows ? t[i].cols : 0;
         gcomp_tensor_desc d = {t[i].name, t[i].n, rows, cols};
-        gcomp_layer_plan plan;
-        if (gcomp_policy_choose(policy, &d, &plan, &e) != GCOMP_OK) {
+        gcomp_layer_plan plan = {0};
+        plan.spec = specs ? specs[i] : NULL;
+        plan.rule = GCOMP_RULE_DEFAULT;
+        if (!specs && gcomp_policy_choose(policy, &d, &plan, &e) != GCOMP_OK) {
             rc = efail(err, errlen, "%s: %s", t[i].name, e.message);
             goto out;
         }
@@ -205,6 +208,33 @@ void gtrain_exchange_describe(const gtrain_exchange *ex, char *out, size_t cap) 
             first = false;
         }
     }
+}
+
+int gtrain_exchange_retune(gtrain_exchange *ex, size_t i, const char *spec) {
+    gcomp_error e = {0};
+    gcomp_spec_info info;
+    if (gcomp_spec_describe(spec, ex->t[i].n, &info, &e) != GCOMP_OK ||
+        gcomp_mpi_bucket_retune(ex->b[i], 0, spec, ex->timeout_s, &e) != GCOMP_OK)
+        return xfail(ex, "%s: retune to %s: %s", ex->t[i].name, spec, e.message);
+    char *copy = strdup(spec);
+    if (!copy) return xfail(ex, "out of memory");
+    free(ex->spec[i]);
+    ex->spec[i] = copy;
+    ex->owns_momentum[i] = (info.flags & GCOMP_SPEC_MOMENTUM) != 0;
+    return 0;
+}
+
+const char *gtrain_exchange_spec(const gtrain_exchange *ex, size_t i) {
+    return i < ex->nt ? ex->spec[i] : NULL;
+}
+
+const float *gtrain_exchange_residual(const gtrain_exchange *ex, size_t i) {
+    gcomp_compressor *c = i < ex->nt ? gcomp_mpi_compressor(ex->b[i], 0) : NULL;
+    return c ? gcomp_compressor_residual(c) : NULL;
+}
+
+gcomp_mpi_comm *gtrain_exchange_comm(const gtrain_exchange *ex) {
+    return ex->comm;
 }
 
 int gtrain_exchange_owns_momentum(const gtrain_exchange *ex, size_t i) {

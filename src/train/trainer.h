@@ -9,10 +9,12 @@
  * by a hash at each evaluation; a difference is an error, not a footnote).
  *
  * Methods: "dense" (f32 allreduce), "dense-f16", any spec (applied to the tensors the
- * layer policy compresses; small and 1-D tensors go dense), or a full policy string
- * "policy:spec=...;min_elements=...".  A spec with DGC (codec dgc, or feedback=dgc)
- * owns the momentum of the tensors it compresses: the optimizer skips its own momentum
- * there (Lin et al. 2018).  PowerSGD runs its two reductions per step.
+ * layer policy compresses; small and 1-D tensors go dense), a full policy string
+ * "policy:spec=...;min_elements=...", or an adaptive method "adapt:..." (gradcomp.h,
+ * "Adaptive compression"; train_adapt.h): controllers retune the tensors during the run.  A spec
+ * with DGC (codec dgc, or feedback=dgc) owns the momentum of the tensors it compresses: the
+ * optimizer skips its own momentum there (Lin et al. 2018).  PowerSGD runs its two reductions per
+ * step.
  */
 #ifndef GTRAIN_TRAINER_H
 #define GTRAIN_TRAINER_H
@@ -87,6 +89,15 @@ typedef struct gtrain_result {
     int stopped_by_budget; /* 1 when cfg->time_budget_s ended the run before its epochs */
     gtrain_point *points;
     size_t npoints;
+    /* Adaptive methods ("adapt:..."): every setting change (the first decision included),
+     * the model's tensor names they index, the decisions taken and the time they took (the
+     * slowest rank's; already part of wall_s and step_ms). */
+    struct gtrain_setting *settings;
+    size_t nsettings;
+    char **tensor_names;
+    size_t ntensors;
+    size_t decisions;
+    double adapt_s;
 } gtrain_result;
 
 /* Trains one method.  Collective over `comm`.  `test` may be evaluated in shards.

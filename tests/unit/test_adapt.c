@@ -94,7 +94,7 @@ static void test_ladder(void) {
                   0, &e));
     if (!a) return;
     CHECK_EQ_INT(gcomp_adapt_ladder_size(a), 5);
-    CHECK(!strcmp(gcomp_adapt_candidate(a, 0), "none"));
+    CHECK(!strncmp(gcomp_adapt_candidate(a, 0), "none:", 5));
     CHECK(strstr(gcomp_adapt_candidate(a, 1), "values=f16") != NULL);
     CHECK(strstr(gcomp_adapt_candidate(a, 2), "density=0.1,") != NULL);
     CHECK(strstr(gcomp_adapt_candidate(a, 3), "density=0.01,") != NULL);
@@ -323,7 +323,7 @@ static int bandwidth_level(double link, double codec_s) {
     double *meas = buf + 12 + a->nm;
     for (size_t m = 0; m < a->nm; m++)
         for (size_t j = 0; j < a->K; j++) {
-            bool dense = !strcmp(a->ladder[j], "none");
+            bool dense = !strncmp(a->ladder[j], "none:", 5);
             meas[4 * (m * a->K + j) + 2] = dense ? 0 : codec_s;
             meas[4 * (m * a->K + j) + 3] = dense ? 0 : codec_s / 10;
         }

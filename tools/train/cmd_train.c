@@ -14,6 +14,7 @@
 #include "data.h"
 #include "model.h"
 #include "gradcomp_mpi.h"
+#include "train_adapt.h"
 #include "trainer.h"
 
 #include <errno.h>
@@ -49,9 +50,12 @@ static const char *usage_text =
     "                      [--lr-schedule const|cosine|step] [--loss mean|sum]\n"
     "                      [--time-budget SEC] [--calibration FILE] [--quiet]\n"
     "methods: dense, dense-f16, any spec (e.g. dgc:density=0.001, powersgd:rank=4,\n"
-    "         twobit:threshold=0.5, sign:feedback=ef), or policy:<policy string>;\n"
-    "         --compare splits on commas, and a piece without ':' but with '=' continues\n"
-    "         the previous spec (dgc:density=0.001,momentum=0.9 stays one method);\n"
+    "         twobit:threshold=0.5, sign:feedback=ef), policy:<policy string>, or an\n"
+    "         adaptive method adapt:CTL[+CTL...][;KEY=VALUE...] with controllers norm,\n"
+    "         layers, bandwidth, accuracy (e.g. adapt:norm;base=dgc:density=0.001,\n"
+    "         adapt:bandwidth+layers, adapt:accuracy;target=88.4; docs/ADAPTIVE.md);\n"
+    "         --compare splits on commas, and a piece whose first '=' comes before any ':'\n"
+    "         continues the previous method (dgc:density=0.001,momentum=0.9 stays one);\n"
     "         METHOD@STRATEGY picks the MPI strategy for one method (sign@allgather);\n"
     "         SPEC;KEY=VALUE sets policy items for one method (twobit;min_elements=16384).\n"
     "policy:  tensors under --min-elements (default 8192) and 1-D tensors use --dense-spec\n"
@@ -75,7 +79,11 @@ static int split_methods(opts *o, const char *list) {
     for (char *p = strtok_r(copy, ",", &save); p; p = strtok_r(NULL, ",", &save)) {
         while (*p == ' ') p++;
         if (!*p) continue;
-        if (strchr(p, '=') && !strchr(p, ':') && o->nmethods > 0) {
+        /* A piece whose first '=' comes before any ':' continues the previous method: a
+         * spec's next key (values=f16), or an item after ';' (;min_elements=16384, and an
+         * adaptive method's ;base=dgc:density=0.001). */
+        const char *eq = strchr(p, '='), *colon = strchr(p, ':');
+        if (eq && (!colon || eq < colon) && o->nmethods > 0) {
             char *prev = o->methods[o->nmethods - 1];
             size_t l = strlen(prev) + strlen(p) + 2;
             char *joined = malloc(l);
@@ -318,6 +326,84 @@ static void json_num(FILE *f, const char *name, double v) {
         fputs("null", f);
 }
 
+/* The setting of tensor `ti` in force at `epoch` (the last change at or before it), or NULL. */
+static const gtrain_setting *setting_at(const gtrain_result *r, size_t ti, double epoch) {
+    const gtrain_setting *s = NULL;
+    for (size_t k = 0; k < r->nsettings; k++)
+        if (r->settings[k].tensor == ti && r->settings[k].epoch <= epoch + 1e-9)
+            s = &r->settings[k];
+    return s;
+}
+
+/* "name=density/bits;..." for every tensor an adaptive method manages, at `epoch`. */
+static void settings_text(const gtrain_result *r, double epoch, char *out, size_t cap) {
+    size_t used = 0;
+    out[0] = 0;
+    for (size_t ti = 0; ti < r->ntensors; ti++) {
+        const gtrain_setting *s = setting_at(r, ti, epoch);
+        if (!s) continue;
+        int w = snprintf(out + used, cap - used, "%s%s=%.3g/%g", used ? ";" : "",
+                         r->tensor_names[ti], s->density, s->bits);
+        if (w < 0 || (size_t)w >= cap - used) return;
+        used += (size_t)w;
+    }
+}
+
+/* Per adaptive method: its settings over time (settings.csv) and a plot of each tensor's
+ * density (and bits) against the epoch beside the test accuracy. */
+static void write_adaptive(const opts *o, gtrain_result *r, int nr, int P, FILE *gp) {
+    char path[PATH_MAX];
+    snprintf(path, sizeof path, "%s/settings.csv", o->out);
+    FILE *f = fopen(path, "w");
+    if (f) fprintf(f, "method,step,epoch,tensor,density,value_bits,message_bytes\n");
+    int dense = -1;
+    for (int i = 0; i < nr; i++)
+        if (!strcmp(r[i].method, "dense")) dense = i;
+    for (int i = 0; i < nr; i++) {
+        if (!r[i].nsettings) continue;
+        for (size_t k = 0; f && k < r[i].nsettings; k++) {
+            const gtrain_setting *s = &r[i].settings[k];
+            fprintf(f, "\"%s\",%zu,%.4f,%s,%.6g,%g,%.0f\n", r[i].method, s->step, s->epoch,
+                    r[i].tensor_names[s->tensor], s->density, s->bits, s->bytes);
+        }
+        /* one data file per managed tensor: a step line to the end of the run */
+        double end = r[i].npoints ? r[i].points[r[i].npoints - 1].epoch : 0;
+        fprintf(
+            gp,
+            "set output '%s/adapt-%d.png'\nset multiplot layout 2,1 title 'gradcomp train: "
+            "%s, %d ranks%s%s: %s'\nunset title\nset xlabel 'epoch'\nunset logscale x\nset xrange "
+            "[0:%g]\nset ylabel 'test accuracy (%%)'\nset yrange [*:*]\nunset logscale y\n"
+            "plot '%s/curve-%d.dat' using 4:3 with linespoints title '%s'",
+            o->out, i, o->cfg.model, P, o->link ? ", link " : "", o->link ? o->link : "",
+            r[i].method, end > 0 ? end : 1, o->out, i, r[i].method);
+        if (dense >= 0)
+            fprintf(gp, ", '%s/curve-%d.dat' using 4:3 with linespoints title 'dense'", o->out,
+                    dense);
+        fprintf(gp, "\nset ylabel 'density (elements sent / n)'\nset logscale y\nplot ");
+        int first = 1;
+        for (size_t ti = 0; ti < r[i].ntensors; ti++) {
+            if (!setting_at(&r[i], ti, end)) continue;
+            char dp[PATH_MAX];
+            snprintf(dp, sizeof dp, "%s/settings-%d-%zu.dat", o->out, i, ti);
+            FILE *d = fopen(dp, "w");
+            if (!d) continue;
+            for (size_t k = 0; k < r[i].nsettings; k++)
+                if (r[i].settings[k].tensor == ti)
+                    fprintf(d, "%.6g %.6g %g\n", r[i].settings[k].epoch, r[i].settings[k].density,
+                            r[i].settings[k].bits);
+            const gtrain_setting *s = setting_at(&r[i], ti, end);
+            fprintf(d, "%.6g %.6g %g\n", end, s->density, s->bits);
+            fclose(d);
+            fprintf(gp, "%s'%s' using 1:2 with steps lw 2 title '%s'", first ? "" : ", ", dp,
+                    r[i].tensor_names[ti]);
+            first = 0;
+        }
+        fprintf(gp, "\nunset multiplot\nunset logscale y\nset yrange [*:*]\nset xrange "
+                    "[*:*]\n");
+    }
+    if (f) fclose(f);
+}
+
 static int write_outputs(const opts *o, gtrain_result *r, int nr, double target, int P) {
     mkdir(o->out, 0755);
     char path[PATH_MAX];
@@ -370,6 +456,14 @@ static int write_outputs(const opts *o, gtrain_result *r, int nr, double target,
         double tt = gtrain_time_to(x, target);
         json_num(f, "time_to_target_s", tt >= 0 ? tt : NAN);
         fprintf(f, ",\"stopped_by_budget\":%s", x->stopped_by_budget ? "true" : "false");
+        if (x->nsettings) {
+            char st[2048];
+            settings_text(x, x->npoints ? x->points[x->npoints - 1].epoch : 0, st, sizeof st);
+            fprintf(f, ",\"adaptive_decisions\":%zu", x->decisions);
+            json_num(f, "adaptive_seconds", x->adapt_s);
+            fprintf(f, ",\"final_settings\":");
+            json_string(f, st);
+        }
         fprintf(f, ",\"steps\":%zu,\"parameters\":%zu,\"weights_identical\":%s}", x->steps,
                 x->params, x->weights_identical ? "true" : "false");
     }
@@ -379,12 +473,15 @@ static int write_outputs(const opts *o, gtrain_result *r, int nr, double target,
     snprintf(path, sizeof path, "%s/metrics.csv", o->out);
     f = fopen(path, "w");
     if (!f) return cli_fail("train", 1, "cannot write %s: %s", path, strerror(errno));
-    fprintf(f, "method,epoch,train_seconds,bytes_sent,train_loss,test_loss,test_accuracy\n");
+    fprintf(f, "method,epoch,train_seconds,bytes_sent,train_loss,test_loss,test_accuracy,"
+               "settings\n");
     for (int i = 0; i < nr; i++)
         for (size_t j = 0; j < r[i].npoints; j++) {
             gtrain_point *p = &r[i].points[j];
-            fprintf(f, "\"%s\",%.4f,%.4f,%.0f,%.6g,%.6g,%.6f\n", r[i].method, p->epoch, p->wall_s,
-                    p->bytes, p->train_loss, p->test_loss, p->test_acc);
+            char st[2048] = "";
+            settings_text(&r[i], p->epoch, st, sizeof st); /* adaptive: name=density/bits;... */
+            fprintf(f, "\"%s\",%.4f,%.4f,%.0f,%.6g,%.6g,%.6f,\"%s\"\n", r[i].method, p->epoch,
+                    p->wall_s, p->bytes, p->train_loss, p->test_loss, p->test_acc, st);
         }
     fclose(f);
 
@@ -404,7 +501,7 @@ static int write_outputs(const opts *o, gtrain_result *r, int nr, double target,
                 fprintf(d, "%.6g", p->bytes);
             else
                 fputs("NaN", d);
-            fprintf(d, " %.6g %.6g\n", p->wall_s, 100 * p->test_acc);
+            fprintf(d, " %.6g %.6g %.6g\n", p->wall_s, 100 * p->test_acc, p->epoch);
         }
         fclose(d);
     }
@@ -424,6 +521,7 @@ static int write_outputs(const opts *o, gtrain_result *r, int nr, double target,
                     o->out, i, plots[k][2], r[i].method);
         fprintf(f, "\n");
     }
+    write_adaptive(o, r, nr, P, f);
     fclose(f);
     char cmd[PATH_MAX + 64];
     snprintf(cmd, sizeof cmd, "gnuplot '%s/plot.gp' 2>&1", o->out);
@@ -432,6 +530,12 @@ static int write_outputs(const opts *o, gtrain_result *r, int nr, double target,
         fprintf(stderr,
                 "gradcomp train: gnuplot failed (apt-get install gnuplot-nox); results.json "
                 "and metrics.csv are written\n");
+    return 0;
+}
+
+static int any_adaptive(const gtrain_result *r, int nr) {
+    for (int i = 0; i < nr; i++)
+        if (r[i].nsettings) return 1;
     return 0;
 }
 
@@ -465,6 +569,13 @@ static void print_table(gtrain_result *r, int nr, double target) {
             printf("%.2f)\n", r[i].npoints ? r[i].points[r[i].npoints - 1].epoch : 0.0);
         else
             printf("\n");
+        if (r[i].nsettings) {
+            char st[2048];
+            settings_text(&r[i], r[i].npoints ? r[i].points[r[i].npoints - 1].epoch : 0, st,
+                          sizeof st);
+            printf("    adaptive: %zu decisions (%.2f s of the training time), ended at %s\n",
+                   r[i].decisions, r[i].adapt_s, st);
+        }
     }
     printf("target accuracy %.2f%%%s\nbytes/step: sent per rank per step, all tensors (as the "
            "algorithm counts it); ratio: gradient bytes / compressed bytes over the whole run; "
@@ -558,8 +669,10 @@ int cmd_train(int argc, char **argv) {
         print_table(res, nr, target);
         if (write_outputs(&o, res, nr, target, P) == 0)
             printf("wrote %s/results.json, %s/metrics.csv, %s/accuracy_vs_bytes.png, "
-                   "%s/accuracy_vs_time.png\n",
-                   o.out, o.out, o.out, o.out);
+                   "%s/accuracy_vs_time.png%s\n",
+                   o.out, o.out, o.out, o.out,
+                   any_adaptive(res, nr) ? ", settings.csv and adapt-N.png (adaptive methods)"
+                                         : "");
         else
             rc = 1;
     }
