@@ -14,6 +14,7 @@
 #include "data.h"
 #include "model.h"
 #include "gradcomp_mpi.h"
+#include "sensitivity.h"
 #include "train_adapt.h"
 #include "trainer.h"
 
@@ -35,8 +36,8 @@
 typedef struct opts {
     gtrain_config cfg;
     int np;
-    const char *link, *out, *data, *calibration;
-    double target;
+    const char *link, *out, *data, *calibration, *sensitivity;
+    double target, threshold_pp;
     char *methods[MAX_METHODS];
     int nmethods;
 } opts;
@@ -49,6 +50,7 @@ static const char *usage_text =
     "                      [--dense-spec SPEC] [--strategy S] [--max-steps N] [--timeout SEC]\n"
     "                      [--lr-schedule const|cosine|step] [--loss mean|sum]\n"
     "                      [--time-budget SEC] [--calibration FILE] [--quiet]\n"
+    "       gradcomp train --sensitivity SPEC [--threshold PP] [the options above]\n"
     "methods: dense, dense-f16, any spec (e.g. dgc:density=0.001, powersgd:rank=4,\n"
     "         twobit:threshold=0.5, sign:feedback=ef), policy:<policy string>, or an\n"
     "         adaptive method adapt:CTL[+CTL...][;KEY=VALUE...] with controllers norm,\n"
@@ -69,6 +71,10 @@ static const char *usage_text =
     "         PyTorch's unit) or of its summed loss (MXNet's, where the optimizer divides by\n"
     "         the batch); dense training is the same, but absolute thresholds (twobit's,\n"
     "         threshold's) mean B times less in the summed unit.\n"
+    "--sensitivity: one run with every tensor dense, then one per layer the policy\n"
+    "         compresses with SPEC alone (keep it short: --max-steps, --epochs); prints each\n"
+    "         layer's accuracy cost and writes a layer policy (OUT/layer_policy.txt) that\n"
+    "         sends layers costing more than --threshold pp (default 0.1) a decade lighter.\n"
     "--calibration: the cost model's calibration (gradcomp plan --calibrate; default\n"
     "         $GRADCOMP_CALIBRATION or ~/.cache/gradcomp/calibration.txt): each method's\n"
     "         predicted step time is recorded beside the measured one.\n";
@@ -119,6 +125,7 @@ static int parse(int argc, char **argv, opts *o) {
     c->progress = isatty(2) ? 2 : 1;
     o->out = "out";
     o->target = -1;
+    o->threshold_pp = 0.1;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         size_t cnt;
@@ -204,6 +211,13 @@ static int parse(int argc, char **argv, opts *o) {
             c->summed_loss = !strcmp(v, "sum");
         } else if (!strcmp(a, "--calibration")) {
             o->calibration = v;
+        } else if (!strcmp(a, "--sensitivity")) {
+            o->sensitivity = v;
+        } else if (!strcmp(a, "--threshold")) {
+            char *end;
+            o->threshold_pp = strtod(v, &end);
+            if (*end || !isfinite(o->threshold_pp))
+                return cli_fail("train", 2, "--threshold %s: percentage points", v);
         } else if (!strcmp(a, "--timeout"))
             c->timeout_s = strtod(v, NULL);
         else
@@ -645,6 +659,17 @@ int cmd_train(int argc, char **argv) {
     o.cfg.calibration = cal;
     o.cfg.link_bps = o.link && strcmp(o.link, "none") ? cli_parse_rate(o.link) : 0;
 
+    if (o.sensitivity) {
+        rc = train_sensitivity(&o.cfg, o.sensitivity, o.threshold_pp, &train, &test, o.out,
+                               MPI_COMM_WORLD);
+        MPI_Allreduce(MPI_IN_PLACE, &rc, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+        for (int i = 0; i < o.nmethods; i++) free(o.methods[i]);
+        gcomp_cost_calibration_free(cal);
+        gtrain_data_free(&train);
+        gtrain_data_free(&test);
+        MPI_Finalize();
+        return rc;
+    }
     gtrain_result res[MAX_METHODS];
     int nr = 0;
     for (int i = 0; i < o.nmethods; i++) {
