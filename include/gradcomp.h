@@ -1031,6 +1031,7 @@ typedef struct gcomp_adapt_report {
     double budget;           /**< bytes per step of the managed tensors */
     size_t critical;         /**< norm: tensors in a critical regime */
     double error;            /**< layers: total compression error of the choice (0 none) */
+    double error_uniform;    /**< layers: that measurement's error of the uniform setting */
 } gcomp_adapt_report;
 GCOMP_API void gcomp_adapt_get_report(const gcomp_adapt *a, gcomp_adapt_report *out);
 

@@ -163,6 +163,7 @@ class AdaptReport(ctypes.Structure):
         ("budget", ctypes.c_double),
         ("critical", ctypes.c_size_t),
         ("error", ctypes.c_double),
+        ("error_uniform", ctypes.c_double),
     ]
 
 

@@ -524,6 +524,7 @@ static void apply_plan(gcomp_adapt *a, const gcomp__adapt_plan *p, size_t *chang
     a->report.predicted_step_s = p->pred_s;
     a->report.critical = p->critical;
     a->report.error = p->error;
+    a->report.error_uniform = p->error_uniform;
 }
 
 static gcomp_status run_controllers(gcomp_adapt *a, const gcomp__adapt_in *in, size_t *changed) {

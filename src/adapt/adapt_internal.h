@@ -50,6 +50,7 @@ typedef struct gcomp__adapt_plan {
     double pred_s;   /* bandwidth: predicted step of the uniform level (0: none) */
     size_t critical; /* norm: tensors held at low */
     double error;    /* layers: total error of the choice (0: none) */
+    double error_uniform; /* layers: the same measurement's error of the uniform setting */
 } gcomp__adapt_plan;
 
 /* One key=value of the method string. */

@@ -83,6 +83,8 @@ static void layers_decide(gcomp_adapt *a, void *p, const gcomp__adapt_in *in,
     }
     double B = s->fixed_budget > 0 ? s->fixed_budget : plan->budget;
     if (!s->has_err || nm == 0 || !(B > 0)) return;
+    plan->error_uniform = 0;
+    for (size_t m = 0; m < nm; m++) plan->error_uniform += s->err[m * K + (size_t)plan->uniform];
     size_t U = 4096 > 64 * nm ? 4096 : 64 * nm, cap = U + nm;
     double unit = B / (double)U;
     double *D = gcomp__alloc(2 * (cap + 1) * sizeof(double));

@@ -39,6 +39,8 @@ struct gtrain_adapt {
     double timeout_s;
     gtrain_setting *hist;
     size_t nhist, caphist;
+    double err_sum, err_uniform_sum; /* layers: over the decisions that measured */
+    size_t err_n;
 };
 
 static double now_s(void) {
@@ -193,6 +195,13 @@ int gtrain_adapt_end_step(gtrain_adapt *a, gtrain_exchange *ex, gtrain_model *m,
         if (record(a, step, epoch, i)) return afail(err, errlen, "out of memory");
     }
     for (size_t i = 0; i < a->nt; i++) a->specs[i] = gcomp_adapt_spec(a->ad, i);
+    gcomp_adapt_report rep;
+    gcomp_adapt_get_report(a->ad, &rep);
+    if (rep.error > 0 && rep.error_uniform > 0) {
+        a->err_sum += rep.error;
+        a->err_uniform_sum += rep.error_uniform;
+        a->err_n++;
+    }
     *spent_s = now_s() - t0;
     return 0;
 }
@@ -200,6 +209,11 @@ int gtrain_adapt_end_step(gtrain_adapt *a, gtrain_exchange *ex, gtrain_model *m,
 const gtrain_setting *gtrain_adapt_history(const gtrain_adapt *a, size_t *count) {
     *count = a ? a->nhist : 0;
     return a ? a->hist : NULL;
+}
+
+void gtrain_adapt_errors(const gtrain_adapt *a, double *chosen, double *uniform) {
+    *chosen = a && a->err_n ? a->err_sum / (double)a->err_n : 0;
+    *uniform = a && a->err_n ? a->err_uniform_sum / (double)a->err_n : 0;
 }
 
 size_t gtrain_adapt_decisions(const gtrain_adapt *a) {

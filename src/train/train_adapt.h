@@ -54,5 +54,9 @@ int gtrain_adapt_end_step(gtrain_adapt *a, gtrain_exchange *ex, gtrain_model *m,
 /* Every setting change, the first decision included, in order. */
 const gtrain_setting *gtrain_adapt_history(const gtrain_adapt *a, size_t *count);
 size_t gtrain_adapt_decisions(const gtrain_adapt *a);
+/* The layers controller: the total compression error of its choices and of the uniform
+ * setting on the same gradients, each the mean over the decisions (summed over ranks);
+ * 0 when it never measured. */
+void gtrain_adapt_errors(const gtrain_adapt *a, double *chosen, double *uniform);
 
 #endif

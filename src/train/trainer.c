@@ -193,6 +193,7 @@ static int keep_history(const gtrain_adapt *ad, const gtrain_tensor *t, size_t n
     for (size_t i = 0; i < nt; i++)
         if (!(out->tensor_names[i] = strdup(t[i].name))) return 1;
     out->decisions = gtrain_adapt_decisions(ad);
+    gtrain_adapt_errors(ad, &out->error, &out->error_uniform);
     return 0;
 }
 

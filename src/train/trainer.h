@@ -98,6 +98,7 @@ typedef struct gtrain_result {
     size_t ntensors;
     size_t decisions;
     double adapt_s;
+    double error, error_uniform; /* layers: mean total compression error, chosen vs uniform */
 } gtrain_result;
 
 /* Trains one method.  Collective over `comm`.  `test` may be evaluated in shards.

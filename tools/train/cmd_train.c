@@ -475,6 +475,10 @@ static int write_outputs(const opts *o, gtrain_result *r, int nr, double target,
             settings_text(x, x->npoints ? x->points[x->npoints - 1].epoch : 0, st, sizeof st);
             fprintf(f, ",\"adaptive_decisions\":%zu", x->decisions);
             json_num(f, "adaptive_seconds", x->adapt_s);
+            if (x->error_uniform > 0) {
+                json_num(f, "compression_error", x->error);
+                json_num(f, "compression_error_uniform", x->error_uniform);
+            }
             fprintf(f, ",\"final_settings\":");
             json_string(f, st);
         }
@@ -589,6 +593,11 @@ static void print_table(gtrain_result *r, int nr, double target) {
                           sizeof st);
             printf("    adaptive: %zu decisions (%.2f s of the training time), ended at %s\n",
                    r[i].decisions, r[i].adapt_s, st);
+            if (r[i].error_uniform > 0)
+                printf("    layers: total compression error %.4g against %.4g for the uniform "
+                       "setting on the same gradients (%.1f%% less)\n",
+                       r[i].error, r[i].error_uniform,
+                       100 * (1 - r[i].error / r[i].error_uniform));
         }
     }
     printf("target accuracy %.2f%%%s\nbytes/step: sent per rank per step, all tensors (as the "
