@@ -434,10 +434,37 @@ GCOMP_API gcomp_status gcomp_compressor_from_state(gcomp_compressor **out, const
 GCOMP_API void gcomp_state_reset(gcomp_compressor *c);
 
 /**
- * Read-only view of the error-feedback residual (n floats), or NULL when the spec keeps
- * none.  Valid until the next call on `c`.
+ * Read-only view of what the compressor holds back (n floats): the error-feedback residual,
+ * DGC's accumulated velocity, or, for a spec that keeps none, what a retune left for the
+ * next message (gcomp_compressor_retune); NULL when there is nothing of the kind
+ * (PowerSGD: gcomp_lowrank_residual).  Valid until the next call on `c`.
  */
 GCOMP_API const float *gcomp_compressor_residual(const gcomp_compressor *c);
+
+/**
+ * Changes the compressor's spec between two steps (adaptive compression: a new density,
+ * rank, bit width, value coder or codec, dense included) keeping what it holds back, so
+ * that with error feedback sum(decoded messages) + held back = sum(gradients) holds across
+ * any number of retunes.  The same n and shape; `spec` is copied.  What carries over is
+ * decided from what the two specs are (gcomp_spec_describe):
+ *   held back (GCOMP_SPEC_FEEDBACK: the ef residual, DGC's velocity v, PowerSGD's
+ *     residual, a pending carry) -> the new spec's feedback (ef: added to e; dgc: to v),
+ *     else its codec's residual (PowerSGD), else, when the new spec keeps none
+ *     (feedback=none, e.g. dense `none`), into the next message: the next gcomp_encode
+ *     sends grad + held back ("switching to dense flushes the residual");
+ *   momentum (GCOMP_SPEC_MOMENTUM on both: dgc to dgc) is kept; from dgc to any other
+ *     spec it is dropped and the caller's optimizer takes momentum back for the tensor;
+ *   warm start (powersgd to powersgd, same shape): the first min(r, r') columns of Q;
+ *   the step counter, the epoch and the statistics continue.
+ * Ranks that exchange a tensor must retune it at the same step to the same spec (the MPI
+ * layer checks: gcomp_mpi_bucket_retune).
+ * Returns GCOMP_OK; GCOMP_E_ARG; the spec's status (GCOMP_E_SPEC, GCOMP_E_UNKNOWN_CODEC,
+ * GCOMP_E_LIMIT); GCOMP_E_PROTOCOL (a PowerSGD step in flight); GCOMP_E_UNSUPPORTED
+ * (PowerSGD for a tensor it always sends dense cannot keep a nonzero held-back vector);
+ * GCOMP_E_NOMEM.  On any error `c` is unchanged.
+ */
+GCOMP_API gcomp_status gcomp_compressor_retune(gcomp_compressor *c, const char *spec,
+                                               gcomp_error *err);
 
 /** Number of successful encodes since creation (or reset, or as loaded). */
 GCOMP_API uint64_t gcomp_compressor_step(const gcomp_compressor *c);
@@ -825,6 +852,197 @@ GCOMP_API gcomp_status gcomp_cost_break_even(const gcomp_cost_model *m,
                                              const gcomp_cost_model *base, size_t tensor,
                                              const gcomp_cost_net *net,
                                              const gcomp_cost_compute *compute, double *bandwidth);
+
+/* ------------------------------------------------------------------------------------- */
+/* Adaptive compression: controllers that retune tensors at run time (src/adapt/adapt*.c)  */
+
+/*
+ * A controller decides, every few hundred steps and identically on every rank, which spec
+ * each compressed tensor of a model uses next; the caller applies the decision with
+ * gcomp_compressor_retune (or gcomp_mpi_bucket_retune), which keeps what the compressors
+ * hold back.  docs/ADAPTIVE.md has the methods, their options and measurements.
+ *
+ * Method string (one grammar, parsed here, the same in C, the CLI and Python):
+ *
+ *     adapt:CONTROLLER[+CONTROLLER...][;KEY=VALUE...]
+ *
+ * e.g. `adapt:norm;base=topk:density=0.001,feedback=ef`, `adapt:bandwidth+layers`,
+ * `adapt:accuracy;target=0.884;base=dgc:density=0.001`.  Controllers (each one file in
+ * src/adapt/, applied in this order whatever order they are written in):
+ *   bandwidth  the cost model (gcomp_cost_eval) fed with the measured link, the measured
+ *              codec time of every candidate and the measured compute: the lightest
+ *              setting whose predicted step is within `slack` of the fastest, dense
+ *              included (Agarwal et al. MLSys 2022's question, asked at run time);
+ *   accuracy   a closed loop on a validation metric (gcomp_adapt_observe_metric): one
+ *              ladder step lighter when the metric falls below a glide path to `target`,
+ *              one heavier when above it, with a dead band and a dwell time;
+ *   layers     L-GreCo (Markov et al., MLSys 2024): per tensor the candidate that
+ *              minimises the total compression error, sum_i |C_i(x_i) - x_i|^2 measured on
+ *              the real gradients, under the byte budget the controllers before it left
+ *              (by default the uniform setting's), by dynamic programming;
+ *   norm       Accordion (Agarwal et al., MLSys 2021): a tensor is in a critical regime
+ *              when the norm of its gradient accumulated over an interval changed by
+ *              |G_k - G_k-1| / G_k-1 >= eta; it is then sent at the `low` setting.
+ * Keys (an unknown key, or one no listed controller reads, is an error naming it):
+ *   base=SPEC        the setting of the compressed tensors (default
+ *                    topk:density=0.001,feedback=ef)
+ *   ladder=A/B/...   the candidates, '/'-separated: values of the base's knob (density=,
+ *                    rank=, levels=; knob=KEY picks another) or whole specs, `dense` for
+ *                    the dense spec; sorted by the bytes they send, most first.  Default
+ *                    `auto`: density x 100, 31.6, 10, 3.16, 1, 1/3.16, 1/10 (capped at 1)
+ *                    or rank x 4, 2, 1, 1/2, and `dense` first when dense=1
+ *   dense=0|1        dense as a candidate (default 1 with bandwidth, else 0)
+ *   interval=N|auto  steps between decisions (auto: the run's steps / 40 in 10..500; 100
+ *                    when the length is unknown)
+ *   measure=N|auto   steps between measurements of every candidate's error and codec time
+ *                    on the real gradients (auto: 4 intervals; the first interval measures)
+ *   min_elements=N, dense_1d=0|1, GLOB=SPEC   which tensors are compressed: the layer
+ *                    policy's keys (gcomp_policy_create; tensors the policy sends dense or
+ *                    by a glob are left alone)
+ *   bandwidth: slack=0.05 (relative), overlap=0..1 (as gcomp_cost_compute), confirm=N
+ *              (decisions a new choice must repeat, default 2)
+ *   accuracy:  target=T (0 < T < 1, or a percentage), band=0.002, margin=0.02 (the glide
+ *              path target - margin * (1 - progress)), start=0.1 (progress before which it
+ *              holds), dwell=2 (metric decisions between moves)
+ *   layers:    budget=uniform|BYTES (bytes per step of the compressed tensors)
+ *   norm:      eta=0.5, low=VALUE|SPEC (the critical setting; default two ladder steps
+ *              lighter than base)
+ *
+ * One decision, on every rank:
+ *     for each step:  gcomp_adapt_observe(a, i, grad, residual) for each tensor i
+ *                     gcomp_adapt_observe_compute(a, fwd, bwd, opt)
+ *                     gcomp_adapt_end_step(a, &due)
+ *     when due:       gcomp_adapt_stats(a, mine, cap, &len)        this rank's statistics
+ *                     allgather `mine` (len doubles) from every rank, in rank order
+ *                     gcomp_adapt_decide(a, all, len, nranks, &changed, &err)
+ *                     for each i with gcomp_adapt_changed(a, i): retune tensor i to
+ *                     gcomp_adapt_spec(a, i)
+ * Every decision is a pure function of the gathered statistics (combined in rank order:
+ * sums, maxima and medians over ranks, bit for bit the same wherever they are computed) and
+ * of the previous decisions, never of this rank's own observations, so ranks never
+ * disagree; statistics from a rank with another configuration are GCOMP_E_MISMATCH.
+ * (gcomp_mpi_adapt_decide in gradcomp_mpi.h does the allgather on an MPI communicator.)
+ * Thread-safety as for every object.
+ */
+typedef struct gcomp_adapt gcomp_adapt;
+
+/** The run as the controllers need to know it (zero fields: defaults). */
+typedef struct gcomp_adapt_options {
+    uint64_t total_steps; /**< steps of the run (interval=auto scales with it); 0: unknown */
+    int workers;          /**< ranks that exchange gradients (the cost model's P); 0: 1 */
+    int nodes;            /**< nodes they are on (1..workers); 0: 1 */
+    /** The exchange's strategy for a spec (gcomp_cost_strategy values; the MPI layer's
+     *  gcomp_mpi_strategy_auto).  NULL: allreduce for linear and multi-phase specs,
+     *  allgather for the others. */
+    int (*strategy)(void *ctx, const char *spec);
+    void *strategy_ctx;
+    /** Codec rates for the bandwidth controller before the first measurement (may be NULL;
+     *  read at create, not kept). */
+    const gcomp_cost_calibration *calibration;
+    /** The layer policy's defaults where the method string sets none: min_elements
+     *  (0: the policy's) and the spec of the tensors it leaves dense (NULL: "none"). */
+    size_t min_elements;
+    const char *dense_spec;
+} gcomp_adapt_options;
+
+/**
+ * Parses `method` (with or without the "adapt:" prefix; copied), applies the layer policy
+ * to the `count` tensors (gcomp_tensor_desc: name, n, shape; copied), builds every managed
+ * tensor's ladder and the first decision (Accordion starts in the critical setting; the
+ * others at base).  `opt` may be NULL.
+ * Returns GCOMP_OK; GCOMP_E_ARG (NULL, count 0, a bad tensor); GCOMP_E_SPEC (the grammar:
+ * an unknown controller or key, a key no listed controller reads, a value out of range such
+ * as target=1.5, an empty ladder or one whose entries send the same bytes, a ladder value
+ * the base's knob refuses; *err names the culprit and what is allowed);
+ * GCOMP_E_UNKNOWN_CODEC; GCOMP_E_LIMIT; GCOMP_E_NOMEM.  On failure *out is NULL.
+ */
+GCOMP_API gcomp_status gcomp_adapt_create(gcomp_adapt **out, const char *method,
+                                          const gcomp_tensor_desc *tensors, size_t count,
+                                          const gcomp_adapt_options *opt, gcomp_error *err);
+/** Frees the object; NULL is a no-op. */
+GCOMP_API void gcomp_adapt_free(gcomp_adapt *a);
+
+/** Tensors given at create. */
+GCOMP_API size_t gcomp_adapt_count(const gcomp_adapt *a);
+/** Tensor i's current spec (canonical; owned by `a`, valid until the next decide or free);
+ *  NULL when i is out of range. */
+GCOMP_API const char *gcomp_adapt_spec(const gcomp_adapt *a, size_t i);
+/** 1 when the controllers manage tensor i (the policy compresses it with base), else 0. */
+GCOMP_API int gcomp_adapt_managed(const gcomp_adapt *a, size_t i);
+/** Tensor i's ladder position (0: the candidate that sends most); -1 when not managed. */
+GCOMP_API int gcomp_adapt_level(const gcomp_adapt *a, size_t i);
+/** 1 when the last gcomp_adapt_decide changed tensor i's spec. */
+GCOMP_API int gcomp_adapt_changed(const gcomp_adapt *a, size_t i);
+/** Candidates in the ladder, and candidate j as a spec (canonical, owned by `a`). */
+GCOMP_API size_t gcomp_adapt_ladder_size(const gcomp_adapt *a);
+GCOMP_API const char *gcomp_adapt_candidate(const gcomp_adapt *a, size_t j);
+/** 1 when the method uses the controller named `name` ("bandwidth", "accuracy", "layers",
+ *  "norm"): e.g. whether to measure the link for it. */
+GCOMP_API int gcomp_adapt_uses(const gcomp_adapt *a, const char *name);
+/** Steps between decisions and between measurements, as resolved (auto included). */
+GCOMP_API uint64_t gcomp_adapt_interval(const gcomp_adapt *a);
+GCOMP_API uint64_t gcomp_adapt_measure_interval(const gcomp_adapt *a);
+
+/**
+ * Observes this step's gradient of tensor i (n floats, borrowed for the call), before it is
+ * exchanged; `residual` (may be NULL) is what its compressor holds back
+ * (gcomp_compressor_residual), so measurements see the vector the codec will compress.
+ * Accumulates the gradient for the norm controller and, on measurement steps
+ * (gcomp_adapt_measuring), compresses it with every candidate: error and codec time.
+ * Unmanaged tensors are ignored.  Local.  Returns GCOMP_OK, GCOMP_E_ARG, GCOMP_E_NOMEM or
+ * a candidate's encode status (GCOMP_E_NONFINITE).
+ */
+GCOMP_API gcomp_status gcomp_adapt_observe(gcomp_adapt *a, size_t i, const float *grad,
+                                           const float *residual);
+/** 1 when the current step measures every candidate (call observe with the residual). */
+GCOMP_API int gcomp_adapt_measuring(const gcomp_adapt *a);
+/** This step's compute on this rank, seconds: forward, backward, optimizer.  Local. */
+GCOMP_API void gcomp_adapt_observe_compute(gcomp_adapt *a, double forward_s, double backward_s,
+                                           double optimizer_s);
+/** This rank's measurement of its link: payload bytes/s and one-way latency in seconds
+ *  (the latest replaces earlier ones of the interval).  Local. */
+GCOMP_API void gcomp_adapt_observe_link(gcomp_adapt *a, double bandwidth, double latency);
+/** A validation metric to steer by (accuracy as a fraction, higher is better).  Local;
+ *  its mean over ranks is what the accuracy controller sees. */
+GCOMP_API void gcomp_adapt_observe_metric(gcomp_adapt *a, double value);
+/** Ends the step; *due (may be NULL) becomes 1 when a decision is due now. */
+GCOMP_API void gcomp_adapt_end_step(gcomp_adapt *a, int *due);
+
+/** Doubles this rank's statistics take (the same on every rank of one configuration). */
+GCOMP_API size_t gcomp_adapt_stats_size(const gcomp_adapt *a);
+/**
+ * Writes this rank's statistics since the last call into out (cap doubles, at least
+ * gcomp_adapt_stats_size) and their count into *len, and starts a new interval.  Local.
+ * Returns GCOMP_OK, GCOMP_E_ARG or GCOMP_E_DST_SIZE.
+ */
+GCOMP_API gcomp_status gcomp_adapt_stats(gcomp_adapt *a, double *out, size_t cap, size_t *len);
+/**
+ * Takes the decision from every rank's statistics: `all` holds nranks blocks of `len`
+ * doubles, rank 0's first (an allgather of gcomp_adapt_stats).  *changed (may be NULL)
+ * receives how many tensors changed spec (gcomp_adapt_changed says which).
+ * Returns GCOMP_OK; GCOMP_E_ARG; GCOMP_E_MISMATCH (a block of another configuration,
+ * size or decision index: every rank that holds the same blocks returns it; nothing
+ * changes); GCOMP_E_NOMEM (nothing changes).
+ */
+GCOMP_API gcomp_status gcomp_adapt_decide(gcomp_adapt *a, const double *all, size_t len, int nranks,
+                                          size_t *changed, gcomp_error *err);
+
+/** What the last decision saw (combined over ranks), for logs and plots. */
+typedef struct gcomp_adapt_report {
+    uint64_t decisions;      /**< decisions taken */
+    uint64_t step;           /**< steps observed when it was taken */
+    double bandwidth;        /**< the link used (bytes/s); 0 none */
+    double latency;          /**< seconds */
+    double compute_s;        /**< forward + backward + optimizer per step */
+    double predicted_step_s; /**< bandwidth: the chosen level's predicted step; 0 none */
+    double metric;           /**< accuracy: the metric; NaN none */
+    int uniform_level;       /**< the level the byte budget was set from */
+    double budget;           /**< bytes per step of the managed tensors */
+    size_t critical;         /**< norm: tensors in a critical regime */
+    double error;            /**< layers: total compression error of the choice (0 none) */
+    double error_uniform;    /**< layers: that measurement's error of the uniform setting */
+} gcomp_adapt_report;
+GCOMP_API void gcomp_adapt_get_report(const gcomp_adapt *a, gcomp_adapt_report *out);
 
 /* ------------------------------------------------------------------------------------- */
 /* Low-rank (PowerSGD) multi-phase protocol: the transport runs the reductions             */

@@ -891,6 +891,62 @@ GCOMP_API gcomp_status gcomp_mpi_ps_save_state(const gcomp_mpi_bucket *b, void *
 GCOMP_API gcomp_status gcomp_mpi_ps_load_state(gcomp_mpi_bucket *b, const void *src, size_t len,
                                                gcomp_error *err);
 
+/* ---- adaptive compression (gradcomp.h, "Adaptive compression") --------------------------- */
+
+/**
+ * Changes tensor i's spec between two allreduces, keeping what its compressors hold back
+ * (gcomp_compressor_retune for each of them: worker, owner and chunk compressors; a dense
+ * spec sends the held-back vector with its next message).  The tensor keeps its strategy
+ * request (AUTO: the new spec's default strategy); its component, sub-bucket plan and
+ * buffers follow the new spec.  Every rank must retune the same tensor to the same spec
+ * before the same allreduce (gcomp_adapt_decide gives every rank the same decision).
+ * What guards that, cheaply:
+ *  - a switch within allgather, sparse or rsag that keeps the sub-bucket plan is local (no
+ *    communication): their exchanges negotiate sizes every call and every message carries
+ *    its spec's fingerprint, which each receiver checks, so a rank that switched alone
+ *    makes the next allreduce fail with GCOMP_E_MISMATCH on every rank;
+ *  - any other switch (another strategy, another sub-bucket plan, a dense allreduce whose
+ *    counts follow from the spec) is collective: one small MPI_Iallreduce on the
+ *    communicator's own duplicate (never the bucket's data communicator) compares every
+ *    rank's new specs and strategies, and any difference, or a rank whose preparation
+ *    failed, leaves the bucket unchanged on every rank with GCOMP_E_MISMATCH.  A rank that
+ *    does not call retune then makes the others time out (GCOMP_E_TIMEOUT), never match a
+ *    data collective.
+ * A retune to the spec the tensor already has does nothing.  Between strategies that keep
+ * an owner side (sparse, rsag) and the others the owners' residuals would be lost:
+ * GCOMP_E_UNSUPPORTED (on every rank alike).  Checkpoints: gcomp_mpi_bucket_state_size
+ * changes with the specs (save after the retune, and create the bucket to load into with
+ * the specs in force then).
+ * Returns GCOMP_OK; GCOMP_E_ARG; GCOMP_E_PROTOCOL (an allreduce in flight); the spec's
+ * status (GCOMP_E_SPEC, GCOMP_E_UNKNOWN_CODEC); GCOMP_E_UNSUPPORTED (the strategy request
+ * cannot carry the spec, or the owner rule above); GCOMP_E_MISMATCH; GCOMP_E_NOMEM;
+ * GCOMP_E_TIMEOUT, GCOMP_E_MPI, GCOMP_E_FAILED.  On any error the bucket is as before.
+ */
+GCOMP_API gcomp_status gcomp_mpi_bucket_retune(gcomp_mpi_bucket *b, size_t i, const char *spec,
+                                               double timeout_s, gcomp_error *err);
+
+/**
+ * One adaptive decision over the communicator (collective): allgathers every rank's
+ * gcomp_adapt_stats (sizes first: ranks of another configuration fail together) and runs
+ * gcomp_adapt_decide on the blocks in rank order, so every rank takes the same decision.
+ * Apply it with gcomp_mpi_bucket_retune for each tensor gcomp_adapt_changed names.
+ * Returns GCOMP_OK, GCOMP_E_ARG, GCOMP_E_MISMATCH, GCOMP_E_LIMIT, GCOMP_E_NOMEM,
+ * GCOMP_E_TIMEOUT, GCOMP_E_MPI, GCOMP_E_FAILED.
+ */
+GCOMP_API gcomp_status gcomp_mpi_adapt_decide(gcomp_mpi_comm *c, gcomp_adapt *a, double timeout_s,
+                                              size_t *changed, gcomp_error *err);
+
+/**
+ * Measures this rank's link (collective): after a barrier, one ring step - a message to
+ * rank + 1 while one arrives from rank - 1 - of 8 bytes and of `bytes` (1 KiB..1 GiB), the
+ * median of three each: *latency = the small step, *bandwidth = payload bytes per second
+ * in each direction ((bytes - 8) / (t_big - t_small)).  One rank: both 0.  Feed them to
+ * gcomp_adapt_observe_link.  Runs on the communicator's own duplicate.
+ * Returns GCOMP_OK, GCOMP_E_ARG, GCOMP_E_NOMEM, GCOMP_E_TIMEOUT, GCOMP_E_MPI, GCOMP_E_FAILED.
+ */
+GCOMP_API gcomp_status gcomp_mpi_link_probe(gcomp_mpi_comm *c, size_t bytes, double timeout_s,
+                                            double *bandwidth, double *latency, gcomp_error *err);
+
 /* ---- helpers the tools share ----------------------------------------------------------- */
 
 /**

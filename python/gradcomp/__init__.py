@@ -64,6 +64,8 @@ from .core import (  # noqa: F401
     status_name,
 )
 
+from .adapt import Adapt  # noqa: F401,E402
+
 __version__ = "0.1.0"
 
 

@@ -133,6 +133,40 @@ class LayerPlan(ctypes.Structure):
     ]
 
 
+class AdaptOptions(ctypes.Structure):
+    """gcomp_adapt_options."""
+
+    _fields_ = [
+        ("total_steps", ctypes.c_uint64),
+        ("workers", ctypes.c_int),
+        ("nodes", ctypes.c_int),
+        ("strategy", ctypes.c_void_p),
+        ("strategy_ctx", ctypes.c_void_p),
+        ("calibration", ctypes.c_void_p),
+        ("min_elements", ctypes.c_size_t),
+        ("dense_spec", ctypes.c_char_p),
+    ]
+
+
+class AdaptReport(ctypes.Structure):
+    """gcomp_adapt_report."""
+
+    _fields_ = [
+        ("decisions", ctypes.c_uint64),
+        ("step", ctypes.c_uint64),
+        ("bandwidth", ctypes.c_double),
+        ("latency", ctypes.c_double),
+        ("compute_s", ctypes.c_double),
+        ("predicted_step_s", ctypes.c_double),
+        ("metric", ctypes.c_double),
+        ("uniform_level", ctypes.c_int),
+        ("budget", ctypes.c_double),
+        ("critical", ctypes.c_size_t),
+        ("error", ctypes.c_double),
+        ("error_uniform", ctypes.c_double),
+    ]
+
+
 _P = ctypes.c_void_p
 _S = ctypes.c_size_t
 _I = ctypes.c_int
@@ -197,6 +231,34 @@ PROTOTYPES = {
     "gcomp_lowrank_finish": (_I, [_P, _P, ctypes.c_float]),
     "gcomp_lowrank_abort": (None, [_P]),
     "gcomp_lowrank_residual": (_I, [_P, _P]),
+    # retune and adaptive controllers (src/core/retune.c, src/adapt/adapt*.c)
+    "gcomp_compressor_retune": (_I, [_P, ctypes.c_char_p, ctypes.POINTER(ErrorInfo)]),
+    "gcomp_adapt_create": (
+        _I,
+        [ctypes.POINTER(_P), ctypes.c_char_p, ctypes.POINTER(TensorDesc), _S,
+         ctypes.POINTER(AdaptOptions), ctypes.POINTER(ErrorInfo)],
+    ),
+    "gcomp_adapt_free": (None, [_P]),
+    "gcomp_adapt_count": (_S, [_P]),
+    "gcomp_adapt_spec": (ctypes.c_char_p, [_P, _S]),
+    "gcomp_adapt_managed": (_I, [_P, _S]),
+    "gcomp_adapt_level": (_I, [_P, _S]),
+    "gcomp_adapt_changed": (_I, [_P, _S]),
+    "gcomp_adapt_uses": (_I, [_P, ctypes.c_char_p]),
+    "gcomp_adapt_ladder_size": (_S, [_P]),
+    "gcomp_adapt_candidate": (ctypes.c_char_p, [_P, _S]),
+    "gcomp_adapt_interval": (ctypes.c_uint64, [_P]),
+    "gcomp_adapt_measure_interval": (ctypes.c_uint64, [_P]),
+    "gcomp_adapt_observe": (_I, [_P, _S, _P, _P]),
+    "gcomp_adapt_measuring": (_I, [_P]),
+    "gcomp_adapt_observe_compute": (None, [_P, ctypes.c_double, ctypes.c_double, ctypes.c_double]),
+    "gcomp_adapt_observe_link": (None, [_P, ctypes.c_double, ctypes.c_double]),
+    "gcomp_adapt_observe_metric": (None, [_P, ctypes.c_double]),
+    "gcomp_adapt_end_step": (None, [_P, ctypes.POINTER(_I)]),
+    "gcomp_adapt_stats_size": (_S, [_P]),
+    "gcomp_adapt_stats": (_I, [_P, _P, _S, c_size_p]),
+    "gcomp_adapt_decide": (_I, [_P, _P, _S, _I, c_size_p, ctypes.POINTER(ErrorInfo)]),
+    "gcomp_adapt_get_report": (None, [_P, ctypes.POINTER(AdaptReport)]),
 }
 OPTIONAL = {
     "gcomp_spec_describe",
@@ -213,7 +275,10 @@ OPTIONAL = {
     "gcomp_lowrank_finish",
     "gcomp_lowrank_abort",
     "gcomp_lowrank_residual",
+    "gcomp_compressor_retune",
 }
+# The adaptive controllers came with the retune: optional as a group.
+OPTIONAL |= {name for name in PROTOTYPES if name.startswith("gcomp_adapt_")}
 
 
 def _candidates():

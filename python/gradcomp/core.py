@@ -572,6 +572,19 @@ class Compressor:
             return out
         return None
 
+    def retune(self, spec):
+        """Changes the spec between two steps, keeping what the compressor holds back
+        (include/gradcomp.h, gcomp_compressor_retune): the residual moves to the new
+        spec's feedback, or - for a spec that keeps none, such as dense "none" - rides in
+        the next message.  On error nothing changes."""
+        h = self._handle()
+        _need("gcomp_compressor_retune")
+        err = _native.ErrorInfo()
+        _check(_lib.gcomp_compressor_retune(h, _spec_bytes(spec), ctypes.byref(err)), f"retune {spec!r}", err)
+        self._bound = _lib.gcomp_encode_bound(h)
+        self._buf = None
+        self._flags = _lib.gcomp_compressor_codec(h).contents.flags
+
     def set_epoch(self, epoch):
         """Tells schedules (DGC warm-up) which fractional epoch the next encode is in."""
         _check(_lib.gcomp_compressor_set_epoch(self._handle(), float(epoch)), "set_epoch")

@@ -50,6 +50,7 @@ import time
 import torch
 import torch.distributed as dist
 
+from . import adapt as _adapt
 from . import core as _core
 from . import errors as _err
 
@@ -107,6 +108,61 @@ class LayerPolicy:
         return f"LayerPolicy({self.text!r})"
 
 
+class AdaptivePolicy:
+    """An adaptive method ("adapt:...", gradcomp.adapt and docs/ADAPTIVE.md) as the hook's
+    policy: the controllers choose each parameter's spec and change it during training.
+
+    AdaptivePolicy(method, min_elements=1024, total_steps=0): the parameters are those of
+    the model given to hook(..., model=m), in named_parameters() order (the same on every
+    rank).  Decisions are taken with every rank at the controllers' interval: the hook
+    all-gathers the statistics at the start of the step after one is due.  The bandwidth
+    controller needs state.observe_link(bandwidth, latency) and the accuracy controller
+    state.observe_metric(accuracy) from the training loop; observe_compute likewise.  A
+    tensor the controllers switch to dense travels as a dense message (all-gathered), so
+    that what its compressor held back goes with it.  Pickled, it keeps the method; the
+    controllers restart from their first decision on restore, and each compressor keeps
+    its state (retuned to the new first decision).
+    """
+
+    def __init__(self, method, min_elements=1024, total_steps=0):
+        self.method = method
+        self.min_elements = int(min_elements)
+        self.total_steps = int(total_steps)
+        self.adapt = None
+        self._index = {}
+
+    def __getstate__(self):
+        return {"method": self.method, "min_elements": self.min_elements,
+                "total_steps": self.total_steps, "tensors": getattr(self, "_tensors", None),
+                "world": getattr(self, "_world", 1)}
+
+    def __setstate__(self, d):
+        self.__init__(d["method"], d["min_elements"], d["total_steps"])
+        if d.get("tensors"):
+            self.start(d["tensors"], d.get("world", 1))
+
+    def start(self, tensors, world):
+        """Creates the controllers for [(key, shape), ...]."""
+        self._tensors, self._world = list(tensors), int(world)
+        self.adapt = _adapt.Adapt(self.method, self._tensors, total_steps=self.total_steps,
+                                  workers=self._world, min_elements=self.min_elements)
+        self._index = {k: i for i, (k, _) in enumerate(self._tensors)}
+
+    def index(self, key):
+        return self._index.get(key)
+
+    def __call__(self, key, shape):
+        i = self._index.get(key)
+        if self.adapt is None or i is None:
+            raise _err.ArgumentError(
+                f"gradcomp.torch: adaptive method: parameter {key!r} is not one of the model's "
+                "(give hook(..., model=the_model))", status=_err.E_ARG)
+        return self.adapt.spec(i)
+
+    def __repr__(self):
+        return f"AdaptivePolicy({self.method!r})"
+
+
 def _is_plain_dense(canonical):
     # Every element as f32, summed as is, with nothing kept between steps: the tensor as it
     # is, which an all_reduce sends with no message headers and no gather.
@@ -121,13 +177,17 @@ def _u64_to_i64(v):
 
 
 class _Entry:
-    __slots__ = ("key", "shape", "numel", "spec", "comp", "kind")
+    __slots__ = ("key", "shape", "numel", "spec", "comp", "kind", "adapt_index")
 
     def __init__(self, key, shape, spec, comp):
         self.key, self.shape, self.numel, self.spec, self.comp = key, shape, math.prod(shape), spec, comp
-        if comp is None:
+        self.adapt_index = None
+        self.set_kind()
+
+    def set_kind(self):
+        if self.comp is None:
             self.kind = "dense"
-        elif "multiphase" in comp.codec["properties"]:
+        elif "multiphase" in self.comp.codec["properties"]:
             self.kind = "lowrank"
         else:
             self.kind = "gather"
@@ -149,7 +209,13 @@ class GradcompState:
     (for each bucket, from hook entry to its future's completion, summed).
     """
 
-    def __init__(self, policy, process_group=None, model=None, check_specs=True):
+    def __init__(self, policy, process_group=None, model=None, check_specs=True, total_steps=0):
+        if isinstance(policy, str) and policy.startswith("adapt:"):
+            if model is None:
+                raise _err.ArgumentError(
+                    "gradcomp.torch: an adaptive method needs the model (hook(method, model=m)): "
+                    "the controllers must know every parameter from the start", status=_err.E_ARG)
+            policy = AdaptivePolicy(policy, total_steps=total_steps)
         if isinstance(policy, str):
             policy = LayerPolicy(policy)
         if not callable(policy):
@@ -167,6 +233,7 @@ class GradcompState:
         self.stats = dict.fromkeys(
             ("steps", "message_bytes", "dense_bytes", "lowrank_bytes", "bytes_sent", "pad_bytes",
              "control_bytes", "hook_ns"), 0)
+        self._adapt_due = False
         if model is not None:
             self.bind(model)
 
@@ -179,11 +246,51 @@ class GradcompState:
     def bind(self, model):
         """Keys compressors by parameter name (stable across code changes that reorder
         buckets, and used in error messages).  Call before the first step."""
+        tensors = []
         for name, p in model.named_parameters():
             if name.startswith("module."):
                 name = name[len("module."):]
             self._names[id(p)] = name
+            tensors.append((name, tuple(p.shape)))
+        if isinstance(self.policy, AdaptivePolicy) and self.policy.adapt is None:
+            world = dist.get_world_size(self.process_group) if dist.is_initialized() else 1
+            self.policy.start(tensors, world)
         return self
+
+    # -- adaptive methods (AdaptivePolicy) --
+    @property
+    def adapt(self):
+        """The controllers of an adaptive method (gradcomp.Adapt), else None."""
+        return self.policy.adapt if isinstance(self.policy, AdaptivePolicy) else None
+
+    def observe_link(self, bandwidth, latency):
+        if self.adapt is not None:
+            self.adapt.observe_link(bandwidth, latency)
+
+    def observe_metric(self, value):
+        if self.adapt is not None:
+            self.adapt.observe_metric(value)
+
+    def observe_compute(self, forward_s, backward_s, optimizer_s=0.0):
+        if self.adapt is not None:
+            self.adapt.observe_compute(forward_s, backward_s, optimizer_s)
+
+    def _adapt_decide(self, group):
+        """A decision is due: every rank all-gathers its statistics (float64) and retunes the
+        parameters that change, before this step's first bucket is encoded."""
+        ad = self.adapt
+        self._adapt_due = False
+        mine = torch.from_numpy(ad.stats())
+        outs = [torch.empty_like(mine) for _ in range(dist.get_world_size(group))]
+        dist.all_gather(outs, mine, group=group)
+        self.stats["control_bytes"] += mine.numel() * 8
+        for i in ad.decide([o.numpy() for o in outs]):
+            e = self._entries.get(ad.names[i])
+            if e is None or e.comp is None:
+                continue
+            e.comp.retune(ad.spec(i))
+            e.spec = e.comp.spec
+            e.set_kind()
 
     @property
     def compressors(self):
@@ -227,14 +334,25 @@ class GradcompState:
         shape = tuple(grad.shape)
         saved = self._saved.pop(key, None)
         spec = self.policy(key, shape)
+        ai = self.policy.index(key) if isinstance(self.policy, AdaptivePolicy) else None
+        managed = ai is not None and self.policy.adapt.managed(ai)
         comp = None
         if spec is not None:
             comp = _core.Compressor(spec, math.prod(shape), shape)
-            if _is_plain_dense(comp.spec):
+            if _is_plain_dense(comp.spec) and not managed:
                 comp.close()
                 comp, spec = None, None
             else:
                 spec = comp.spec
+        if saved is not None and managed and saved[1] and saved[1] != spec:
+            # An adaptive tensor saved under another setting: its state, then the new one.
+            s_shape, s_spec, blob = saved
+            if tuple(s_shape) == shape and blob is not None:
+                comp.close()
+                comp = _core.Compressor(s_spec, math.prod(shape), shape)
+                comp.load_state(blob)
+                comp.retune(spec)
+                saved = None
         if saved is not None:
             s_shape, s_spec, blob = saved
             if tuple(s_shape) != shape or s_spec != spec:
@@ -247,6 +365,7 @@ class GradcompState:
         if comp is not None and self.epoch is not None:
             comp.set_epoch(self.epoch)
         e = _Entry(key, shape, spec, comp)
+        e.adapt_index = ai if managed else None
         self._entries[key] = e
         self._order.append(key)
         self._keys[pid] = key
@@ -554,10 +673,22 @@ def gradcomp_hook(state, bucket):
     buf = bucket.buffer()
     grads = bucket.gradients()
     params = bucket.parameters()
+    ad = state.adapt
+    if ad is not None and state._adapt_due and bucket.index() == 0:
+        state._adapt_decide(group)
     nseen = len(state._entries)
     entries = [state._entry(p, g) for p, g in zip(params, grads)]
     if state.check_specs and len(state._entries) != nseen:
         state._check(entries, group)
+    if ad is not None:  # what the controllers see: each gradient and what is held back
+        for e, g in zip(entries, grads):
+            if e.adapt_index is None:
+                continue
+            rp = _core._lib.gcomp_compressor_residual(e.comp._h)
+            st_ = _core._lib.gcomp_adapt_observe(ad._h, e.adapt_index, g.data_ptr(),
+                                                 ctypes.cast(rp, ctypes.c_void_p) if rp else None)
+            if st_:
+                _core._raise(st_, f"gradcomp.torch: observing parameter {e.key}")
 
     st = state.stats
     dense = [g for e, g in zip(entries, grads) if e.kind == "dense"]
@@ -591,6 +722,8 @@ def gradcomp_hook(state, bucket):
     if bucket.is_last():
         state.step += 1
         st["steps"] += 1
+        if ad is not None and ad.end_step():
+            state._adapt_due = True
 
     def done(f):
         for x in f.value():
@@ -603,16 +736,19 @@ def gradcomp_hook(state, bucket):
     return torch.futures.collect_all(futs).then(done)
 
 
-def hook(spec_or_policy, process_group=None, model=None, check_specs=True):
+def hook(spec_or_policy, process_group=None, model=None, check_specs=True, total_steps=0):
     """Returns (hook, state) for `ddp_model.register_comm_hook(state, hook)`.
 
     spec_or_policy: a spec string (LayerPolicy(spec): tensors under 1024 elements and
     1-D tensors go dense), a C policy string ("spec=...;min_elements=...;glob=spec"), a
-    LayerPolicy, or any picklable callable (key, shape) -> spec or None (dense).  model: the DDP model or its module, to key
-    compressors (and error messages) by parameter name.  process_group: None for the
-    default group.  Works with the gloo backend on CPU tensors.
+    LayerPolicy, an adaptive method "adapt:..." (AdaptivePolicy; needs model, and
+    total_steps for interval=auto), or any picklable callable (key, shape) -> spec or None
+    (dense).  model: the DDP model or its module, to key compressors (and error messages)
+    by parameter name.  process_group: None for the default group.  Works with the gloo
+    backend on CPU tensors.
     """
-    return gradcomp_hook, GradcompState(spec_or_policy, process_group, model, check_specs)
+    return gradcomp_hook, GradcompState(spec_or_policy, process_group, model, check_specs,
+                                        total_steps)
 
 
 # ---- over MPI: the Horovod-style optimizer (gradcomp/optimizer.py) ----------------------------

@@ -16,6 +16,7 @@
 #define MAGIC "GCmp"
 #define STATE_MAGIC "GCst"
 #define STATE_VERSION 1u
+#define STATE_VERSION_CARRY 2u /* a version-1 blob plus the retune carry (only when pending) */
 
 /* ---- creation ---------------------------------------------------------------------------- */
 
@@ -29,6 +30,8 @@ void gcomp_compressor_free(gcomp_compressor *c) {
     gcomp__buf_free(&c->sel_res);
     gcomp__buf_free(&c->scratch);
     gcomp__buf_free(&c->dec_ws);
+    gcomp__free(c->carry);
+    gcomp__free(c->carry_ws);
     gcomp__free(c);
 }
 
@@ -116,8 +119,9 @@ gcomp_status gcomp_compressor_set_epoch(gcomp_compressor *c, double epoch) {
 }
 
 const float *gcomp_compressor_residual(const gcomp_compressor *c) {
-    if (!c || !c->spec.feedback->residual) return NULL;
-    return c->spec.feedback->residual(c);
+    if (!c) return NULL;
+    if (c->spec.feedback->residual) return c->spec.feedback->residual(c);
+    return c->carry; /* a retune's held-back vector, waiting for the next message */
 }
 
 size_t gcomp_encode_bound(const gcomp_compressor *c) {
@@ -138,6 +142,10 @@ gcomp_status gcomp_encode(gcomp_compressor *c, const float *grad, void *dst, siz
     const float *x;
     float *res;
     c->x_add = NULL;
+    if (c->carry) { /* a retune left a held-back vector: it joins this message (retune.c) */
+        for (size_t i = 0; i < c->n; i++) c->carry_ws[i] = grad[i] + c->carry[i];
+        grad = c->carry_ws;
+    }
     gcomp_status st = c->spec.feedback->prepare(c, grad, &x, &res);
     if (st != GCOMP_OK) return st;
     uint8_t *h = dst, *payload = h + GCOMP_HEADER_SIZE;
@@ -160,6 +168,11 @@ gcomp_status gcomp_encode(gcomp_compressor *c, const float *grad, void *dst, siz
     gcomp__put32(h + 36, gcomp__crc32c(0, h, 36));
 
     if (c->spec.feedback->commit) c->spec.feedback->commit(c);
+    if (c->carry) {
+        gcomp__free(c->carry);
+        gcomp__free(c->carry_ws);
+        c->carry = c->carry_ws = NULL;
+    }
     c->step++;
     *dst_len = GCOMP_HEADER_SIZE + plen;
     c->stats.messages++;
@@ -275,7 +288,9 @@ gcomp_status gcomp_message_inspect(const void *msg, size_t len, gcomp_message_in
  * Blob (docs/FORMAT.md, "state"): "GCst" | u32 version | u32 total length | u32 spec
  * length | u64 n | u64 rows | u64 cols | u64 step | f64 epoch | spec bytes |
  * u32 feedback length | feedback bytes | u32 codec length | codec bytes | u32 CRC-32C of
- * everything before it.
+ * everything before it.  Version 2 (written only while a retune's carry is pending, so
+ * every other blob stays version 1) adds u32 carry length | carry bytes (n floats) before
+ * the CRC.
  */
 
 #define STATE_FIXED 56
@@ -287,9 +302,14 @@ static size_t codec_size(const gcomp_compressor *c) {
     return c->codec->state_size ? c->codec->state_size(c) : 0;
 }
 
+static size_t carry_size(const gcomp_compressor *c) {
+    return c->carry ? 4 + c->n * sizeof(float) : 0;
+}
+
 size_t gcomp_state_bound(const gcomp_compressor *c) {
     if (!c) return 0;
-    return STATE_FIXED + strlen(c->spec.canonical) + 4 + fb_size(c) + 4 + codec_size(c) + 4;
+    return STATE_FIXED + strlen(c->spec.canonical) + 4 + fb_size(c) + 4 + codec_size(c) +
+           carry_size(c) + 4;
 }
 
 gcomp_status gcomp_state_save(const gcomp_compressor *c, void *dst, size_t cap, size_t *len) {
@@ -300,7 +320,7 @@ gcomp_status gcomp_state_save(const gcomp_compressor *c, void *dst, size_t cap, 
     uint8_t *p = dst;
     size_t sl = strlen(c->spec.canonical), fl = fb_size(c), cl = codec_size(c);
     memcpy(p, STATE_MAGIC, 4);
-    gcomp__put32(p + 4, STATE_VERSION);
+    gcomp__put32(p + 4, c->carry ? STATE_VERSION_CARRY : STATE_VERSION);
     gcomp__put32(p + 8, (uint32_t)total);
     gcomp__put32(p + 12, (uint32_t)sl);
     gcomp__put64(p + 16, c->n);
@@ -317,6 +337,11 @@ gcomp_status gcomp_state_save(const gcomp_compressor *c, void *dst, size_t cap, 
     gcomp__put32(q, (uint32_t)cl);
     if (cl) c->codec->state_save(c, q + 4);
     q += 4 + cl;
+    if (c->carry) {
+        gcomp__put32(q, (uint32_t)(c->n * sizeof(float)));
+        memcpy(q + 4, c->carry, c->n * sizeof(float));
+        q += carry_size(c);
+    }
     gcomp__put32(q, gcomp__crc32c(0, p, (size_t)(q - p)));
     *len = total;
     return GCOMP_OK;
@@ -327,8 +352,8 @@ typedef struct blob {
     double epoch;
     const char *spec;
     size_t spec_len;
-    const uint8_t *fb, *cs;
-    size_t fb_len, cs_len;
+    const uint8_t *fb, *cs, *carry;
+    size_t fb_len, cs_len, carry_len;
 } blob;
 
 static gcomp_status read_blob(const void *src, size_t len, blob *b) {
@@ -339,8 +364,9 @@ static gcomp_status read_blob(const void *src, size_t len, blob *b) {
     if (memcmp(p, STATE_MAGIC, 4) != 0) return GCOMP_E_BAD_MAGIC;
     if (gcomp__get32(p + 8) != len) return GCOMP_E_STATE;
     if (gcomp__crc32c(0, p, len - 4) != gcomp__get32(p + len - 4)) return GCOMP_E_CHECKSUM;
-    if (gcomp__get32(p + 4) != STATE_VERSION)
-        return gcomp__get32(p + 4) > STATE_VERSION ? GCOMP_E_VERSION : GCOMP_E_STATE;
+    const uint32_t version = gcomp__get32(p + 4);
+    if (version != STATE_VERSION && version != STATE_VERSION_CARRY)
+        return version > STATE_VERSION_CARRY ? GCOMP_E_VERSION : GCOMP_E_STATE;
     b->spec_len = gcomp__get32(p + 12);
     b->n = gcomp__get64(p + 16);
     b->rows = gcomp__get64(p + 24);
@@ -356,8 +382,19 @@ static gcomp_status read_blob(const void *src, size_t len, blob *b) {
     b->fb = p + off + 4;
     off += 4 + b->fb_len;
     b->cs_len = gcomp__get32(p + off);
-    if (b->cs_len != len - off - 8) return GCOMP_E_STATE;
-    b->cs = p + off + 4;
+    b->carry = NULL;
+    b->carry_len = 0;
+    if (version == STATE_VERSION_CARRY) {
+        if (b->cs_len > len - off - 12) return GCOMP_E_STATE;
+        b->cs = p + off + 4;
+        off += 4 + b->cs_len;
+        b->carry_len = gcomp__get32(p + off);
+        if (b->carry_len != len - off - 8 || b->carry_len != 4 * b->n) return GCOMP_E_STATE;
+        b->carry = p + off + 4;
+    } else {
+        if (b->cs_len != len - off - 8) return GCOMP_E_STATE;
+        b->cs = p + off + 4;
+    }
     /* The fixed fields must describe a tensor a compressor can have (create's own checks,
      * which would otherwise answer GCOMP_E_ARG or GCOMP_E_LIMIT for a damaged blob), the
      * epoch one that set_epoch accepts, and the spec text no NUL (it would parse as its
@@ -380,17 +417,36 @@ gcomp_status gcomp_state_load(gcomp_compressor *c, const void *src, size_t len) 
         b.spec_len != strlen(c->spec.canonical) || memcmp(b.spec, c->spec.canonical, b.spec_len))
         return GCOMP_E_MISMATCH;
     if (b.fb_len != fb_size(c) || b.cs_len != codec_size(c)) return GCOMP_E_STATE;
+    float *carry = NULL, *carry_ws = NULL;
+    if (b.carry) { /* checked and allocated before anything changes */
+        for (size_t i = 0; i < c->n; i++)
+            if ((gcomp__get32(b.carry + 4 * i) & 0x7f800000u) == 0x7f800000u) return GCOMP_E_STATE;
+        carry = gcomp__alloc(b.carry_len);
+        carry_ws = gcomp__alloc(b.carry_len);
+        if (!carry || !carry_ws) {
+            gcomp__free(carry);
+            gcomp__free(carry_ws);
+            return GCOMP_E_NOMEM;
+        }
+        memcpy(carry, b.carry, b.carry_len);
+    }
     /* Feedback first, codec second; if the codec part is refused, put feedback back. */
     uint8_t *backup = NULL;
     if (b.fb_len) {
         if (b.cs_len) {
             backup = gcomp__alloc(b.fb_len);
-            if (!backup) return GCOMP_E_NOMEM;
+            if (!backup) {
+                gcomp__free(carry);
+                gcomp__free(carry_ws);
+                return GCOMP_E_NOMEM;
+            }
             c->spec.feedback->state_save(c, backup);
         }
         st = c->spec.feedback->state_load(c, b.fb, b.fb_len);
         if (st != GCOMP_OK) {
             gcomp__free(backup);
+            gcomp__free(carry);
+            gcomp__free(carry_ws);
             return st;
         }
     }
@@ -399,10 +455,16 @@ gcomp_status gcomp_state_load(gcomp_compressor *c, const void *src, size_t len) 
         if (st != GCOMP_OK) {
             if (backup) c->spec.feedback->state_load(c, backup, b.fb_len);
             gcomp__free(backup);
+            gcomp__free(carry);
+            gcomp__free(carry_ws);
             return st;
         }
     }
     gcomp__free(backup);
+    gcomp__free(c->carry);
+    gcomp__free(c->carry_ws);
+    c->carry = carry;
+    c->carry_ws = carry_ws;
     c->step = b.step;
     c->epoch = b.epoch;
     return GCOMP_OK;
@@ -455,6 +517,9 @@ void gcomp_state_reset(gcomp_compressor *c) {
     if (!c) return;
     if (c->spec.feedback->state_reset) c->spec.feedback->state_reset(c);
     if (c->codec->state_reset) c->codec->state_reset(c);
+    gcomp__free(c->carry);
+    gcomp__free(c->carry_ws);
+    c->carry = c->carry_ws = NULL;
     c->step = 0;
     c->epoch = 0;
 }

@@ -306,6 +306,15 @@ struct gcomp__codec {
     /* Optional, with a custom decode: fills elements_sent, index_coding, value_coding of a
      * message whose header was checked (gcomp_message_inspect); the payload is untrusted. */
     gcomp_status (*inspect)(const uint8_t *payload, size_t len, gcomp_message_info *info);
+    /* Optional, for a codec that keeps its own residual (GCOMP_SPEC_FEEDBACK in `traits`:
+     * PowerSGD), used by retune (retune.c): `held` writes what it holds back (n floats,
+     * overwriting out); `absorb` takes a replaced compressor's held-back vector into its
+     * residual, and its warm start when `from` has the same codec and shape
+     * (GCOMP_E_UNSUPPORTED: it cannot keep it, e.g. a tensor it always sends dense);
+     * `busy` says a multi-phase step is in flight (retune then refuses). */
+    void (*held)(const gcomp_compressor *c, float *out);
+    gcomp_status (*absorb)(gcomp_compressor *c, const float *held, const gcomp_compressor *from);
+    bool (*busy)(const gcomp_compressor *c);
     /* Optional codec-private state (beyond feedback buffers), for save/load.  state_size
      * reads only the spec, n and the shape, never codec_state: from_state sizes a blob's
      * sections with it before anything is allocated. */
@@ -383,6 +392,11 @@ struct gcomp__feedback {
     void (*state_reset)(gcomp_compressor *c);
     const float *(*residual)(const gcomp_compressor *c);
     unsigned traits; /* GCOMP_SPEC_FEEDBACK, _MOMENTUM (gcomp_spec_describe) */
+    /* Retune (retune.c): adds `held` (n floats that the compressor being replaced still
+     * held back) into what this feedback holds back, and takes over `from`'s momentum when
+     * `from` keeps momentum of its kind.  NULL for a feedback that keeps nothing (none):
+     * the held-back vector then rides in the next message (gcomp_compressor.carry). */
+    void (*absorb)(gcomp_compressor *c, const float *held, const gcomp_compressor *from);
 };
 const gcomp__feedback *gcomp__feedback_find(const char *name);
 #define GCOMP__FEEDBACK(name) extern const gcomp__feedback gcomp__feedback_##name;
@@ -427,6 +441,10 @@ struct gcomp_compressor {
     bool fuse_off;      /* tests: build x and select in separate passes (the reference) */
     bool last_dense;    /* the last message carried every element */
     gcomp__buf dec_ws;  /* decode workspace */
+    /* What a retune left that this spec's feedback cannot hold (it keeps no residual):
+     * n floats the next successful encode adds to its gradient, then frees; carry_ws is
+     * that step's sum.  NULL when nothing is pending (retune.c). */
+    float *carry, *carry_ws;
 
     gcomp_stats stats;
 };

@@ -325,6 +325,18 @@ static const float *dgc_residual(const gcomp_compressor *c) {
     return s->v;
 }
 
+/* Retune (retune.c): what the replaced compressor held back joins v, the velocity not yet
+ * sent; its momentum u is kept only when it was DGC's too (otherwise the optimizer's own
+ * momentum held that role, and u starts at 0). */
+static void dgc_absorb(gcomp_compressor *c, const float *held, const gcomp_compressor *from) {
+    dgc_state *s = c->fb_state;
+    for (size_t i = 0; i < c->n; i++) s->v[i] += held[i];
+    if (from->spec.feedback == &gcomp__feedback_dgc) {
+        const dgc_state *f = from->fb_state;
+        memcpy(s->u, f->u, c->n * sizeof(float));
+    }
+}
+
 static const gcomp_param_info dgc_params[] = {
     {"momentum", GCOMP_PARAM_FLOAT, 0, 1, 0, "0.9", NULL,
      "momentum m of the correction u = m*u + g (the optimizer must then use none)"},
@@ -359,6 +371,7 @@ const gcomp__feedback gcomp__feedback_dgc = {
     .state_reset = dgc_state_reset,
     .residual = dgc_residual,
     .traits = GCOMP_SPEC_FEEDBACK | GCOMP_SPEC_MOMENTUM,
+    .absorb = dgc_absorb,
 };
 
 /* ---- the `dgc` codec: exact top-k with the dgc feedback built in ---------------------- */

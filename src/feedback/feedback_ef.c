@@ -210,6 +210,13 @@ static const float *ef_residual(const gcomp_compressor *c) {
     return s->e;
 }
 
+/* Retune: the replaced compressor's held-back vector becomes this residual (retune.c). */
+static void ef_absorb(gcomp_compressor *c, const float *held, const gcomp_compressor *from) {
+    ef_state *s = c->fb_state;
+    (void)from;
+    for (size_t i = 0; i < c->n; i++) s->e[i] += held[i];
+}
+
 const gcomp__feedback gcomp__feedback_ef = {
     .info = {"ef",
              "error feedback: the residual of what was not sent is added to the next step's "
@@ -225,4 +232,5 @@ const gcomp__feedback gcomp__feedback_ef = {
     .state_reset = ef_state_reset,
     .residual = ef_residual,
     .traits = GCOMP_SPEC_FEEDBACK,
+    .absorb = ef_absorb,
 };

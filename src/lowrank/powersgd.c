@@ -862,6 +862,43 @@ gcomp_status gcomp_lowrank_residual(const gcomp_compressor *c, float *out) {
     return GCOMP_OK;
 }
 
+/* ---- retune (src/core/retune.c) ---------------------------------------------------------- */
+
+static void psgd_held(const gcomp_compressor *c, float *out) {
+    gcomp_lowrank_residual(c, out);
+}
+
+static bool psgd_busy(const gcomp_compressor *c) {
+    const psgd *s = c->codec_state;
+    return s->phase != PH_IDLE;
+}
+
+/* The replaced compressor's held-back vector becomes E (W, with no pending factors); a
+ * PowerSGD predecessor of the same width hands over its warm start, its first min(r, r')
+ * columns of Q, the others drawn from the shared seed as a first step draws them, so every
+ * rank that retunes at the same step gets the same Q. */
+static gcomp_status psgd_absorb(gcomp_compressor *c, const float *held,
+                                const gcomp_compressor *from) {
+    psgd *s = c->codec_state;
+    bool any = false;
+    for (size_t i = 0; i < c->n && !any; i++) any = held[i] != 0.0f;
+    if (!s->compressible) return any ? GCOMP_E_UNSUPPORTED : GCOMP_OK;
+    if (any) {
+        memcpy(s->w, held, c->n * sizeof(float));
+        s->w_zero = false;
+        s->has_pending = false;
+    }
+    if (!is_psgd(from) || !s->warm) return GCOMP_OK;
+    const psgd *f = from->codec_state;
+    if (!f->compressible || !f->has_warm || !f->warm || f->cols != s->cols) return GCOMP_OK;
+    const size_t keep = min_sz(s->r, f->r), cols = s->cols;
+    memcpy(s->qw, f->qw, keep * cols * sizeof(float)); /* Q^T: one row per column of Q */
+    uint64_t key = gcomp__stream(c->seed, c->step, PURPOSE_INIT);
+    for (size_t i = keep * cols; i < s->r * cols; i++) s->qw[i] = (float)rand_pm1(key, i);
+    s->has_warm = true;
+    return GCOMP_OK;
+}
+
 /* ---- one-rank message (gcomp_encode) ----------------------------------------------------- */
 
 static size_t lowrank_payload(const psgd *s) {
@@ -1057,6 +1094,9 @@ const gcomp__codec gcomp__codec_powersgd = {
     .state_save = psgd_state_save,
     .state_load = psgd_state_load,
     .state_reset = psgd_state_reset,
+    .held = psgd_held,
+    .absorb = psgd_absorb,
+    .busy = psgd_busy,
     .fixed_feedback = "none",
     /* Its starting and replacement Q columns come from the shared seed; it keeps its own
      * residual; the remainder of a projection is at most |x|^2, not less for every x. */

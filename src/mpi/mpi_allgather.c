@@ -38,7 +38,7 @@ static gcomp_status ag_encode(gcomp_mpi_bucket *b, gm_group *g) {
             gm_group_local_fail(b, g, st, g->t0 + k, "encode");
             continue;
         }
-        g->sz_send[k] = len;
+        g->sz_send[k] = gm_size_word(t->fp, len);
         t->msgs[0] = (gm_msgref){send + off, len, 0, t->n};
         t->nmsg = 1;
         off += len;
@@ -60,6 +60,7 @@ static gcomp_status ag_sizes(gcomp_mpi_bucket *b, gm_group *g) {
 static gcomp_status ag_data(gcomp_mpi_bucket *b, gm_group *g) {
     size_t P = (size_t)g->xsize, nt = g->nt;
     if (gm_scan_markers(b, g, g->sz_recv, P * nt, nt)) return GCOMP_OK; /* all ranks skip */
+    if (gm_scan_specs(b, g, g->sz_recv, P * nt, nt)) return GCOMP_OK;
     size_t total = 0;
     if (gm_gather_counts(g, g->sz_recv, nt, &total) != GCOMP_OK) {
         gm_group_shared_fail(b, g, GCOMP_E_LIMIT, -1, g->t0);
@@ -79,9 +80,9 @@ static gcomp_status ag_data(gcomp_mpi_bucket *b, gm_group *g) {
     g->bytes_recv += total - g->send_len;
     for (size_t k = 0; k < nt; k++) {
         gm_tensor *t = &b->t[g->t0 + k];
-        t->call.bytes_sent += g->sz_send[k] * (P - 1);
+        t->call.bytes_sent += gm_size_len(g->sz_send[k]) * (P - 1);
         for (size_t r = 0; r < P; r++)
-            if ((int)r != g->xrank) t->call.bytes_received += g->sz_recv[r * nt + k];
+            if ((int)r != g->xrank) t->call.bytes_received += gm_size_len(g->sz_recv[r * nt + k]);
     }
     return GCOMP_OK;
 }
@@ -95,7 +96,7 @@ static gcomp_status ag_decode(gcomp_mpi_bucket *b, gm_group *g) {
         gm_tensor *t = &b->t[g->t0 + k];
         uint64_t t0 = gm_now_ns();
         for (size_t r = 0; r < P; r++) {
-            size_t len = (size_t)g->sz_recv[r * nt + k];
+            size_t len = gm_size_len(g->sz_recv[r * nt + k]);
             const ag_tensor *at = t->priv;
             gcomp_compressor *dc = gm_peer_decoder(&at->peers, (int)r, t->c);
             uint64_t fp = gm_peer_fp(&at->peers, (int)r, t->fp);
@@ -184,6 +185,7 @@ static int ag_query(const gm_query *q, const char **why) {
 
 const gm_strategy gm_strategy_allgather = {
     .version = GM_STRATEGY_VERSION,
+    .negotiated = true,
     GM_NAMES("allgather"),
     .id = GCOMP_MPI_ALLGATHER,
     .query = ag_query,

@@ -11,11 +11,12 @@
  * half the bytes of f32 on the wire; each partial sum is rounded to the half format, so the result
  * is within P-1 half roundings of the exact sum of the decoded messages (documented bound, checked
  * by the tests). Beside it, a 3-word MPI_Iallreduce(MPI_MAX) carries a failure marker and a hash of
- * the random-k keys (and its complement): a rank whose encode failed, or whose positions differ
- * (seed or step out of step), makes every rank fail instead of summing values that belong to
- * different positions.  Random-k positions are re-derived from the key (FORMAT.md "Seeded
- * entries"), never sent. Rejected: decoding in an MPI_Op (an op cannot report corrupt input and
- * sees arbitrary pieces), and reducing in f32 for f16 codecs (doubles the traffic).
+ * the random-k keys and the specs' fingerprints (and its complement): a rank whose encode failed,
+ * or whose positions or spec differ (seed or step out of step, a retune not made everywhere),
+ * makes every rank fail instead of summing values that belong to different positions.  Random-k
+ * positions are re-derived from the key (FORMAT.md "Seeded entries"), never sent. Rejected:
+ * decoding in an MPI_Op (an op cannot report corrupt input and sees arbitrary pieces), and reducing
+ * in f32 for f16 codecs (doubles the traffic).
  */
 #include "mpi_strategy.h"
 
@@ -70,7 +71,7 @@ static gcomp_status ar_encode(gcomp_mpi_bucket *b, gm_group *g) {
             t->msgs[0] = (gm_msgref){slot, len, 0, t->n};
             t->nmsg = 1;
         }
-        kh = gm_mix(kh ^ key) + k;
+        kh = gm_mix(kh ^ key ^ t->fp) + k; /* positions and, after a retune, the spec */
         t->call.codec_ns += gm_now_ns() - t0;
     }
     ag->ring_s = 0;
@@ -106,8 +107,9 @@ static gcomp_status ar_decode(gcomp_mpi_bucket *b, gm_group *g) {
     if (g->chk_out[1] != ~g->chk_out[2]) {
         g->st = GCOMP_E_MISMATCH;
         snprintf(g->msg, sizeof g->msg,
-                 "sub-bucket at tensor '%s': random-k positions differ across ranks (seed or "
-                 "step out of step); nothing was summed",
+                 "sub-bucket at tensor '%s': specs or random-k positions differ across ranks "
+                 "(a retune not made on every rank, or seed or step out of step); nothing was "
+                 "summed",
                  b->t[g->t0].name);
         return GCOMP_OK;
     }

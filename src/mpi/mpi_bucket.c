@@ -109,11 +109,27 @@ bool gm_scan_markers(gcomp_mpi_bucket *b, gm_group *g, const uint64_t *w, size_t
     return false;
 }
 
+bool gm_scan_specs(gcomp_mpi_bucket *b, gm_group *g, const uint64_t *w, size_t count,
+                   size_t per_rank) {
+    for (size_t i = 0; i < count; i++) {
+        const gm_tensor *t = &b->t[g->t0 + i % per_rank];
+        if ((uint32_t)(w[i] >> 32) == gm_spec_tag(t->fp)) continue;
+        int r = (int)(i / per_rank);
+        gm_group_shared_fail(b, g, GCOMP_E_MISMATCH, r, g->t0 + i % per_rank);
+        snprintf(g->msg, sizeof g->msg,
+                 "tensor '%.40s': %s %d sends another spec than '%.80s' (a retune not made "
+                 "everywhere?)",
+                 t->name, g->hier ? "node" : "rank", r, t->spec);
+        return true;
+    }
+    return false;
+}
+
 gcomp_status gm_gather_counts(gm_group *g, const uint64_t *w, size_t per_rank, size_t *total) {
     uint64_t sum = 0;
     for (size_t r = 0; r < (size_t)g->xsize; r++) {
         uint64_t c = 0;
-        for (size_t k = 0; k < per_rank; k++) c += w[r * per_rank + k];
+        for (size_t k = 0; k < per_rank; k++) c += gm_size_len(w[r * per_rank + k]);
         if (c > INT_MAX || sum + c > INT_MAX) return GCOMP_E_LIMIT;
         g->cnt_r[r] = (int)c;
         g->dsp_r[r] = (int)sum;
@@ -146,7 +162,7 @@ gcomp_status gm_start_pack_reduce(gcomp_mpi_bucket *b, gm_group *g, int vid, siz
 
 /* ---- tensors ------------------------------------------------------------------------------ */
 
-static void tensor_free(gm_tensor *t) {
+void gm_tensor_free(gm_tensor *t) {
     if (t->S && t->S->tensor_free) t->S->tensor_free(t);
     t->priv = NULL;
     gm_free(t->name);
@@ -155,12 +171,9 @@ static void tensor_free(gm_tensor *t) {
     /* t->work and t->tmp are freed (or buried) by the bucket */
 }
 
-/* Sets up one tensor: canonical spec and description, strategy, and (on the ranks of the
- * exchange) the component's compressors.  Errors go to err. */
-static gcomp_status tensor_setup(gcomp_mpi_bucket *b, size_t i, const gcomp_mpi_tensor *d,
-                                 gcomp_error *err) {
+gcomp_status gm_tensor_setup(gcomp_mpi_bucket *b, gm_tensor *t, size_t i, const gcomp_mpi_tensor *d,
+                             gcomp_error *err) {
     gcomp_mpi_comm *c = b->comm;
-    gm_tensor *t = &b->t[i];
     char nm[32];
     if (!d->name) snprintf(nm, sizeof nm, "#%zu", i);
     t->name = gm_strdup(d->name ? d->name : nm);
@@ -177,6 +190,7 @@ static gcomp_status tensor_setup(gcomp_mpi_bucket *b, size_t i, const gcomp_mpi_
     gcomp_status st = gm_spec_describe(d->spec, t->spec, sizeof t->spec, &t->fp, &t->info, &e2);
     if (st != GCOMP_OK) return gm_fail(err, st, "tensor '%s': %s", t->name, e2.message);
     int s = d->strategy, base = s & 0xff;
+    t->req_strategy = s;
     const gm_strategy *S = base == GCOMP_MPI_AUTO ? NULL : gm_strategy_by_id(base);
     if ((s & ~(0xff | GCOMP_MPI_HIERARCHICAL)) || (base != GCOMP_MPI_AUTO && !S))
         return gm_fail(err, GCOMP_E_ARG,
@@ -213,7 +227,7 @@ static gcomp_status tensor_setup(gcomp_mpi_bucket *b, size_t i, const gcomp_mpi_
 
 /* ---- groups ------------------------------------------------------------------------------- */
 
-static gcomp_status group_setup(gcomp_mpi_bucket *b, gm_group *g) {
+gcomp_status gm_group_setup(gcomp_mpi_bucket *b, gm_group *g) {
     gcomp_mpi_comm *c = b->comm;
     gm_tensor *t0 = &b->t[g->t0];
     g->nt = g->t1 - g->t0;
@@ -392,6 +406,22 @@ static size_t group_bufs(gm_group *g, void **out) {
     return k;
 }
 
+void gm_group_release(gm_group *g) {
+    gm_buf_free(&g->send);
+    gm_buf_free(&g->recv);
+    gm_buf_free(&g->gsend);
+    gm_buf_free(&g->grecv);
+    gm_buf_free(&g->pack);
+    gm_buf_free(&g->words);
+    gm_free(g->req);
+    gm_free(g->steps);
+    if (g->S && g->S->group_free)
+        g->S->group_free(g);
+    else
+        gm_free(g->priv);
+    memset(g, 0, sizeof *g);
+}
+
 static void bucket_destroy(gcomp_mpi_bucket *b) {
     gcomp_mpi_comm *c = b->comm;
     int fin = 0;
@@ -431,24 +461,10 @@ static void bucket_destroy(gcomp_mpi_bucket *b) {
         }
         b->bc = b->bnode = b->bleaders = MPI_COMM_NULL;
     }
-    for (size_t gi = 0; gi < b->ng; gi++) {
-        gm_group *g = &b->g[gi];
-        gm_buf_free(&g->send);
-        gm_buf_free(&g->recv);
-        gm_buf_free(&g->gsend);
-        gm_buf_free(&g->grecv);
-        gm_buf_free(&g->pack);
-        gm_buf_free(&g->words);
-        gm_free(g->req);
-        gm_free(g->steps);
-        if (g->S && g->S->group_free)
-            g->S->group_free(g);
-        else
-            gm_free(g->priv);
-    }
+    for (size_t gi = 0; gi < b->ng; gi++) gm_group_release(&b->g[gi]);
     if (b->t)
         for (size_t i = 0; i < b->nt; i++) {
-            tensor_free(&b->t[i]);
+            gm_tensor_free(&b->t[i]);
             gm_buf_free(&b->t[i].work);
             gm_buf_free(&b->t[i].tmp);
         }
@@ -468,6 +484,25 @@ void gcomp_mpi_bucket_free(gcomp_mpi_bucket *b) {
     bucket_destroy(b);
 }
 
+size_t gm_groups_plan(const gcomp_mpi_bucket *b, gm_group *g) {
+    size_t start = 0, bytes = 0, ng = 0, count = b->nt;
+    for (size_t i = 0; i <= count; i++) {
+        bool cut =
+            i == count ||
+            (i > start && (!same_group(&b->t[start], &b->t[i]) ||
+                           (b->opt.bucket_bytes && bytes + 4 * b->t[i].n > b->opt.bucket_bytes)));
+        if (i > start && cut) {
+            g[ng].t0 = start;
+            g[ng].t1 = i;
+            ng++;
+            start = i;
+            bytes = 0;
+        }
+        if (i < count) bytes += 4 * b->t[i].n;
+    }
+    return ng;
+}
+
 /* Local set-up of a bucket whose communicators exist: tensors, sub-buckets, buffers. */
 static gcomp_status bucket_setup(gcomp_mpi_bucket *b, const gcomp_mpi_tensor *tensors, size_t count,
                                  gcomp_error *err) {
@@ -476,26 +511,12 @@ static gcomp_status bucket_setup(gcomp_mpi_bucket *b, const gcomp_mpi_tensor *te
     b->g = gm_calloc(count, sizeof *b->g);
     if (!b->t || !b->g) return gm_fail(err, GCOMP_E_NOMEM, "out of memory creating a bucket");
     for (size_t i = 0; i < count; i++) {
-        gcomp_status st = tensor_setup(b, i, &tensors[i], err);
+        gcomp_status st = gm_tensor_setup(b, &b->t[i], i, &tensors[i], err);
         if (st != GCOMP_OK) return st;
     }
-    size_t start = 0, bytes = 0;
-    for (size_t i = 0; i <= count; i++) {
-        bool cut =
-            i == count ||
-            (i > start && (!same_group(&b->t[start], &b->t[i]) ||
-                           (b->opt.bucket_bytes && bytes + 4 * b->t[i].n > b->opt.bucket_bytes)));
-        if (i > start && cut) {
-            gm_group *g = &b->g[b->ng++];
-            g->t0 = start;
-            g->t1 = i;
-            start = i;
-            bytes = 0;
-        }
-        if (i < count) bytes += 4 * b->t[i].n;
-    }
+    b->ng = gm_groups_plan(b, b->g);
     for (size_t gi = 0; gi < b->ng; gi++) {
-        gcomp_status st = group_setup(b, &b->g[gi]);
+        gcomp_status st = gm_group_setup(b, &b->g[gi]);
         if (st != GCOMP_OK)
             return gm_fail(err, st, "sub-bucket at tensor '%s': %s", b->t[b->g[gi].t0].name,
                            st == GCOMP_E_LIMIT ? "an exchange would exceed MPI's 2 GiB counts"
@@ -734,7 +755,7 @@ static gcomp_status finish(gcomp_mpi_bucket *b, gcomp_error *err) {
     return st;
 }
 
-static gcomp_status usable(gcomp_mpi_bucket *b, gcomp_error *err) {
+gcomp_status gm_bucket_usable(gcomp_mpi_bucket *b, gcomp_error *err) {
     if (!b) return gm_fail(err, GCOMP_E_ARG, "bucket is NULL");
     gcomp_status st = gm_comm_check(b->comm, err);
     if (st != GCOMP_OK) return st;
@@ -747,7 +768,7 @@ static gcomp_status usable(gcomp_mpi_bucket *b, gcomp_error *err) {
 
 gcomp_status gcomp_mpi_start(gcomp_mpi_bucket *b, float *const *data, gcomp_mpi_op op,
                              gcomp_error *err) {
-    gcomp_status st = usable(b, err);
+    gcomp_status st = gm_bucket_usable(b, err);
     if (st != GCOMP_OK) return st;
     if (b->busy)
         return gm_fail(err, GCOMP_E_PROTOCOL, "this bucket's allreduce is already in flight");
@@ -783,7 +804,7 @@ gcomp_status gcomp_mpi_start(gcomp_mpi_bucket *b, float *const *data, gcomp_mpi_
 
 gcomp_status gcomp_mpi_test(gcomp_mpi_bucket *b, int *done, gcomp_error *err) {
     if (done) *done = 0;
-    gcomp_status st = usable(b, err);
+    gcomp_status st = gm_bucket_usable(b, err);
     if (st != GCOMP_OK) return st;
     if (!done) return gm_fail(err, GCOMP_E_ARG, "done must not be NULL");
     if (!b->busy) {
@@ -798,7 +819,7 @@ gcomp_status gcomp_mpi_test(gcomp_mpi_bucket *b, int *done, gcomp_error *err) {
 }
 
 gcomp_status gcomp_mpi_wait(gcomp_mpi_bucket *b, double timeout_s, gcomp_error *err) {
-    gcomp_status st = usable(b, err);
+    gcomp_status st = gm_bucket_usable(b, err);
     if (st != GCOMP_OK) return st;
     if (!b->busy) return GCOMP_OK;
     uint64_t t0 = gm_now_ns(), deadline = gm_deadline(b->comm, timeout_s);

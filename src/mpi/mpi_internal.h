@@ -49,6 +49,21 @@ static inline int gm_marker_rank(uint64_t m) {
  * residual, is not finite), as opposed to a contribution it received. */
 #define GM_MARK_OWNER (1ull << 48)
 
+/* Size words that are not markers: bits 0..31 a length, bits 32..62 a tag of the tensor's
+ * spec (its fingerprint, hashed), so that ranks whose specs for a tensor differ - a retune
+ * one rank did not make - see it in the words they exchange anyway, before sizes that
+ * belong to different specs are used (gm_scan_specs): no extra round trip. */
+static inline uint32_t gm_spec_tag(uint64_t fp) {
+    uint64_t z = fp * 0x9e3779b97f4a7c15ull;
+    return (uint32_t)((z ^ (z >> 29)) >> 33); /* 31 bits */
+}
+static inline uint64_t gm_size_word(uint64_t fp, size_t len) {
+    return (uint64_t)gm_spec_tag(fp) << 32 | (uint32_t)len;
+}
+static inline size_t gm_size_len(uint64_t w) {
+    return (size_t)(uint32_t)w;
+}
+
 /* ---- memory --------------------------------------------------------------------------------- */
 
 /* Every allocation of this layer goes through libgradcomp's allocator (src/common/mem.c,
@@ -269,6 +284,7 @@ typedef struct gm_tensor {
     size_t n, rows, cols;
     const gm_strategy *S; /* its component */
     int strategy;         /* S->id: resolved, without the HIERARCHICAL flag */
+    int req_strategy;     /* as the caller asked (AUTO or an override, with the flag) */
     bool hier;            /* the hierarchical wrapper around S */
     int xsize, xrank;     /* the exchange S runs in: its ranks (nodes) and this rank's index */
     bool exchange;        /* this rank takes part in the exchange (set up by S) */
@@ -357,6 +373,19 @@ struct gcomp_mpi_bucket {
     gcomp_mpi_stats stats, call;
 };
 
+/* ---- the engine's own steps, shared with retune (mpi_bucket.c, mpi_retune.c) ------------ */
+
+gcomp_status gm_bucket_usable(gcomp_mpi_bucket *b, gcomp_error *err);
+/* Sets up tensor t (index i) from d: canonical spec, component, compressors.  t zeroed. */
+gcomp_status gm_tensor_setup(gcomp_mpi_bucket *b, gm_tensor *t, size_t i, const gcomp_mpi_tensor *d,
+                             gcomp_error *err);
+void gm_tensor_free(gm_tensor *t);
+/* Cuts b's tensors into sub-buckets: g[k].t0 / t1 for k < the count returned. */
+size_t gm_groups_plan(const gcomp_mpi_bucket *b, gm_group *g);
+gcomp_status gm_group_setup(gcomp_mpi_bucket *b, gm_group *g);
+/* Frees a group's buffers and private state (nothing of it may be in flight). */
+void gm_group_release(gm_group *g);
+
 /* ---- what strategies share (mpi_bucket.c, mpi_spec.c) ---------------------------------- */
 
 /* Appends a step (on allocation failure sets steps_nomem; set-up then fails). */
@@ -391,6 +420,12 @@ void gm_group_overflow(gcomp_mpi_bucket *b, gm_group *g, size_t tensor, const ch
 bool gm_scan_markers(gcomp_mpi_bucket *b, gm_group *g, const uint64_t *w, size_t count,
                      size_t per_rank);
 uint64_t gm_ring_bytes(size_t bytes, int p);
+/* Checks that every size word (count of them, per_rank per rank) carries the tag of this
+ * rank's spec for its tensor; records GCOMP_E_MISMATCH and returns true when one does not.
+ * Symmetric: when the ranks' specs are not all equal every rank finds a word that differs
+ * from its own, so all skip together.  Call after gm_scan_markers. */
+bool gm_scan_specs(gcomp_mpi_bucket *b, gm_group *g, const uint64_t *w, size_t count,
+                   size_t per_rank);
 /* Sizes of a v-collective from `count` size words per rank (xsize * per_rank words in w):
  * fills g->cnt_r / g->dsp_r and *total.  GCOMP_E_LIMIT when a count passes MPI's int
  * (every rank computes the same sums from the same words, so all agree). */

@@ -142,7 +142,7 @@ static gcomp_status rsag_encode(gcomp_mpi_bucket *b, gm_group *g) {
         for (size_t k = 0; k < nt; k++) {
             gm_tensor *t = &b->t[g->t0 + k];
             size_t len = 0, lj = reg_len(t, j);
-            g->sz_send[(size_t)j * nt + k] = 0;
+            g->sz_send[(size_t)j * nt + k] = gm_size_word(t->fp, 0);
             if (!lj || bad[k] != GCOMP_OK) continue;
             uint64_t t0 = gm_now_ns();
             gcomp_status st = gcomp_encode(owt(t)->chunk[j], t->io + owt(t)->reg[j], send + off,
@@ -152,7 +152,7 @@ static gcomp_status rsag_encode(gcomp_mpi_bucket *b, gm_group *g) {
                 bad[k] = st;
                 continue;
             }
-            g->sz_send[(size_t)j * nt + k] = len;
+            g->sz_send[(size_t)j * nt + k] = gm_size_word(t->fp, len);
             t->msgs[t->nmsg++] = (gm_msgref){send + off, len, owt(t)->reg[j], lj};
             off += len;
         }
@@ -200,7 +200,7 @@ static gcomp_status sparse_encode(gcomp_mpi_bucket *b, gm_group *g) {
                 len = gm_slice_encode(t->io + owt(t)->reg[j], reg_len(t, j), send + off);
                 t->call.codec_ns += gm_now_ns() - t0;
             }
-            g->sz_send[(size_t)j * nt + k] = len;
+            g->sz_send[(size_t)j * nt + k] = gm_size_word(t->fp, len);
             off += len;
         }
     }
@@ -227,16 +227,17 @@ static gcomp_status ow_data(gcomp_mpi_bucket *b, gm_group *g) {
     size_t P = (size_t)g->xsize, nt = g->nt;
     /* A rank that failed marked every destination, so all ranks see it here. */
     if (gm_scan_markers(b, g, g->sz_recv, P * nt, nt)) return GCOMP_OK;
+    if (gm_scan_specs(b, g, g->sz_recv, P * nt, nt)) return GCOMP_OK;
     uint64_t total = 0;
     for (size_t j = 0; j < P; j++) {
         uint64_t s = 0, r = 0;
         for (size_t k = 0; k < nt; k++) {
-            s += g->sz_send[j * nt + k];
-            r += g->sz_recv[j * nt + k];
+            s += gm_size_len(g->sz_send[j * nt + k]);
+            r += gm_size_len(g->sz_recv[j * nt + k]);
             gm_tensor *t = &b->t[g->t0 + k];
             if ((int)j != g->xrank) {
-                t->call.bytes_sent += g->sz_send[j * nt + k];
-                t->call.bytes_received += g->sz_recv[j * nt + k];
+                t->call.bytes_sent += gm_size_len(g->sz_send[j * nt + k]);
+                t->call.bytes_received += gm_size_len(g->sz_recv[j * nt + k]);
             }
         }
         g->cnt_s[j] = (int)s; /* bounded by the send areas, checked at set-up */
@@ -263,7 +264,7 @@ static gcomp_status ow_owner(gcomp_mpi_bucket *b, gm_group *g) {
     const ow_group *og = g->priv;
     size_t P = (size_t)g->xsize, nt = g->nt, off = 0;
     int me = g->xrank;
-    for (size_t k = 0; k < nt; k++) g->gsz_send[k] = 0;
+    for (size_t k = 0; k < nt; k++) g->gsz_send[k] = gm_size_word(b->t[g->t0 + k].fp, 0);
     g->gsend_len = 0;
     if (g->st != GCOMP_OK) return GCOMP_OK; /* every rank knows: the rest is skipped */
     const uint8_t *recv = g->recv.p;
@@ -277,7 +278,7 @@ static gcomp_status ow_owner(gcomp_mpi_bucket *b, gm_group *g) {
         float *acc = t->io + owt(t)->reg[me];
         if (mine && og->rsag) memset(acc, 0, mine * sizeof(float));
         for (size_t r = 0; r < P; r++) {
-            size_t len = (size_t)g->sz_recv[r * nt + k];
+            size_t len = gm_size_len(g->sz_recv[r * nt + k]);
             const uint8_t *m = recv + g->pos[r];
             g->pos[r] += len;
             if (st != GCOMP_OK || !mine) continue;
@@ -314,7 +315,7 @@ static gcomp_status ow_owner(gcomp_mpi_bucket *b, gm_group *g) {
             }
             continue;
         }
-        g->gsz_send[k] = len;
+        g->gsz_send[k] = gm_size_word(t->fp, len);
         owt(t)->gsend_off = off;
         off += len;
     }
@@ -354,6 +355,7 @@ static gcomp_status ow_gdata(gcomp_mpi_bucket *b, gm_group *g) {
         }
         return GCOMP_OK;
     }
+    if (gm_scan_specs(b, g, g->gsz_recv, P * nt, nt)) return GCOMP_OK;
     size_t total = 0;
     if (gm_gather_counts(g, g->gsz_recv, nt, &total) != GCOMP_OK) {
         gm_group_shared_fail(b, g, GCOMP_E_LIMIT, -1, g->t0);
@@ -373,10 +375,10 @@ static gcomp_status ow_gdata(gcomp_mpi_bucket *b, gm_group *g) {
     g->bytes_recv += total - g->gsend_len;
     for (size_t k = 0; k < nt; k++) {
         gm_tensor *t = &b->t[g->t0 + k];
-        t->call.bytes_sent += g->gsz_send[k] * (P - 1) + 8 * (P - 1);
+        t->call.bytes_sent += gm_size_len(g->gsz_send[k]) * (P - 1) + 8 * (P - 1);
         t->call.bytes_received += 8 * (P - 1);
         for (size_t r = 0; r < P; r++)
-            if ((int)r != g->xrank) t->call.bytes_received += g->gsz_recv[r * nt + k];
+            if ((int)r != g->xrank) t->call.bytes_received += gm_size_len(g->gsz_recv[r * nt + k]);
     }
     return GCOMP_OK;
 }
@@ -392,7 +394,7 @@ static gcomp_status ow_decode(gcomp_mpi_bucket *b, gm_group *g) {
         size_t mine = reg_len(t, me);
         uint64_t t0 = gm_now_ns();
         for (size_t j = 0; j < P; j++) {
-            size_t len = (size_t)g->gsz_recv[j * nt + k], lj = reg_len(t, (int)j);
+            size_t len = gm_size_len(g->gsz_recv[j * nt + k]), lj = reg_len(t, (int)j);
             const uint8_t *m = grecv + g->pos[j];
             g->pos[j] += len;
             if (!lj || g->st != GCOMP_OK) continue;
@@ -652,6 +654,7 @@ static int sparse_query(const gm_query *q, const char **why) {
 
 const gm_strategy gm_strategy_rsag = {
     .version = GM_STRATEGY_VERSION,
+    .negotiated = true,
     GM_NAMES("rsag"),
     .id = GCOMP_MPI_RSAG,
     .query = rsag_query,
@@ -667,6 +670,7 @@ const gm_strategy gm_strategy_rsag = {
 
 const gm_strategy gm_strategy_sparse = {
     .version = GM_STRATEGY_VERSION,
+    .negotiated = true,
     GM_NAMES("sparse"),
     .id = GCOMP_MPI_SPARSE,
     .query = sparse_query,

@@ -66,7 +66,7 @@
 
 #include "mpi_internal.h"
 
-#define GM_STRATEGY_VERSION 1
+#define GM_STRATEGY_VERSION 2
 
 /* What a strategy is asked about one tensor. */
 typedef struct gm_query {
@@ -129,6 +129,15 @@ struct gm_strategy {
     void (*abandon)(gm_tensor *t);
     /* The owner side (gcomp_mpi_owner_spec / _residual).  NULL: none. */
     void (*owner)(const gm_tensor *t, gm_owner_view *v);
+
+    /* ---- version 2 ---- */
+    /* Every call exchanges its sizes in size words and every message carries its spec's
+     * fingerprint, so ranks whose specs for a tensor differ still issue the same
+     * collectives and fail on the fingerprints: a retune that stays within this component
+     * (and its sub-bucket) is local (gcomp_mpi_bucket_retune, mpi_retune.c).  false: the
+     * exchange's counts follow from the spec (a dense allreduce), and a retune checks
+     * collectively that every rank switched alike. */
+    bool negotiated;
 };
 
 /* Both names from one literal: GM_NAMES("rsag") in a component's initializer. */

@@ -70,15 +70,16 @@ static int efail(char *err, size_t errlen, const char *fmt, ...) {
 }
 
 int gtrain_exchange_create(gtrain_exchange **out, const char *method, gtrain_tensor *t, size_t nt,
-                           size_t min_elements, const char *dense_spec, int strategy,
-                           double timeout_s, MPI_Comm comm, char *err, size_t errlen) {
+                           const char *const *specs, size_t min_elements, const char *dense_spec,
+                           int strategy, double timeout_s, MPI_Comm comm, char *err,
+                           size_t errlen) {
     gcomp_mpi_comm *c = NULL;
     gcomp_error e = {0};
     *out = NULL;
     if (gcomp_mpi_comm_create(&c, comm, NULL, timeout_s, &e) != GCOMP_OK)
         return efail(err, errlen, "MPI: %s", e.message);
-    int rc = gtrain_exchange_create_on(out, method, t, nt, min_elements, dense_spec, strategy,
-                                       timeout_s, c, NULL, 0, err, errlen);
+    int rc = gtrain_exchange_create_on(out, method, t, nt, specs, min_elements, dense_spec,
+                                       strategy, timeout_s, c, NULL, 0, err, errlen);
     if (rc)
         gcomp_mpi_comm_free(c);
     else
@@ -91,9 +92,10 @@ gcomp_mpi_bucket *gtrain_exchange_bucket(const gtrain_exchange *ex, size_t i) {
 }
 
 int gtrain_exchange_create_on(gtrain_exchange **out, const char *method, gtrain_tensor *t,
-                              size_t nt, size_t min_elements, const char *dense_spec, int strategy,
-                              double timeout_s, gcomp_mpi_comm *comm, gcomp_mpi_ps *ps,
-                              int hierarchical, char *err, size_t errlen) {
+                              size_t nt, const char *const *specs, size_t min_elements,
+                              const char *dense_spec, int strategy, double timeout_s,
+                              gcomp_mpi_comm *comm, gcomp_mpi_ps *ps, int hierarchical, char *err,
+                              size_t errlen) {
     *out = NULL;
     gtrain_exchange *ex = calloc(1, sizeof *ex);
     if (!ex) return efail(err, errlen, "out of memory");
@@ -111,7 +113,7 @@ int gtrain_exchange_create_on(gtrain_exchange **out, const char *method, gtrain_
         rc = efail(err, errlen, "out of memory");
         goto out;
     }
-    if (gtrain_plan_create(&ex->plan, method, t, nt, min_elements, dense_spec, strategy, err,
+    if (gtrain_plan_create(&ex->plan, method, t, nt, specs, min_elements, dense_spec, strategy, err,
                            errlen)) {
         rc = 1;
         goto out;
@@ -139,6 +141,29 @@ out:
 
 void gtrain_exchange_describe(const gtrain_exchange *ex, char *out, size_t cap) {
     gtrain_plan_describe(&ex->plan, out, cap);
+}
+
+int gtrain_exchange_retune(gtrain_exchange *ex, size_t i, const char *spec) {
+    gcomp_error e = {0};
+    gcomp_spec_info info;
+    if (gcomp_spec_describe(spec, ex->t[i].n, &info, &e) != GCOMP_OK ||
+        gcomp_mpi_bucket_retune(ex->b[i], 0, spec, ex->timeout_s, &e) != GCOMP_OK)
+        return xfail(ex, "%s: retune to %s: %s", ex->t[i].name, spec, e.message);
+    if (gtrain_plan_set_spec(&ex->plan, i, spec, ex->err, sizeof ex->err)) return 1;
+    return 0;
+}
+
+const char *gtrain_exchange_spec(const gtrain_exchange *ex, size_t i) {
+    return i < ex->nt ? ex->plan.spec[i] : NULL;
+}
+
+const float *gtrain_exchange_residual(const gtrain_exchange *ex, size_t i) {
+    gcomp_compressor *c = i < ex->nt ? gcomp_mpi_compressor(ex->b[i], 0) : NULL;
+    return c ? gcomp_compressor_residual(c) : NULL;
+}
+
+gcomp_mpi_comm *gtrain_exchange_comm(const gtrain_exchange *ex) {
+    return ex->comm;
 }
 
 int gtrain_exchange_owns_momentum(const gtrain_exchange *ex, size_t i) {

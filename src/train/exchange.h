@@ -14,6 +14,7 @@
 #include "model.h"
 
 #include "gradcomp.h"
+#include "gradcomp_mpi.h"
 
 typedef struct gtrain_exchange gtrain_exchange;
 
@@ -26,20 +27,30 @@ typedef struct gtrain_exchange_stats {
 } gtrain_exchange_stats;
 
 /* method: "dense", "dense-f16", a spec, or "policy:<policy string>".  strategy: a
- * gcomp_mpi strategy for the tensors the policy compresses (0: each codec's default). */
+ * gcomp_mpi strategy for the tensors the policy compresses (0: each codec's default).
+ * specs: NULL, or one spec per tensor that replaces the policy (an adaptive method's first
+ * decision; every tensor then goes by its codec's default strategy). */
 int gtrain_exchange_create(gtrain_exchange **out, const char *method, gtrain_tensor *t, size_t nt,
-                           size_t min_elements, const char *dense_spec, int strategy,
-                           double timeout_s, MPI_Comm comm, char *err, size_t errlen);
+                           const char *const *specs, size_t min_elements, const char *dense_spec,
+                           int strategy, double timeout_s, MPI_Comm comm, char *err, size_t errlen);
 /* The same on the caller's communicator (not freed by the exchange), every tensor through
  * the parameter server `ps` when it is not NULL (strategy GCOMP_MPI_PS, with `hierarchical`
  * the node-first dist_sync_device form): dense tensors too, since the servers hold every
  * key.  Collective over comm (servers included). */
 int gtrain_exchange_create_on(gtrain_exchange **out, const char *method, gtrain_tensor *t,
-                              size_t nt, size_t min_elements, const char *dense_spec, int strategy,
-                              double timeout_s, gcomp_mpi_comm *comm, gcomp_mpi_ps *ps,
-                              int hierarchical, char *err, size_t errlen);
+                              size_t nt, const char *const *specs, size_t min_elements,
+                              const char *dense_spec, int strategy, double timeout_s,
+                              gcomp_mpi_comm *comm, gcomp_mpi_ps *ps, int hierarchical, char *err,
+                              size_t errlen);
 /* Tensor i's bucket (one tensor per bucket). */
 gcomp_mpi_bucket *gtrain_exchange_bucket(const gtrain_exchange *ex, size_t i);
+/* Switches tensor i to `spec` between steps (gcomp_mpi_bucket_retune: collective when the
+ * switch is structural; every rank must make it).  Updates what owns_momentum says. */
+int gtrain_exchange_retune(gtrain_exchange *ex, size_t i, const char *spec);
+const char *gtrain_exchange_spec(const gtrain_exchange *ex, size_t i);
+/* What tensor i's compressor holds back (NULL: nothing of the kind). */
+const float *gtrain_exchange_residual(const gtrain_exchange *ex, size_t i);
+gcomp_mpi_comm *gtrain_exchange_comm(const gtrain_exchange *ex);
 void gtrain_exchange_free(gtrain_exchange *ex);
 /* One line naming the spec of each group of tensors. */
 void gtrain_exchange_describe(const gtrain_exchange *ex, char *out, size_t cap);

@@ -645,3 +645,9 @@ void gtrain_sgd_step(gtrain_model *m, float lr, float momentum, float weight_dec
 void gtrain_sgd_reset(gtrain_model *m) {
     if (m) memset(m->v, 0, m->nparams * sizeof(float));
 }
+
+void gtrain_sgd_reset_tensor(gtrain_model *m, size_t i) {
+    if (!m || i >= m->ntensors) return;
+    const gtrain_tensor *T = &m->tensors[i];
+    memset(m->v + (T->w - m->w), 0, T->n * sizeof(float));
+}

@@ -167,6 +167,9 @@ void gtrain_sgd_step(gtrain_model *m, float lr, float momentum, float weight_dec
 
 /* Sets every momentum buffer to zero (e.g. when a run restarts from saved weights). */
 void gtrain_sgd_reset(gtrain_model *m);
+/* Zeroes tensor i's momentum buffer only (a tensor whose momentum moves between the optimizer
+ * and a compressor, as when an adaptive method switches it to or from DGC). */
+void gtrain_sgd_reset_tensor(gtrain_model *m, size_t i);
 
 #ifdef __cplusplus
 }

@@ -226,7 +226,7 @@ int gtrain_outer_create(gtrain_outer **out, const gtrain_outer_cfg *c, const cha
         rc = ofail(err, errlen, "out of memory");
         goto done;
     }
-    if (gtrain_plan_create(&o->plan, method, t, nt, min_elements, dense_spec, strategy, err,
+    if (gtrain_plan_create(&o->plan, method, t, nt, NULL, min_elements, dense_spec, strategy, err,
                            errlen)) {
         rc = 1;
         goto done;

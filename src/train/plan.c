@@ -67,8 +67,8 @@ void gtrain_plan_free(gtrain_plan *p) {
 }
 
 int gtrain_plan_create(gtrain_plan *p, const char *method, const gtrain_tensor *t, size_t nt,
-                       size_t min_elements, const char *dense_spec, int strategy, char *err,
-                       size_t errlen) {
+                       const char *const *specs, size_t min_elements, const char *dense_spec,
+                       int strategy, char *err, size_t errlen) {
     memset(p, 0, sizeof *p);
     p->nt = nt;
     p->spec = calloc(nt, sizeof *p->spec);
@@ -92,7 +92,7 @@ int gtrain_plan_create(gtrain_plan *p, const char *method, const gtrain_tensor *
     method_policy(mbuf, min_elements, dense_spec ? dense_spec : "none", pol, sizeof pol);
     gcomp_error e = {0};
     gcomp_policy *policy = NULL;
-    if (gcomp_policy_create(&policy, pol, &e) != GCOMP_OK) {
+    if (!specs && gcomp_policy_create(&policy, pol, &e) != GCOMP_OK) {
         gtrain_plan_free(p);
         return pfail(err, errlen, "method '%s': %s", method, e.message);
     }
@@ -101,9 +101,11 @@ int gtrain_plan_create(gtrain_plan *p, const char *method, const gtrain_tensor *
         size_t rows = t[i].is_bias || t[i].cols == 1 ? 0 : t[i].rows;
         size_t cols = rows ? t[i].cols : 0;
         gcomp_tensor_desc d = {t[i].name, t[i].n, rows, cols};
-        gcomp_layer_plan plan;
+        gcomp_layer_plan plan = {0};
+        plan.spec = specs ? specs[i] : NULL;
+        plan.rule = GCOMP_RULE_DEFAULT;
         gcomp_spec_info info;
-        if (gcomp_policy_choose(policy, &d, &plan, &e) != GCOMP_OK ||
+        if ((!specs && gcomp_policy_choose(policy, &d, &plan, &e) != GCOMP_OK) ||
             !(p->spec[i] = strdup(plan.spec)) ||
             gcomp_spec_describe(plan.spec, t[i].n, &info, &e) != GCOMP_OK) {
             rc = pfail(err, errlen, "%s: %s", t[i].name, p->spec[i] ? e.message : "out of memory");
@@ -123,6 +125,21 @@ int gtrain_plan_create(gtrain_plan *p, const char *method, const gtrain_tensor *
     gcomp_policy_free(policy);
     if (rc) gtrain_plan_free(p);
     return rc;
+}
+
+int gtrain_plan_set_spec(gtrain_plan *p, size_t i, const char *spec, char *err, size_t errlen) {
+    gcomp_error e = {0};
+    gcomp_spec_info info;
+    if (i >= p->nt) return pfail(err, errlen, "no tensor %zu", i);
+    if (gcomp_spec_describe(spec, p->mt[i].n, &info, &e) != GCOMP_OK)
+        return pfail(err, errlen, "%s: %s", p->mt[i].name, e.message);
+    char *copy = strdup(spec);
+    if (!copy) return pfail(err, errlen, "out of memory");
+    free(p->spec[i]);
+    p->spec[i] = copy;
+    p->mt[i].spec = copy;
+    p->dgc[i] = (info.flags & GCOMP_SPEC_MOMENTUM) != 0;
+    return 0;
 }
 
 void gtrain_plan_describe(const gtrain_plan *p, char *out, size_t cap) {

@@ -23,10 +23,15 @@ typedef struct gtrain_plan {
  * spec for the compressed tensors plus policy items of this method only), optionally
  * "...@STRATEGY".  Tensors under min_elements and 1-D tensors get dense_spec (NULL:
  * "none") unless the method says otherwise; the others get `strategy` (0: the codec's
- * default) and the dense ones GCOMP_MPI_AUTO.  Returns 0, or 1 with a message in err. */
+ * default) and the dense ones GCOMP_MPI_AUTO.  specs: NULL, or one spec per tensor that
+ * replaces the policy (an adaptive method's first decision).  Returns 0, or 1 with a
+ * message in err. */
 int gtrain_plan_create(gtrain_plan *p, const char *method, const gtrain_tensor *t, size_t nt,
-                       size_t min_elements, const char *dense_spec, int strategy, char *err,
-                       size_t errlen);
+                       const char *const *specs, size_t min_elements, const char *dense_spec,
+                       int strategy, char *err, size_t errlen);
+/* Tensor i's spec becomes `spec` (a live retune): its text and whether it keeps DGC's
+ * momentum.  Returns 0, or 1 with a message in err (a bad spec, out of memory). */
+int gtrain_plan_set_spec(gtrain_plan *p, size_t i, const char *spec, char *err, size_t errlen);
 void gtrain_plan_free(gtrain_plan *p);
 /* One line naming the spec of each group of tensors: "SPEC: a,b; SPEC2: c". */
 void gtrain_plan_describe(const gtrain_plan *p, char *out, size_t cap);

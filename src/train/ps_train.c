@@ -19,6 +19,7 @@
 #define _POSIX_C_SOURCE 200809L
 #include "ps_train.h"
 #include "outer.h"
+#include "train_adapt.h"
 
 #include "exchange.h"
 #include "model.h"
@@ -315,6 +316,10 @@ int gtrain_run_ps(const gtrain_config *cfg, const gtrain_ps_config *pc, const ch
             return fail(err, errlen,
                         "local SGD (--local-steps, local_steps=) syncs weights over the "
                         "collectives; the parameter server does not run it");
+        if (gtrain_adapt_is_method(core))
+            return fail(err, errlen,
+                        "adaptive methods retune the collectives' buckets; the parameter "
+                        "server runs fixed specs");
     }
     bool server = rank >= W, async = pc->mode == GTRAIN_PS_ASYNC;
     MPI_Comm wcomm;
@@ -363,7 +368,7 @@ int gtrain_run_ps(const gtrain_config *cfg, const gtrain_ps_config *pc, const ch
         rc = fail(err, errlen, "parameter server: %s", e.message);
         goto agree;
     }
-    if (gtrain_exchange_create_on(&ex, method, t, nt, cfg->min_elements, cfg->dense_spec, 0,
+    if (gtrain_exchange_create_on(&ex, method, t, nt, NULL, cfg->min_elements, cfg->dense_spec, 0,
                                   cfg->timeout_s, gc, ps, pc->mode == GTRAIN_PS_DEVICE, err,
                                   errlen)) {
         rc = 1;

@@ -21,6 +21,7 @@
 #include "exchange.h"
 #include "model.h"
 #include "outer.h"
+#include "train_adapt.h"
 
 #include <math.h>
 #include <stdbool.h>
@@ -162,7 +163,8 @@ static void predict(const gtrain_config *cfg, const gtrain_exchange *ex, size_t 
 
 typedef struct ready_ctx {
     gtrain_exchange *ex;
-    gtrain_outer *ox; /* local SGD: no exchange per step, but the syncs in flight move on */
+    gtrain_outer *ox;    /* local SGD: no exchange per step, but the syncs in flight move on */
+    gtrain_adapt *adapt; /* an adaptive method's controllers, or NULL */
     int failed;
 } ready_ctx;
 
@@ -170,6 +172,8 @@ static void on_ready(void *ctx, size_t i) {
     ready_ctx *r = ctx;
     if (r->ox)
         gtrain_outer_progress(r->ox);
+    else if (!r->failed && r->adapt && gtrain_adapt_observe(r->adapt, r->ex, i) != 0)
+        r->failed = 1;
     else if (!r->failed && gtrain_exchange_start(r->ex, i) != 0)
         r->failed = 1;
 }
@@ -184,6 +188,32 @@ static int eval_shared(gtrain_model *m, gtrain_outer *ox, const gtrain_data *tes
     *same = gtrain_same_weights(m, comm);
     if (ox) gtrain_outer_eval_end(ox);
     return rc;
+}
+
+/* The codec time the buckets measured so far (the compression started from backward). */
+static double codec_so_far(const gtrain_exchange *ex) {
+    gtrain_exchange_stats xs;
+    gtrain_exchange_get_stats(ex, &xs);
+    return xs.codec_s;
+}
+
+/* An adaptive run's history for the result (the model's names are copied: they live with
+ * the model). */
+static int keep_history(const gtrain_adapt *ad, const gtrain_tensor *t, size_t nt,
+                        gtrain_result *out) {
+    size_t n;
+    const gtrain_setting *h = gtrain_adapt_history(ad, &n);
+    out->settings = malloc((n + 1) * sizeof *out->settings);
+    out->tensor_names = calloc(nt, sizeof *out->tensor_names);
+    if (!out->settings || !out->tensor_names) return 1;
+    memcpy(out->settings, h, n * sizeof *h);
+    out->nsettings = n;
+    out->ntensors = nt;
+    for (size_t i = 0; i < nt; i++)
+        if (!(out->tensor_names[i] = strdup(t[i].name))) return 1;
+    out->decisions = gtrain_adapt_decisions(ad);
+    gtrain_adapt_errors(ad, &out->error, &out->error_uniform);
+    return 0;
 }
 
 static void progress_line(const gtrain_config *cfg, const char *method, const gtrain_point *p,
@@ -224,17 +254,33 @@ int gtrain_run(const gtrain_config *cfg, const char *method, const gtrain_data *
     out->params = gtrain_model_num_params(m);
     out->dense_bytes_per_step = 4.0 * (double)out->params;
 
-    /* The method's outer-step items (local SGD) come off before the layer policy sees it. */
+    size_t steps_per_epoch = (train->n / (size_t)P) / cfg->batch;
+    if (cfg->max_steps_per_epoch > 0 && steps_per_epoch > (size_t)cfg->max_steps_per_epoch)
+        steps_per_epoch = (size_t)cfg->max_steps_per_epoch;
+    /* The method's outer-step items (local SGD) come off before the layer policy sees it;
+     * an adaptive method's controllers give every tensor its first spec. */
     gtrain_outer_cfg oc = cfg->outer;
     char core[1024];
     gtrain_exchange *ex = NULL;
     gtrain_outer *ox = NULL;
-    if (gtrain_outer_method(method, &oc, core, sizeof core, err, errlen) ||
+    gtrain_adapt *adapt = NULL;
+    int bad = gtrain_outer_method(method, &oc, core, sizeof core, err, errlen);
+    if (!bad && oc.local_steps > 0 && gtrain_adapt_is_method(core))
+        bad = fail(err, errlen,
+                   "adaptive methods retune the per-step exchange; local SGD has none (drop "
+                   "--local-steps or local_steps=)");
+    if (!bad && gtrain_adapt_is_method(core))
+        bad = gtrain_adapt_create(
+            &adapt, core, t, nt, (uint64_t)steps_per_epoch * (uint64_t)cfg->epochs,
+            cfg->min_elements, cfg->dense_spec, cfg->calibration, comm, err, errlen);
+    if (bad ||
         (oc.local_steps > 0
              ? gtrain_outer_create(&ox, &oc, core, t, nt, cfg->min_elements, cfg->dense_spec,
                                    cfg->strategy, cfg->timeout_s, comm, err, errlen)
-             : gtrain_exchange_create(&ex, core, t, nt, cfg->min_elements, cfg->dense_spec,
-                                      cfg->strategy, cfg->timeout_s, comm, err, errlen))) {
+             : gtrain_exchange_create(&ex, core, t, nt, adapt ? gtrain_adapt_specs(adapt) : NULL,
+                                      cfg->min_elements, cfg->dense_spec, cfg->strategy,
+                                      cfg->timeout_s, comm, err, errlen))) {
+        gtrain_adapt_free(adapt);
         gtrain_model_free(m);
         return 1;
     }
@@ -255,9 +301,6 @@ int gtrain_run(const gtrain_config *cfg, const char *method, const gtrain_data *
              *mine = malloc(shard_cap * sizeof(uint32_t));
     float *xb = malloc(cfg->batch * train->dim * sizeof(float));
     uint8_t *yb = malloc(cfg->batch);
-    size_t steps_per_epoch = (train->n / (size_t)P) / cfg->batch;
-    if (cfg->max_steps_per_epoch > 0 && steps_per_epoch > (size_t)cfg->max_steps_per_epoch)
-        steps_per_epoch = (size_t)cfg->max_steps_per_epoch;
     size_t eval_every =
         steps_per_epoch / (size_t)(cfg->evals_per_epoch > 0 ? cfg->evals_per_epoch : 1);
     if (eval_every == 0) eval_every = 1;
@@ -274,7 +317,7 @@ int gtrain_run(const gtrain_config *cfg, const char *method, const gtrain_data *
     /* The compute the cost model is given: forward+backward without any exchange, on the
      * first batch (gradients are overwritten by the first real step; weights untouched). */
     double fb_s = measure_compute(m, train, cfg->batch, comm);
-    ready_ctx rctx = {ex, ox, 0};
+    ready_ctx rctx = {ex, ox, adapt, 0};
     gtrain_model_set_grad_ready(m, on_ready, &rctx);
 
     /* Starting point. */
@@ -286,14 +329,14 @@ int gtrain_run(const gtrain_config *cfg, const char *method, const gtrain_data *
     p0.train_loss = NAN;
     out->points[out->npoints++] = p0;
 
-    double wall = 0, loss_sum = 0, compute_s = 0, wait_s = 0, sgd_s = 0;
+    double wall = 0, loss_sum = 0, compute_s = 0, wait_s = 0, sgd_s = 0, adapt_s = 0;
     size_t loss_n = 0, step = 0;
     for (int epoch = 0; epoch < cfg->epochs && !rc; epoch++) {
         gtrain_shuffle(perm, train->n, cfg->seed, (uint64_t)epoch);
         size_t got = gtrain_shard(perm, train->n, (unsigned)rank, (unsigned)P, mine);
         (void)got;
         for (size_t s = 0; s < steps_per_epoch; s++, step++) {
-            double t0 = now_s();
+            double t0 = now_s(), codec0 = adapt ? codec_so_far(ex) : 0;
             if (ex) gtrain_exchange_set_epoch(ex, epoch + (double)s / (double)steps_per_epoch);
             gtrain_data_gather(train, mine + s * cfg->batch, cfg->batch, xb, yb);
             float loss;
@@ -348,6 +391,7 @@ int gtrain_run(const gtrain_config *cfg, const char *method, const gtrain_data *
                     rc = fail(err, errlen, "evaluation failed");
                     break;
                 }
+                if (adapt) gtrain_adapt_metric(adapt, p.test_acc);
                 if (!same) {
                     rc = fail(err, errlen, "the ranks' weights differ after step %zu", step);
                     break;
@@ -367,6 +411,18 @@ int gtrain_run(const gtrain_config *cfg, const char *method, const gtrain_data *
                     step++;
                     break;
                 }
+            }
+            if (adapt) { /* the decision's time counts as training time */
+                double spent, pure = (t1 - t0) - (codec_so_far(ex) - codec0);
+                if (gtrain_adapt_end_step(adapt, ex, m, skip, step + 1,
+                                          epoch + (double)(s + 1) / (double)steps_per_epoch,
+                                          pure > 0.5 * fb_s ? pure : 0.5 * fb_s, t3 - t2, &spent,
+                                          err, errlen)) {
+                    rc = 1;
+                    break;
+                }
+                wall += spent;
+                adapt_s += spent;
             }
         }
         if (out->stopped_by_budget) break;
@@ -428,8 +484,16 @@ int gtrain_run(const gtrain_config *cfg, const char *method, const gtrain_data *
         out->best_acc =
             out->points[i].test_acc > out->best_acc ? out->points[i].test_acc : out->best_acc;
     (void)wait_s;
+    if (adapt) {
+        double a = adapt_s;
+        MPI_Allreduce(MPI_IN_PLACE, &a, 1, MPI_DOUBLE, MPI_MAX, comm);
+        out->adapt_s = a;
+        gtrain_exchange_describe(ex, out->detail, sizeof out->detail);
+        if (keep_history(adapt, t, nt, out)) rc = fail(err, errlen, "out of memory");
+    }
 done:
     gtrain_model_set_grad_ready(m, NULL, NULL);
+    gtrain_adapt_free(adapt);
     gtrain_exchange_free(ex);
     gtrain_outer_free(ox);
     gtrain_model_free(m);
@@ -453,6 +517,13 @@ void gtrain_result_free(gtrain_result *r) {
     free(r->points);
     r->points = NULL;
     r->npoints = 0;
+    free(r->settings);
+    r->settings = NULL;
+    r->nsettings = 0;
+    for (size_t i = 0; r->tensor_names && i < r->ntensors; i++) free(r->tensor_names[i]);
+    free(r->tensor_names);
+    r->tensor_names = NULL;
+    r->ntensors = 0;
 }
 
 float gtrain_lr_at(const gtrain_config *cfg, double progress) {

@@ -9,10 +9,12 @@
  * by a hash at each evaluation; a difference is an error, not a footnote).
  *
  * Methods: "dense" (f32 allreduce), "dense-f16", any spec (applied to the tensors the
- * layer policy compresses; small and 1-D tensors go dense), or a full policy string
- * "policy:spec=...;min_elements=...".  A spec with DGC (codec dgc, or feedback=dgc)
- * owns the momentum of the tensors it compresses: the optimizer skips its own momentum
- * there (Lin et al. 2018).  PowerSGD runs its two reductions per step.
+ * layer policy compresses; small and 1-D tensors go dense), a full policy string
+ * "policy:spec=...;min_elements=...", or an adaptive method "adapt:..." (gradcomp.h,
+ * "Adaptive compression"; train_adapt.h): controllers retune the tensors during the run.
+ * A spec with DGC (codec dgc, or feedback=dgc) owns the momentum of the tensors it
+ * compresses: the optimizer skips its own momentum there (Lin et al. 2018).  PowerSGD runs
+ * its two reductions per step.
  *
  * Local SGD / DiLoCo (cfg->outer.local_steps = H > 0, or a method's local_steps=H): no
  * exchange per step; each rank's SGD runs on its own gradient and the outer step (outer.h)
@@ -112,6 +114,16 @@ typedef struct gtrain_result {
     double ps_worker_steps_min, ps_worker_steps_max; /* async: steps made by each worker */
     int ps_workers_lost;
     double ps_momentum; /* the momentum of the run's optimizer (async: the servers') */
+    /* Adaptive methods ("adapt:..."): every setting change (the first decision included),
+     * the model's tensor names they index, the decisions taken and the time they took (the
+     * slowest rank's; already part of wall_s and step_ms). */
+    struct gtrain_setting *settings;
+    size_t nsettings;
+    char **tensor_names;
+    size_t ntensors;
+    size_t decisions;
+    double adapt_s;
+    double error, error_uniform; /* layers: mean total compression error, chosen vs uniform */
 } gtrain_result;
 
 /* Trains one method.  Collective over `comm`.  `test` may be evaluated in shards.

@@ -151,7 +151,28 @@ def scenario_mismatch(rank, spec):
     return {"error": None}
 
 
-SCENARIOS = {"train": scenario_train, "resume": scenario_resume, "mismatch": scenario_mismatch}
+def scenario_adaptive(rank, method):
+    """An adaptive method through the hook: every rank its own compute timings, the
+    decisions (and so the specs) must agree, the replicas stay identical."""
+    model = DDP(make_model())
+    hook, state = gt.hook(method, model=model, total_steps=40)
+    model.register_comm_hook(state, hook)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    history = []
+    for s, (x, y) in enumerate(batches(rank, 40)):
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        state.observe_compute(0.001 * (rank + 1), 0.002 * (rank + 2), 0.0001)
+        state.observe_link(1e8 * (1 + rank), 5e-5 * (1 + rank))
+        history.append({k: c.spec for k, c in sorted(state.compressors.items())})
+    return {"identical": replicas_identical(model), "history": history,
+            "decisions": state.adapt.report["decisions"], "loss": loss.item()}
+
+
+SCENARIOS = {"train": scenario_train, "resume": scenario_resume, "mismatch": scenario_mismatch,
+             "adaptive": scenario_adaptive}
 
 
 def worker(rank, world, port, scenarios, out):

@@ -22,6 +22,9 @@ TOPK = "topk:density=0.05,feedback=ef"
 TWOBIT = "twobit:threshold=0.05"
 POWERSGD = "powersgd:rank=2"
 SPECS = {"topk": TOPK, "twobit": TWOBIT, "powersgd": POWERSGD}
+# Every controller that needs no outside measurement, deciding every 5 steps.
+ADAPTIVE = ("adapt:bandwidth+layers+norm;base=topk:density=0.05,feedback=ef;min_elements=64;"
+            "interval=5;measure=5;confirm=1")
 
 
 @pytest.fixture(scope="module")
@@ -32,6 +35,7 @@ def runs(tmp_path_factory):
     for name, spec in SPECS.items():
         if has_codec(name):
             scen += [f"train:{spec}", f"resume:{spec}"]
+    scen.append(f"adaptive:{ADAPTIVE}")
     scen.append(f"mismatch:{TOPK}")
     out = str(tmp_path_factory.mktemp("ddp") / "r")
     pkg = os.path.join(REPO, "python")
@@ -160,3 +164,21 @@ def test_layer_policy():
     assert "density=0.5" in q("fc.weight", (10, 10)) and "density=0.01" in q("w", (10, 10))
     assert q.plan("w", (10, 10))["reason"] == "default"
     assert pickle.loads(pickle.dumps(q))("fc.weight", (10, 10)) == q("fc.weight", (10, 10))
+
+
+def test_adaptive_method_agrees_across_ranks(runs):
+    r0, r1 = get(runs, f"adaptive:{ADAPTIVE}")
+    assert r0["identical"] and r1["identical"]
+    # Due after steps 5, 10, ... 40; each taken as the next step begins: 7 in 40 steps.
+    assert r0["decisions"] == r1["decisions"] == 7
+    # Both ranks switched every parameter to the same spec at the same step, although their
+    # timings and link measurements differed, and the controllers did switch.
+    assert r0["history"] == r1["history"]
+    assert len({tuple(h.values()) for h in r0["history"]}) > 1
+    assert r0["loss"] < 1.3
+
+
+def test_adaptive_method_needs_the_model():
+    import gradcomp.torch as gt
+    with pytest.raises(gradcomp.ArgumentError, match="needs the model"):
+        gt.hook("adapt:norm")

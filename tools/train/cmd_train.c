@@ -15,6 +15,8 @@
 #include "model.h"
 #include "gradcomp_mpi.h"
 #include "ps_train.h"
+#include "sensitivity.h"
+#include "train_adapt.h"
 #include "trainer.h"
 
 #include <errno.h>
@@ -38,7 +40,8 @@
 typedef struct opts {
     gtrain_config cfg;
     int np;
-    const char *link, *out, *data, *calibration;
+    const char *link, *out, *data, *calibration, *sensitivity;
+    double threshold_pp;      /* --sensitivity: a layer costing more goes a decade lighter */
     double target, tolerance; /* --target-acc (fraction, < 0: dense's); --target-tolerance */
     const char *host_rate[MAX_HOST_RATES]; /* netsim: "I:RATE", host I's own link */
     int nhost_rates;
@@ -64,10 +67,15 @@ static const char *usage_text =
     "                      [--ps S[:sync|async|device,...]] [--ps-only] [--ps-update]\n"
     "                      [--ps-pull SPEC|same] [--ps-momentum M] [--ranks-per-node K]\n"
     "                      [--slow-rank R:FACTOR] [--host-rate I:RATE]... [--delay-us D]\n"
+    "       gradcomp train --sensitivity SPEC [--threshold PP] [the options above]\n"
     "methods: dense, dense-f16, any spec (e.g. dgc:density=0.001, powersgd:rank=4,\n"
-    "         twobit:threshold=0.5, sign:feedback=ef), or policy:<policy string>;\n"
+    "         twobit:threshold=0.5, sign:feedback=ef), policy:<policy string>, or an\n"
+    "         adaptive method adapt:CTL[+CTL...][;KEY=VALUE...] with controllers norm,\n"
+    "         layers, bandwidth, accuracy (e.g. adapt:norm;base=dgc:density=0.001,\n"
+    "         adapt:bandwidth+layers, adapt:accuracy;target=88.4; docs/ADAPTIVE.md);\n"
     "         --compare splits on commas, and a piece KEY=VALUE (no ':' or ';' before the\n"
-    "         '=') continues the previous one (dgc:density=0.001,momentum=0.9 stays one);\n"
+    "         '=') or ;KEY=VALUE continues the previous one (dgc:density=0.001,momentum=0.9\n"
+    "         stays one);\n"
     "         METHOD@STRATEGY picks the MPI strategy for one method (sign@allgather);\n"
     "         SPEC;KEY=VALUE sets policy items for one method (twobit;min_elements=16384).\n"
     "policy:  tensors under --min-elements (default 8192) and 1-D tensors use --dense-spec\n"
@@ -86,6 +94,10 @@ static const char *usage_text =
     "         PyTorch's unit) or of its summed loss (MXNet's, where the optimizer divides by\n"
     "         the batch); dense training is the same, but absolute thresholds (twobit's,\n"
     "         threshold's) mean B times less in the summed unit.\n"
+    "--sensitivity: one run with every tensor dense, then one per layer the policy\n"
+    "         compresses with SPEC alone (keep it short: --max-steps, --epochs); prints each\n"
+    "         layer's accuracy cost and writes a layer policy (OUT/layer_policy.txt) that\n"
+    "         sends layers costing more than --threshold pp (default 0.1) a decade lighter.\n"
     "--calibration: the cost model's calibration (gradcomp plan --calibrate; default\n"
     "         $GRADCOMP_CALIBRATION or ~/.cache/gradcomp/calibration.txt): each method's\n"
     "         predicted step time is recorded beside the measured one.\n"
@@ -117,10 +129,11 @@ static int split_methods(opts *o, const char *list) {
     for (char *p = strtok_r(copy, ",", &save); p; p = strtok_r(NULL, ",", &save)) {
         while (*p == ' ') p++;
         if (!*p) continue;
-        /* KEY=VALUE with a bare key continues the previous method (its spec's next key);
-         * "dense;local_steps=8" or "topk:..." starts a new one. */
+        /* KEY=VALUE with a bare key continues the previous method (its spec's next key), as
+         * does ";KEY=VALUE" (a policy item, an adaptive method's ;base=...); "dense;local_steps=8"
+         * or "topk:..." starts a new one. */
         size_t kl = strcspn(p, "=");
-        if (p[kl] == '=' && strcspn(p, ":;") >= kl && o->nmethods > 0) {
+        if (((p[kl] == '=' && strcspn(p, ":;") >= kl) || p[0] == ';') && o->nmethods > 0) {
             char *prev = o->methods[o->nmethods - 1];
             size_t l = strlen(prev) + strlen(p) + 2;
             char *joined = malloc(l);
@@ -159,6 +172,7 @@ static int parse(int argc, char **argv, opts *o) {
     gtrain_outer_cfg_default(&c->outer);
     o->out = "out";
     o->target = -1;
+    o->threshold_pp = 0.1;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         size_t cnt;
@@ -253,6 +267,13 @@ static int parse(int argc, char **argv, opts *o) {
             c->summed_loss = !strcmp(v, "sum");
         } else if (!strcmp(a, "--calibration")) {
             o->calibration = v;
+        } else if (!strcmp(a, "--sensitivity")) {
+            o->sensitivity = v;
+        } else if (!strcmp(a, "--threshold")) {
+            char *end;
+            o->threshold_pp = strtod(v, &end);
+            if (*end || !isfinite(o->threshold_pp))
+                return cli_fail("train", 2, "--threshold %s: percentage points", v);
         } else if (!strcmp(a, "--timeout")) {
             c->timeout_s = strtod(v, NULL);
         } else if (!strcmp(a, "--local-steps")) {
@@ -322,6 +343,10 @@ static int parse(int argc, char **argv, opts *o) {
     if ((o->nhost_rates || o->delay_us) && !o->link)
         return cli_fail("train", 2,
                         "--host-rate and --delay-us shape netsim links: add --link RATE");
+    if (o->sensitivity && (o->ps_servers || c->outer.local_steps))
+        return cli_fail("train", 2,
+                        "--sensitivity measures the collectives' per-step exchange: "
+                        "drop --ps and --local-steps");
     if (o->ps_servers && c->outer.local_steps)
         return cli_fail("train", 2,
                         "--local-steps and --ps: local SGD syncs weights over the "
@@ -464,6 +489,84 @@ static void make_dirs(const char *path) {
     mkdir(buf, 0755);
 }
 
+/* The setting of tensor `ti` in force at `epoch` (the last change at or before it), or NULL. */
+static const gtrain_setting *setting_at(const gtrain_result *r, size_t ti, double epoch) {
+    const gtrain_setting *s = NULL;
+    for (size_t k = 0; k < r->nsettings; k++)
+        if (r->settings[k].tensor == ti && r->settings[k].epoch <= epoch + 1e-9)
+            s = &r->settings[k];
+    return s;
+}
+
+/* "name=density/bits;..." for every tensor an adaptive method manages, at `epoch`. */
+static void settings_text(const gtrain_result *r, double epoch, char *out, size_t cap) {
+    size_t used = 0;
+    out[0] = 0;
+    for (size_t ti = 0; ti < r->ntensors; ti++) {
+        const gtrain_setting *s = setting_at(r, ti, epoch);
+        if (!s) continue;
+        int w = snprintf(out + used, cap - used, "%s%s=%.3g/%g", used ? ";" : "",
+                         r->tensor_names[ti], s->density, s->bits);
+        if (w < 0 || (size_t)w >= cap - used) return;
+        used += (size_t)w;
+    }
+}
+
+/* Per adaptive method: its settings over time (settings.csv) and a plot of each tensor's
+ * density (and bits) against the epoch beside the test accuracy. */
+static void write_adaptive(const opts *o, gtrain_result *r, int nr, int P, FILE *gp) {
+    char path[PATH_MAX];
+    snprintf(path, sizeof path, "%s/settings.csv", o->out);
+    FILE *f = fopen(path, "w");
+    if (f) fprintf(f, "method,step,epoch,tensor,density,value_bits,message_bytes\n");
+    int dense = -1;
+    for (int i = 0; i < nr; i++)
+        if (!strcmp(r[i].method, "dense")) dense = i;
+    for (int i = 0; i < nr; i++) {
+        if (!r[i].nsettings) continue;
+        for (size_t k = 0; f && k < r[i].nsettings; k++) {
+            const gtrain_setting *s = &r[i].settings[k];
+            fprintf(f, "\"%s\",%zu,%.4f,%s,%.6g,%g,%.0f\n", r[i].method, s->step, s->epoch,
+                    r[i].tensor_names[s->tensor], s->density, s->bits, s->bytes);
+        }
+        /* one data file per managed tensor: a step line to the end of the run */
+        double end = r[i].npoints ? r[i].points[r[i].npoints - 1].epoch : 0;
+        fprintf(
+            gp,
+            "set output '%s/adapt-%d.png'\nset multiplot layout 2,1 title 'gradcomp train: "
+            "%s, %d ranks%s%s: %s'\nunset title\nset xlabel 'epoch'\nunset logscale x\nset xrange "
+            "[0:%g]\nset ylabel 'test accuracy (%%)'\nset yrange [*:*]\nunset logscale y\n"
+            "plot '%s/curve-%d.dat' using 4:3 with linespoints title '%s'",
+            o->out, i, o->cfg.model, P, o->link ? ", link " : "", o->link ? o->link : "",
+            r[i].method, end > 0 ? end : 1, o->out, i, r[i].method);
+        if (dense >= 0)
+            fprintf(gp, ", '%s/curve-%d.dat' using 4:3 with linespoints title 'dense'", o->out,
+                    dense);
+        fprintf(gp, "\nset ylabel 'density (elements sent / n)'\nset logscale y\nplot ");
+        int first = 1;
+        for (size_t ti = 0; ti < r[i].ntensors; ti++) {
+            if (!setting_at(&r[i], ti, end)) continue;
+            char dp[PATH_MAX];
+            snprintf(dp, sizeof dp, "%s/settings-%d-%zu.dat", o->out, i, ti);
+            FILE *d = fopen(dp, "w");
+            if (!d) continue;
+            for (size_t k = 0; k < r[i].nsettings; k++)
+                if (r[i].settings[k].tensor == ti)
+                    fprintf(d, "%.6g %.6g %g\n", r[i].settings[k].epoch, r[i].settings[k].density,
+                            r[i].settings[k].bits);
+            const gtrain_setting *s = setting_at(&r[i], ti, end);
+            fprintf(d, "%.6g %.6g %g\n", end, s->density, s->bits);
+            fclose(d);
+            fprintf(gp, "%s'%s' using 1:2 with steps lw 2 title '%s'", first ? "" : ", ", dp,
+                    r[i].tensor_names[ti]);
+            first = 0;
+        }
+        fprintf(gp, "\nunset multiplot\nunset logscale y\nset yrange [*:*]\nset xrange "
+                    "[*:*]\n");
+    }
+    if (f) fclose(f);
+}
+
 static int write_outputs(const opts *o, gtrain_result *r, int nr, double target, int P) {
     make_dirs(o->out);
     char path[PATH_MAX];
@@ -539,6 +642,18 @@ static int write_outputs(const opts *o, gtrain_result *r, int nr, double target,
             json_num(f, "ps_worker_steps_max", x->ps_worker_steps_max);
             fprintf(f, ",\"ps_workers_lost\":%d", x->ps_workers_lost);
         }
+        if (x->nsettings) {
+            char st[2048];
+            settings_text(x, x->npoints ? x->points[x->npoints - 1].epoch : 0, st, sizeof st);
+            fprintf(f, ",\"adaptive_decisions\":%zu", x->decisions);
+            json_num(f, "adaptive_seconds", x->adapt_s);
+            if (x->error_uniform > 0) {
+                json_num(f, "compression_error", x->error);
+                json_num(f, "compression_error_uniform", x->error_uniform);
+            }
+            fprintf(f, ",\"final_settings\":");
+            json_string(f, st);
+        }
         fprintf(f, ",\"steps\":%zu,\"parameters\":%zu,\"weights_identical\":%s}", x->steps,
                 x->params, x->weights_identical ? "true" : "false");
     }
@@ -548,13 +663,16 @@ static int write_outputs(const opts *o, gtrain_result *r, int nr, double target,
     snprintf(path, sizeof path, "%s/metrics.csv", o->out);
     f = fopen(path, "w");
     if (!f) return cli_fail("train", 1, "cannot write %s: %s", path, strerror(errno));
-    fprintf(f, "method,epoch,train_seconds,bytes_sent,train_loss,test_loss,test_accuracy\n");
+    fprintf(f, "method,epoch,train_seconds,bytes_sent,train_loss,test_loss,test_accuracy,"
+               "settings\n");
     for (int i = 0; i < nr; i++)
         for (size_t j = 0; j < r[i].npoints; j++) {
             gtrain_point *p = &r[i].points[j];
-            fprintf(f, "\"%s%s%s%s\",%.4f,%.4f,%.0f,%.6g,%.6g,%.6f\n", r[i].method,
+            char st[2048] = "";
+            settings_text(&r[i], p->epoch, st, sizeof st); /* adaptive: name=density/bits;... */
+            fprintf(f, "\"%s%s%s%s\",%.4f,%.4f,%.0f,%.6g,%.6g,%.6f,\"%s\"\n", r[i].method,
                     r[i].exchange[0] ? " [" : "", r[i].exchange, r[i].exchange[0] ? "]" : "",
-                    p->epoch, p->wall_s, p->bytes, p->train_loss, p->test_loss, p->test_acc);
+                    p->epoch, p->wall_s, p->bytes, p->train_loss, p->test_loss, p->test_acc, st);
         }
     fclose(f);
 
@@ -574,7 +692,7 @@ static int write_outputs(const opts *o, gtrain_result *r, int nr, double target,
                 fprintf(d, "%.6g", p->bytes);
             else
                 fputs("NaN", d);
-            fprintf(d, " %.6g %.6g\n", p->wall_s, 100 * p->test_acc);
+            fprintf(d, " %.6g %.6g %.6g\n", p->wall_s, 100 * p->test_acc, p->epoch);
         }
         fclose(d);
     }
@@ -604,6 +722,7 @@ static int write_outputs(const opts *o, gtrain_result *r, int nr, double target,
                     r[i].exchange[0] ? " [" : "", r[i].exchange, r[i].exchange[0] ? "]" : "");
         fprintf(f, "\n");
     }
+    write_adaptive(o, r, nr, P, f);
     fclose(f);
     char cmd[PATH_MAX + 64];
     snprintf(cmd, sizeof cmd, "gnuplot '%s/plot.gp' 2>&1", o->out);
@@ -612,6 +731,12 @@ static int write_outputs(const opts *o, gtrain_result *r, int nr, double target,
         fprintf(stderr,
                 "gradcomp train: gnuplot failed (apt-get install gnuplot-nox); results.json "
                 "and metrics.csv are written\n");
+    return 0;
+}
+
+static int any_adaptive(const gtrain_result *r, int nr) {
+    for (int i = 0; i < nr; i++)
+        if (r[i].nsettings) return 1;
     return 0;
 }
 
@@ -657,6 +782,17 @@ static void print_table(gtrain_result *r, int nr, double target, const char *why
             printf("%.2f)\n", r[i].npoints ? r[i].points[r[i].npoints - 1].epoch : 0.0);
         else
             printf("\n");
+        if (r[i].nsettings) {
+            char st[2048];
+            settings_text(&r[i], r[i].npoints ? r[i].points[r[i].npoints - 1].epoch : 0, st,
+                          sizeof st);
+            printf("    adaptive: %zu decisions (%.2f s of the training time), ended at %s\n",
+                   r[i].decisions, r[i].adapt_s, st);
+            if (r[i].error_uniform > 0)
+                printf("    layers: total compression error %.4g against %.4g for the uniform "
+                       "setting on the same gradients (%.1f%% less)\n",
+                       r[i].error, r[i].error_uniform, 100 * (1 - r[i].error / r[i].error_uniform));
+        }
     }
     if (outer) {
         printf("local SGD (outer step; accuracy of the global weights, the last syncs'):\n");
@@ -751,6 +887,17 @@ int cmd_train(int argc, char **argv) {
     o.cfg.calibration = cal;
     o.cfg.link_bps = o.link && strcmp(o.link, "none") ? cli_parse_rate(o.link) : 0;
 
+    if (o.sensitivity) {
+        rc = train_sensitivity(&o.cfg, o.sensitivity, o.threshold_pp, &train, &test, o.out,
+                               MPI_COMM_WORLD);
+        MPI_Allreduce(MPI_IN_PLACE, &rc, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+        for (int i = 0; i < o.nmethods; i++) free(o.methods[i]);
+        gcomp_cost_calibration_free(cal);
+        gtrain_data_free(&train);
+        gtrain_data_free(&test);
+        MPI_Finalize();
+        return rc;
+    }
     /* With --ps the last S ranks serve: the collective runs use the workers alone. */
     int S = o.ps_servers, W = P - S;
     if (W < 1) {
@@ -810,8 +957,10 @@ int cmd_train(int argc, char **argv) {
         print_table(res, nr, target, why);
         if (write_outputs(&o, res, nr, target, W) == 0)
             printf("wrote %s/results.json, %s/metrics.csv, %s/accuracy_vs_bytes.png, "
-                   "%s/accuracy_vs_time.png\n",
-                   o.out, o.out, o.out, o.out);
+                   "%s/accuracy_vs_time.png%s\n",
+                   o.out, o.out, o.out, o.out,
+                   any_adaptive(res, nr) ? ", settings.csv and adapt-N.png (adaptive methods)"
+                                         : "");
         else
             rc = 1;
     }

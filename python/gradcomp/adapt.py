@@ -1,0 +1,195 @@
+"""gradcomp.adapt - adaptive compression from Python (include/gradcomp.h, "Adaptive
+compression"; docs/ADAPTIVE.md): the same method strings as `gradcomp train`,
+
+    a = gradcomp.Adapt("adapt:norm;base=topk:density=0.001,feedback=ef",
+                       [("fc1.weight", (1024, 784)), ("fc1.bias", (1024,)), ...],
+                       total_steps=1000, workers=world)
+    a.spec(i)                        # tensor i's spec now
+    # every step, on every rank:
+    a.observe(i, grad, residual)     # each tensor, before it is exchanged
+    if a.end_step():                 # a decision is due
+        mine = a.stats()             # float64 array, the same length on every rank
+        every = all_gather(mine)     # yours: torch.distributed, mpi4py, ...
+        for i in a.decide(every):    # rows in rank order; returns the tensors that changed
+            compressors[i].retune(a.spec(i))
+
+Every rank that decides on the same gathered rows takes the same decision (the library
+combines them in rank order); a rank of another configuration makes decide raise
+MismatchError.  gradcomp.torch's hook does all of this for "adapt:..." methods.
+"""
+
+import ctypes
+import math
+
+from . import _native
+from . import core as _core
+from . import errors as _err
+
+_lib = _core._lib
+_STRATEGY_FN = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_char_p)
+
+
+def _matrix(shape):
+    shape = tuple(int(d) for d in shape)
+    n = math.prod(shape) if shape else 1
+    rows, cols = _core._matrix_shape(shape, n)
+    return n, rows, cols
+
+
+class Adapt:
+    """Controllers for one model.  tensors: a list of (name, shape) in a fixed order, the
+    same on every rank.  total_steps: the run's length (interval=auto scales with it; 0 if
+    unknown); workers, nodes: the job's shape for the cost model; min_elements, dense_spec:
+    the layer policy's defaults for keys the method leaves out; strategy: optional callable
+    spec -> cost-model strategy number (gradcomp.h, gcomp_cost_strategy)."""
+
+    def __init__(self, method, tensors, total_steps=0, workers=1, nodes=1, min_elements=0,
+                 dense_spec=None, strategy=None):
+        _core._need("gcomp_adapt_create")
+        self.method = method
+        self.names = [str(n) for n, _ in tensors]
+        self.shapes = [tuple(int(d) for d in s) for _, s in tensors]
+        descs = (_native.TensorDesc * len(tensors))()
+        self._names_b = [n.encode() for n in self.names]  # kept alive during create
+        for i, (name, shape) in enumerate(zip(self._names_b, self.shapes)):
+            n, rows, cols = _matrix(shape)
+            descs[i] = _native.TensorDesc(name, n, rows, cols)
+        o = _native.AdaptOptions()
+        o.total_steps = int(total_steps)
+        o.workers = int(workers)
+        o.nodes = int(nodes)
+        o.min_elements = int(min_elements)
+        self._dense_b = dense_spec.encode() if dense_spec else None
+        o.dense_spec = self._dense_b
+        self._cb = None
+        if strategy is not None:
+            def cb(ctx, spec):
+                try:
+                    return int(strategy(spec.decode()))
+                except Exception:
+                    return 0
+            self._cb = _STRATEGY_FN(cb)
+            o.strategy = ctypes.cast(self._cb, ctypes.c_void_p)
+        h = ctypes.c_void_p()
+        err = _native.ErrorInfo()
+        st = _lib.gcomp_adapt_create(ctypes.byref(h), method.encode(), descs, len(tensors), ctypes.byref(o),
+                                     ctypes.byref(err))
+        _core._check(st, f"adaptive method {method!r}", err)
+        self._h = h
+        self._len = _lib.gcomp_adapt_stats_size(h)
+
+    def close(self):
+        h, self._h = getattr(self, "_h", None), None
+        if h:
+            _lib.gcomp_adapt_free(h)
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    def _handle(self):
+        if not self._h:
+            raise ValueError("adaptive controller is closed")
+        return self._h
+
+    def __len__(self):
+        return len(self.names)
+
+    def spec(self, i):
+        """Tensor i's spec now (canonical)."""
+        return _core._s(_lib.gcomp_adapt_spec(self._handle(), i))
+
+    def managed(self, i):
+        """Whether the controllers manage tensor i (the policy compresses it with base)."""
+        return bool(_lib.gcomp_adapt_managed(self._handle(), i))
+
+    def level(self, i):
+        return _lib.gcomp_adapt_level(self._handle(), i)
+
+    def uses(self, controller):
+        return bool(_lib.gcomp_adapt_uses(self._handle(), controller.encode()))
+
+    @property
+    def ladder(self):
+        h = self._handle()
+        return [_core._s(_lib.gcomp_adapt_candidate(h, j)) for j in range(_lib.gcomp_adapt_ladder_size(h))]
+
+    @property
+    def interval(self):
+        return _lib.gcomp_adapt_interval(self._handle())
+
+    @property
+    def measuring(self):
+        """True when this step measures every candidate (pass observe the residual)."""
+        return bool(_lib.gcomp_adapt_measuring(self._handle()))
+
+    def observe(self, i, grad, residual=None):
+        """Tensor i's gradient this step (float32, n elements; not copied or kept), and
+        optionally what its compressor holds back."""
+        h = self._handle()
+        n = math.prod(self.shapes[i]) if self.shapes[i] else 1
+        gp, _ = _core.float_buffer(grad, n, what="gradient")
+        rp = None
+        if residual is not None:
+            rp, _ = _core.float_buffer(residual, n, what="residual")
+        st = _lib.gcomp_adapt_observe(h, i, gp, rp)
+        if st:
+            _core._raise(st, f"adapt observe {self.names[i]}")
+
+    def observe_compute(self, forward_s, backward_s, optimizer_s=0.0):
+        _lib.gcomp_adapt_observe_compute(self._handle(), float(forward_s), float(backward_s),
+                                         float(optimizer_s))
+
+    def observe_link(self, bandwidth, latency):
+        """This rank's link: payload bytes per second each way, one-way latency (s)."""
+        _lib.gcomp_adapt_observe_link(self._handle(), float(bandwidth), float(latency))
+
+    def observe_metric(self, value):
+        """A validation metric to steer by (accuracy as a fraction)."""
+        _lib.gcomp_adapt_observe_metric(self._handle(), float(value))
+
+    def end_step(self):
+        """Ends the step; True when a decision is due now (on every rank alike)."""
+        due = ctypes.c_int()
+        _lib.gcomp_adapt_end_step(self._handle(), ctypes.byref(due))
+        return bool(due.value)
+
+    def stats(self):
+        """This rank's statistics since the last call (a float64 NumPy array of the same
+        length on every rank of one configuration); starts a new interval."""
+        np = _core._numpy()
+        out = np.empty(self._len, np.float64)
+        got = ctypes.c_size_t()
+        _core._check(_lib.gcomp_adapt_stats(self._handle(), out.ctypes.data, self._len, ctypes.byref(got)),
+                     "adapt stats")
+        return out
+
+    def decide(self, every):
+        """Takes the decision from every rank's stats() (rows in rank order: a 2-D array,
+        or a list of 1-D arrays).  Returns the indices of the tensors whose spec changed."""
+        np = _core._numpy()
+        rows = [np.asarray(r, dtype=np.float64).reshape(-1) for r in every]
+        if any(r.size != self._len for r in rows):
+            raise _err.MismatchError(
+                f"gradcomp.adapt: statistics of {[r.size for r in rows]} doubles, this "
+                f"configuration has {self._len}: ranks run different adaptive methods",
+                status=_err.E_MISMATCH)
+        flat = np.ascontiguousarray(np.concatenate(rows)) if rows else np.empty(0)
+        changed = ctypes.c_size_t()
+        err = _native.ErrorInfo()
+        h = self._handle()
+        _core._check(_lib.gcomp_adapt_decide(h, flat.ctypes.data, self._len, len(rows), ctypes.byref(changed),
+                                             ctypes.byref(err)), "adaptive decision", err)
+        return [i for i in range(len(self.names)) if _lib.gcomp_adapt_changed(h, i)]
+
+    @property
+    def report(self):
+        """What the last decision saw (gcomp_adapt_report) as a dict."""
+        r = _native.AdaptReport()
+        _lib.gcomp_adapt_get_report(self._handle(), ctypes.byref(r))
+        return {name: getattr(r, name) for name, _ in _native.AdaptReport._fields_}
+
+    def __repr__(self):
+        return f"gradcomp.Adapt({self.method!r}, {len(self.names)} tensors)"

@@ -1,0 +1,1057 @@
+/*
+ * adapt.c - the engine behind adaptive compression (include/gradcomp.h, "Adaptive
+ * compression"): parses the method string, applies the layer policy, builds each managed
+ * tensor's ladder of candidate specs, gathers this rank's observations, combines every
+ * rank's statistics in rank order and runs the controllers (adapt_*.c) over a plan.
+ *
+ * Why the statistics travel raw: a decision must be the same on every rank, bit for bit.
+ * A floating-point MPI_Allreduce does not promise that (the reduction order may differ
+ * between ranks), so each rank contributes a fixed block of doubles, the caller
+ * allgathers the blocks, and every rank combines them in rank order - sums left to right,
+ * maxima, medians of sorted values - getting the same bits.  The controllers then read
+ * only the combined statistics and their own state, which only decisions change; this
+ * rank's observations reach them through its block and nowhere else.  The blocks carry a
+ * fingerprint of the configuration (method, ladder, tensors) and the decision index, so a
+ * rank with other settings, or one that skipped a decision, makes every rank fail with
+ * GCOMP_E_MISMATCH instead of deciding differently.
+ *
+ * The ladder: the candidates a managed tensor may take, ordered by the bytes they send
+ * over all managed tensors (gcomp_spec_bytes_estimate, the library's own formats), most
+ * first, so "lighter" and "heavier" compression mean the same thing for every codec (a
+ * lower density, a lower rank, fewer levels).  Entries that send the same bytes are
+ * refused: a controller could not tell them apart.
+ *
+ * Measurement (layers' errors, bandwidth's codec times): on a measurement step each
+ * managed tensor's gradient plus its compressor's residual (the vector the codec will
+ * compress) is compressed by every candidate on a scratch compressor without feedback
+ * (specs whose feedback is fixed keep it, from a fresh state), decoded, and the squared
+ * error and the encode and decode times recorded.  Scratch compressors are created and
+ * freed per measurement: a measurement runs every few hundred steps, and keeping K of
+ * them per tensor would hold K times the model's size in workspaces.
+ *
+ * Rejected: an MPI_Allreduce of the statistics (see above); letting each controller
+ * gather its own statistics (one collective per decision is enough, and a controller
+ * written against MPI could not serve the PyTorch hook, which gathers through gloo).
+ */
+#include "adapt_internal.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#define PREFIX "adapt:"
+#define MAGIC 18241.0 /* 'GA', then the version */
+#define VERSION 1.0
+#define MAX_LADDER 32
+#define MAX_ITEMS 64
+#define DEFAULT_BASE "topk:density=0.001,feedback=ef"
+
+/* Fixed words of a statistics block. */
+enum {
+    S_MAGIC,
+    S_FP_LO,
+    S_FP_HI,
+    S_DECISION,
+    S_STEP,
+    S_FWD,
+    S_BWD,
+    S_OPT,
+    S_BW,
+    S_LAT,
+    S_METRIC,
+    S_MEASURED,
+    S_FIXED
+};
+
+static const gcomp__adapt_ctl *const controllers[] = {
+    &gcomp__adapt_bandwidth, &gcomp__adapt_accuracy, &gcomp__adapt_layers, &gcomp__adapt_norm};
+#define NCTL (sizeof controllers / sizeof controllers[0])
+
+/* Keys the engine reads itself, and the layer policy's. */
+static const char *const engine_keys[] = {"base",     "ladder",  "knob",  "with_dense",
+                                          "interval", "measure", "dense", "min_elements",
+                                          "dense_1d", NULL};
+
+static char *dup_str(const char *s) {
+    size_t l = strlen(s);
+    char *p = gcomp__alloc(l + 1);
+    if (p) memcpy(p, s, l + 1);
+    return p;
+}
+
+static char *trim(char *s) {
+    while (isspace((unsigned char)*s)) s++;
+    char *e = s + strlen(s);
+    while (e > s && isspace((unsigned char)e[-1])) e--;
+    *e = 0;
+    return s;
+}
+
+static bool is_glob(const char *key) {
+    return strpbrk(key, "*?.") != NULL;
+}
+
+const char *gcomp__adapt_opt(gcomp_adapt *a, const char *key) {
+    for (size_t i = 0; i < a->nitems; i++)
+        if (!strcmp(a->items[i].key, key)) {
+            a->items[i].used = true;
+            return a->items[i].val;
+        }
+    return NULL;
+}
+
+gcomp_status gcomp__adapt_num(gcomp_adapt *a, const char *ctl, const char *key, double dflt,
+                              double lo, double hi, double *out, gcomp_error *err) {
+    const char *v = gcomp__adapt_opt(a, key);
+    *out = dflt;
+    if (!v) return GCOMP_OK;
+    char *end;
+    errno = 0;
+    double x = strtod(v, &end);
+    if (end == v || *end || errno || !isfinite(x) || x < lo || x > hi)
+        return gcomp__fail(err, GCOMP_E_SPEC, "adapt: %s: %s=%s: a number in [%g, %g]", ctl, key, v,
+                           lo, hi);
+    *out = x;
+    return GCOMP_OK;
+}
+
+void gcomp__adapt_plan_uniform(const gcomp_adapt *a, gcomp__adapt_plan *p, int level) {
+    if (level < 0) level = 0;
+    if (level >= (int)a->K) level = (int)a->K - 1;
+    p->uniform = level;
+    for (size_t m = 0; m < a->nm; m++) p->level[m] = level;
+    p->budget = a->total[level];
+}
+
+/* ---- free ---------------------------------------------------------------------------- */
+
+void gcomp_adapt_free(gcomp_adapt *a) {
+    if (!a) return;
+    for (size_t k = 0; k < a->nctl; k++)
+        if (a->ctl[k]->free) a->ctl[k]->free(a->ctl_state[k]);
+    for (size_t i = 0; a->t && i < a->nt; i++) {
+        gcomp__free(a->t[i].name);
+        gcomp__free(a->t[i].fixed);
+        gcomp__free(a->t[i].acc);
+    }
+    for (size_t j = 0; a->ladder && j < a->K; j++) gcomp__free(a->ladder[j]);
+    for (size_t i = 0; a->items && i < a->nitems; i++) {
+        gcomp__free(a->items[i].key);
+        gcomp__free(a->items[i].val);
+    }
+    gcomp_cost_calibration_free(a->cal);
+    gcomp__free(a->method);
+    gcomp__free(a->t);
+    gcomp__free(a->mt);
+    gcomp__free(a->ladder);
+    gcomp__free(a->strategy);
+    gcomp__free(a->bytes);
+    gcomp__free(a->total);
+    gcomp__free(a->items);
+    gcomp__free(a->level);
+    gcomp__free(a->prev);
+    gcomp__free(a->changed);
+    gcomp__free(a->meas);
+    gcomp__free(a->xbuf);
+    gcomp__free(a->dbuf);
+    gcomp__free(a);
+}
+
+/* ---- parsing ------------------------------------------------------------------------- */
+
+static gcomp_status parse_controllers(gcomp_adapt *a, char *list, gcomp_error *err) {
+    char names[160] = "";
+    for (size_t k = 0; k < NCTL; k++)
+        snprintf(names + strlen(names), sizeof names - strlen(names), "%s%s", k ? ", " : "",
+                 controllers[k]->name);
+    if (strchr(list, ','))
+        return gcomp__fail(err, GCOMP_E_SPEC,
+                           "adapt: join controllers with '+' (e.g. adapt:bandwidth+layers), "
+                           "not ',': '%s'",
+                           list);
+    bool seen[NCTL] = {false};
+    for (char *save = NULL, *p = strtok_r(list, "+", &save); p; p = strtok_r(NULL, "+", &save)) {
+        p = trim(p);
+        size_t k = 0;
+        while (k < NCTL && strcmp(p, controllers[k]->name)) k++;
+        if (k == NCTL)
+            return gcomp__fail(err, GCOMP_E_SPEC, "adapt: unknown controller '%s'; known: %s", p,
+                               names);
+        if (seen[k]) return gcomp__fail(err, GCOMP_E_SPEC, "adapt: controller '%s' named twice", p);
+        seen[k] = true;
+    }
+    for (size_t k = 0; k < NCTL; k++) /* the fixed order, whatever the order written */
+        if (seen[k]) a->ctl[a->nctl++] = controllers[k];
+    if (a->nctl == 0)
+        return gcomp__fail(err, GCOMP_E_SPEC, "adapt: name at least one controller (%s)", names);
+    return GCOMP_OK;
+}
+
+static gcomp_status parse_items(gcomp_adapt *a, char *rest, gcomp_error *err) {
+    a->items = gcomp__calloc(MAX_ITEMS * sizeof *a->items);
+    if (!a->items) return gcomp__fail(err, GCOMP_E_NOMEM, "adapt: out of memory");
+    for (char *save = NULL, *p = strtok_r(rest, ";", &save); p; p = strtok_r(NULL, ";", &save)) {
+        p = trim(p);
+        if (!*p) continue;
+        char *eq = strchr(p, '=');
+        if (!eq) return gcomp__fail(err, GCOMP_E_SPEC, "adapt: '%s' is not KEY=VALUE", p);
+        *eq = 0;
+        char *key = trim(p), *val = trim(eq + 1);
+        if (!*key) return gcomp__fail(err, GCOMP_E_SPEC, "adapt: an item has no key ('=%s')", val);
+        for (size_t i = 0; i < a->nitems; i++)
+            if (!strcmp(a->items[i].key, key))
+                return gcomp__fail(err, GCOMP_E_SPEC, "adapt: key '%s' given twice", key);
+        if (a->nitems == MAX_ITEMS)
+            return gcomp__fail(err, GCOMP_E_SPEC, "adapt: more than %d items", MAX_ITEMS);
+        gcomp__adapt_item *it = &a->items[a->nitems];
+        it->key = dup_str(key);
+        it->val = dup_str(val);
+        if (!it->key || !it->val) {
+            gcomp__free(it->key);
+            gcomp__free(it->val);
+            return gcomp__fail(err, GCOMP_E_NOMEM, "adapt: out of memory");
+        }
+        a->nitems++;
+    }
+    return GCOMP_OK;
+}
+
+/* ---- the layer policy: which tensors are managed --------------------------------------- */
+
+static gcomp_status apply_policy(gcomp_adapt *a, const char *base, const gcomp_tensor_desc *t,
+                                 const gcomp_adapt_options *opt, gcomp_error *err) {
+    const char *dense = gcomp__adapt_opt(a, "dense"), *minel = gcomp__adapt_opt(a, "min_elements"),
+               *d1 = gcomp__adapt_opt(a, "dense_1d");
+    size_t cap = 256 + strlen(base);
+    for (size_t i = 0; i < a->nitems; i++)
+        cap += strlen(a->items[i].key) + strlen(a->items[i].val) + 2;
+    if (dense) cap += strlen(dense);
+    if (opt && opt->dense_spec) cap += strlen(opt->dense_spec);
+    char *text = gcomp__alloc(cap);
+    if (!text) return gcomp__fail(err, GCOMP_E_NOMEM, "adapt: out of memory");
+    int w = snprintf(text, cap, "spec=%s;dense=%s", base,
+                     dense                    ? dense
+                     : opt && opt->dense_spec ? opt->dense_spec
+                                              : "none");
+    if (minel)
+        w += snprintf(text + w, cap - (size_t)w, ";min_elements=%s", minel);
+    else if (opt && opt->min_elements)
+        w += snprintf(text + w, cap - (size_t)w, ";min_elements=%zu", opt->min_elements);
+    if (d1) w += snprintf(text + w, cap - (size_t)w, ";dense_1d=%s", d1);
+    for (size_t i = 0; i < a->nitems; i++)
+        if (is_glob(a->items[i].key)) {
+            a->items[i].used = true;
+            w += snprintf(text + w, cap - (size_t)w, ";%s=%s", a->items[i].key, a->items[i].val);
+        }
+    gcomp_policy *pol = NULL;
+    gcomp_error local = {0};
+    gcomp_status st = gcomp_policy_create(&pol, text, &local);
+    gcomp__free(text);
+    if (st != GCOMP_OK) return gcomp__fail(err, st, "adapt: %s", local.message);
+    for (size_t i = 0; i < a->nt && st == GCOMP_OK; i++) {
+        gcomp_layer_plan plan;
+        st = gcomp_policy_choose(pol, &t[i], &plan, &local);
+        if (st != GCOMP_OK) {
+            gcomp__fail(err, st, "adapt: %s", local.message);
+            break;
+        }
+        gcomp__adapt_tensor *x = &a->t[i];
+        x->managed = plan.rule == GCOMP_RULE_DEFAULT;
+        x->m = -1;
+        if (!x->managed) {
+            char canon[GCOMP__SPEC_MAX];
+            st = gcomp_spec_canonical(plan.spec, canon, sizeof canon, NULL, err);
+            if (st == GCOMP_OK && !(x->fixed = dup_str(canon)))
+                st = gcomp__fail(err, GCOMP_E_NOMEM, "adapt: out of memory");
+        } else {
+            x->m = (int)a->nm++;
+        }
+    }
+    gcomp_policy_free(pol);
+    return st;
+}
+
+/* ---- the ladder ---------------------------------------------------------------------- */
+
+/* A ladder item as a canonical spec: a number is a value of the knob, `dense` the dense
+ * candidate, anything else a spec. */
+static gcomp_status item_spec(const char *base, const char *knob, const char *item, char *out,
+                              size_t cap, gcomp_error *err) {
+    if (!*item) return gcomp__fail(err, GCOMP_E_SPEC, "adapt: ladder: an empty entry");
+    if (!strcmp(item, "dense")) return gcomp_spec_canonical("none", out, cap, NULL, err);
+    char *end;
+    errno = 0;
+    double v = strtod(item, &end);
+    gcomp_error local = {0};
+    gcomp_status st;
+    if (end != item && !*end && !errno) {
+        (void)v;
+        if (!knob)
+            return gcomp__fail(err, GCOMP_E_SPEC,
+                               "adapt: ladder: '%s' is a value, but base '%s' has no knob "
+                               "(density=, rank=, levels=); name one with knob=KEY or give specs",
+                               item, base);
+        st = gcomp_spec_set(base, knob, item, out, cap, &local);
+    } else {
+        st = gcomp_spec_canonical(item, out, cap, NULL, &local);
+    }
+    if (st != GCOMP_OK)
+        return gcomp__fail(err, st, "adapt: ladder entry '%s': %s", item, local.message);
+    return GCOMP_OK;
+}
+
+/* The knob of a base spec: knob= if given, else the first of density, rank, levels it has. */
+static const char *find_knob(gcomp_adapt *a, const char *base, gcomp_error *err, bool *bad) {
+    static const char *const knobs[] = {"density", "rank", "levels"};
+    const char *k = gcomp__adapt_opt(a, "knob");
+    char tmp[64];
+    *bad = false;
+    if (k) {
+        gcomp_error local = {0};
+        if (gcomp_spec_get(base, k, tmp, sizeof tmp, &local) != GCOMP_OK) {
+            gcomp__fail(err, GCOMP_E_SPEC, "adapt: knob=%s: %s", k, local.message);
+            *bad = true;
+            return NULL;
+        }
+        return k;
+    }
+    for (size_t i = 0; i < sizeof knobs / sizeof knobs[0]; i++)
+        if (gcomp_spec_get(base, knobs[i], tmp, sizeof tmp, NULL) == GCOMP_OK) return knobs[i];
+    return NULL;
+}
+
+/* The auto ladder's values, as text, around the base's knob value v. */
+static size_t auto_values(const char *knob, double v, char vals[][32]) {
+    size_t n = 0;
+    if (!strcmp(knob, "density")) {
+        static const double f[] = {100, 31.6227766, 10, 3.16227766, 1, 0.316227766, 0.1};
+        bool capped = false;
+        for (size_t i = 0; i < sizeof f / sizeof f[0]; i++) {
+            double d = v * f[i];
+            if (d >= 1) {
+                if (capped) continue;
+                d = 1;
+                capped = true;
+            }
+            snprintf(vals[n++], 32, "%.3g", d);
+        }
+    } else if (!strcmp(knob, "rank") || !strcmp(knob, "levels")) {
+        static const double f[] = {4, 2, 1, 0.5};
+        for (size_t i = 0; i < sizeof f / sizeof f[0]; i++) {
+            double r = floor(v * f[i]);
+            if (r < 1 || (!strcmp(knob, "levels") && r < 2)) continue;
+            snprintf(vals[n++], 32, "%.0f", r);
+        }
+    }
+    return n;
+}
+
+static gcomp_status add_candidate(gcomp_adapt *a, const char *canon, gcomp_error *err) {
+    for (size_t j = 0; j < a->K; j++)
+        if (!strcmp(a->ladder[j], canon)) return GCOMP_OK;
+    if (a->K == MAX_LADDER)
+        return gcomp__fail(err, GCOMP_E_SPEC, "adapt: ladder: more than %d entries", MAX_LADDER);
+    if (!(a->ladder[a->K] = dup_str(canon)))
+        return gcomp__fail(err, GCOMP_E_NOMEM, "adapt: out of memory");
+    a->K++;
+    return GCOMP_OK;
+}
+
+static int default_strategy(const char *spec) {
+    gcomp_spec_info info;
+    if (gcomp_spec_describe(spec, 0, &info, NULL) != GCOMP_OK) return GCOMP_COST_ALLGATHER;
+    return info.flags & (GCOMP_SPEC_LINEAR | GCOMP_SPEC_MULTIPHASE) ? GCOMP_COST_ALLREDUCE
+                                                                    : GCOMP_COST_ALLGATHER;
+}
+
+static int strategy_of(const gcomp_adapt_options *opt, const char *spec) {
+    int s = opt && opt->strategy ? opt->strategy(opt->strategy_ctx, spec) : 0;
+    return s > 0 ? s : default_strategy(spec);
+}
+
+static gcomp_status build_ladder(gcomp_adapt *a, const char *base, const gcomp_adapt_options *opt,
+                                 gcomp_error *err) {
+    gcomp_status st;
+    char canon[GCOMP__SPEC_MAX], bcanon[GCOMP__SPEC_MAX];
+    if ((st = gcomp_spec_canonical(base, bcanon, sizeof bcanon, NULL, err)) != GCOMP_OK) return st;
+    bool bad;
+    const char *knob = find_knob(a, bcanon, err, &bad);
+    if (bad) return GCOMP_E_SPEC;
+    const char *ladder = gcomp__adapt_opt(a, "ladder");
+    double wd;
+    bool has_bw = false;
+    for (size_t k = 0; k < a->nctl; k++) has_bw |= a->ctl[k] == &gcomp__adapt_bandwidth;
+    if ((st = gcomp__adapt_num(a, "ladder", "with_dense", has_bw ? 1 : 0, 0, 1, &wd, err)) !=
+        GCOMP_OK)
+        return st;
+    if (!(a->ladder = gcomp__calloc(MAX_LADDER * sizeof *a->ladder)))
+        return gcomp__fail(err, GCOMP_E_NOMEM, "adapt: out of memory");
+    if (ladder && !*ladder)
+        return gcomp__fail(err, GCOMP_E_SPEC, "adapt: ladder is empty: give A/B/... or auto");
+    if (!ladder || !strcmp(ladder, "auto")) {
+        double v;
+        char vals[16][32];
+        size_t nv = 0;
+        if (knob && gcomp_spec_get_number(bcanon, knob, &v, NULL) == GCOMP_OK)
+            nv = auto_values(knob, v, vals);
+        if (nv == 0)
+            return gcomp__fail(err, GCOMP_E_SPEC,
+                               "adapt: ladder=auto needs a base with density=, rank= or levels= "
+                               "('%s'); give ladder=SPEC/SPEC/...",
+                               bcanon);
+        if (wd != 0 &&
+            ((st = item_spec(bcanon, knob, "dense", canon, sizeof canon, err)) != GCOMP_OK ||
+             (st = add_candidate(a, canon, err)) != GCOMP_OK))
+            return st;
+        for (size_t i = 0; i < nv; i++) {
+            if ((st = item_spec(bcanon, knob, vals[i], canon, sizeof canon, err)) != GCOMP_OK)
+                return st;
+            if ((st = add_candidate(a, canon, err)) != GCOMP_OK) return st;
+        }
+    } else {
+        size_t len = strlen(ladder);
+        char *copy = gcomp__alloc(len + 1);
+        if (!copy) return gcomp__fail(err, GCOMP_E_NOMEM, "adapt: out of memory");
+        memcpy(copy, ladder, len + 1);
+        st = GCOMP_OK;
+        size_t items = 0;
+        for (char *save = NULL, *p = strtok_r(copy, "/", &save); p && st == GCOMP_OK;
+             p = strtok_r(NULL, "/", &save)) {
+            p = trim(p);
+            if (!*p) continue;
+            items++;
+            st = item_spec(bcanon, knob, p, canon, sizeof canon, err);
+            if (st == GCOMP_OK) st = add_candidate(a, canon, err);
+        }
+        gcomp__free(copy);
+        if (st != GCOMP_OK) return st;
+        if (items == 0)
+            return gcomp__fail(err, GCOMP_E_SPEC, "adapt: ladder '%s' is empty", ladder);
+        if (wd != 0 &&
+            ((st = item_spec(bcanon, knob, "dense", canon, sizeof canon, err)) != GCOMP_OK ||
+             (st = add_candidate(a, canon, err)) != GCOMP_OK))
+            return st;
+    }
+    if ((st = add_candidate(a, bcanon, err)) != GCOMP_OK) return st;
+
+    /* Bytes of every candidate for every managed tensor, then the order. */
+    a->bytes = gcomp__calloc(a->nm * a->K * sizeof(double) + 1);
+    a->total = gcomp__calloc(a->K * sizeof(double));
+    a->strategy = gcomp__calloc(a->K * sizeof(int));
+    double *tmp = gcomp__calloc(a->nm * a->K * sizeof(double) + 1);
+    if (!a->bytes || !a->total || !a->strategy || !tmp) {
+        gcomp__free(tmp);
+        return gcomp__fail(err, GCOMP_E_NOMEM, "adapt: out of memory");
+    }
+    for (size_t j = 0; j < a->K; j++) {
+        for (size_t m = 0; m < a->nm; m++) {
+            const gcomp__adapt_tensor *x = &a->t[a->mt[m]];
+            size_t b;
+            gcomp_error local = {0};
+            st = gcomp_spec_bytes_estimate(a->ladder[j], x->n, x->rows, x->cols, &b, &local);
+            if (st != GCOMP_OK) {
+                gcomp__free(tmp);
+                return gcomp__fail(err, st, "adapt: ladder entry '%s' for tensor '%s': %s",
+                                   a->ladder[j], x->name, local.message);
+            }
+            a->bytes[m * a->K + j] = (double)b;
+            a->total[j] += (double)b;
+        }
+    }
+    /* Stable selection sort by total bytes, most first (K <= 32). */
+    for (size_t i = 0; i < a->K; i++) {
+        size_t best = i;
+        for (size_t j = i + 1; j < a->K; j++)
+            if (a->total[j] > a->total[best]) best = j;
+        if (best != i) {
+            char *s = a->ladder[best];
+            double t = a->total[best];
+            memmove(a->ladder + i + 1, a->ladder + i, (best - i) * sizeof *a->ladder);
+            memmove(a->total + i + 1, a->total + i, (best - i) * sizeof *a->total);
+            a->ladder[i] = s;
+            a->total[i] = t;
+        }
+    }
+    for (size_t j = 0; j < a->K; j++) {
+        for (size_t m = 0; m < a->nm; m++) {
+            const gcomp__adapt_tensor *x = &a->t[a->mt[m]];
+            size_t b = 0;
+            gcomp_spec_bytes_estimate(a->ladder[j], x->n, x->rows, x->cols, &b, NULL);
+            tmp[m * a->K + j] = (double)b;
+        }
+        a->strategy[j] = strategy_of(opt, a->ladder[j]);
+        if (!strcmp(a->ladder[j], bcanon)) a->base = (int)j;
+    }
+    memcpy(a->bytes, tmp, a->nm * a->K * sizeof(double));
+    gcomp__free(tmp);
+    for (size_t j = 0; a->nm && j + 1 < a->K; j++)
+        if (a->total[j] == a->total[j + 1])
+            return gcomp__fail(err, GCOMP_E_SPEC,
+                               "adapt: ladder entries '%s' and '%s' send the same bytes; a "
+                               "controller could not tell them apart",
+                               a->ladder[j], a->ladder[j + 1]);
+    return GCOMP_OK;
+}
+
+int gcomp__adapt_find_level(gcomp_adapt *a, const char *item, gcomp_error *err) {
+    char canon[GCOMP__SPEC_MAX];
+    bool bad;
+    const char *base = a->ladder[a->base];
+    const char *knob = find_knob(a, base, err, &bad);
+    if (bad) return -1;
+    if (item_spec(base, knob, item, canon, sizeof canon, err) != GCOMP_OK) return -1;
+    for (size_t j = 0; j < a->K; j++)
+        if (!strcmp(a->ladder[j], canon)) return (int)j;
+    gcomp__fail(err, GCOMP_E_SPEC, "adapt: '%s' (%s) is not in the ladder", item, canon);
+    return -1;
+}
+
+/* ---- decisions ----------------------------------------------------------------------- */
+
+static void apply_plan(gcomp_adapt *a, const gcomp__adapt_plan *p, size_t *changed) {
+    size_t c = 0;
+    for (size_t m = 0; m < a->nm; m++) {
+        size_t i = a->mt[m];
+        a->prev[m] = a->level[m];
+        a->level[m] = p->level[m];
+        a->changed[i] = a->level[m] != a->prev[m];
+        c += a->changed[i];
+    }
+    if (changed) *changed = c;
+    a->report.uniform_level = p->uniform;
+    a->report.budget = p->budget;
+    a->report.predicted_step_s = p->pred_s;
+    a->report.critical = p->critical;
+    a->report.error = p->error;
+    a->report.error_uniform = p->error_uniform;
+}
+
+static gcomp_status run_controllers(gcomp_adapt *a, const gcomp__adapt_in *in, size_t *changed) {
+    gcomp__adapt_plan p = {0};
+    p.level = gcomp__calloc((a->nm + 1) * sizeof(int));
+    if (!p.level) return GCOMP_E_NOMEM;
+    gcomp__adapt_plan_uniform(a, &p, a->base);
+    for (size_t k = 0; k < a->nctl; k++) a->ctl[k]->decide(a, a->ctl_state[k], in, &p);
+    for (size_t m = 0; m < a->nm; m++) {
+        if (p.level[m] < 0) p.level[m] = 0;
+        if (p.level[m] >= (int)a->K) p.level[m] = (int)a->K - 1;
+    }
+    apply_plan(a, &p, changed);
+    gcomp__free(p.level);
+    return GCOMP_OK;
+}
+
+/* ---- create -------------------------------------------------------------------------- */
+
+static uint64_t fnv_str(uint64_t h, const char *s) {
+    for (; *s; s++) h = (h ^ (unsigned char)*s) * 0x100000001b3ull;
+    return (h ^ 0xff) * 0x100000001b3ull;
+}
+static uint64_t fnv_u64(uint64_t h, uint64_t v) {
+    for (int i = 0; i < 8; i++) h = (h ^ ((v >> (8 * i)) & 0xff)) * 0x100000001b3ull;
+    return h;
+}
+
+static gcomp_status resolve_intervals(gcomp_adapt *a, gcomp_error *err) {
+    const char *iv = gcomp__adapt_opt(a, "interval"), *ms = gcomp__adapt_opt(a, "measure");
+    uint64_t interval = 100;
+    if (a->total_steps) {
+        interval = a->total_steps / 40;
+        interval = interval < 10 ? 10 : interval > 500 ? 500 : interval;
+    }
+    if (iv && strcmp(iv, "auto")) {
+        char *end;
+        errno = 0;
+        unsigned long long v = strtoull(iv, &end, 10);
+        if (*iv == '-' || end == iv || *end || errno || v < 1 || v > 1000000000ull)
+            return gcomp__fail(err, GCOMP_E_SPEC, "adapt: interval=%s: steps, 1..1e9, or auto", iv);
+        interval = v;
+    }
+    uint64_t measure = 4 * interval;
+    if (ms && strcmp(ms, "auto")) {
+        char *end;
+        errno = 0;
+        unsigned long long v = strtoull(ms, &end, 10);
+        if (*ms == '-' || end == ms || *end || errno || v < 1 || v > 1000000000ull)
+            return gcomp__fail(err, GCOMP_E_SPEC, "adapt: measure=%s: steps, 1..1e9, or auto", ms);
+        measure = (v + interval - 1) / interval * interval; /* a whole number of intervals */
+    }
+    a->interval = interval;
+    a->measure = measure;
+    return GCOMP_OK;
+}
+
+static gcomp_status check_unused(gcomp_adapt *a, gcomp_error *err) {
+    for (size_t i = 0; i < a->nitems; i++) {
+        if (a->items[i].used) continue;
+        char keys[512] = "";
+        size_t w = 0;
+        for (const char *const *k = engine_keys; *k; k++)
+            w += (size_t)snprintf(keys + w, sizeof keys - w, "%s%s", w ? ", " : "", *k);
+        for (size_t c = 0; c < a->nctl; c++)
+            for (const char *const *k = a->ctl[c]->keys; k && *k && w < sizeof keys; k++)
+                w += (size_t)snprintf(keys + w, sizeof keys - w, ", %s", *k);
+        /* A key another controller would read names that controller. */
+        for (size_t c = 0; c < NCTL; c++)
+            for (const char *const *k = controllers[c]->keys; k && *k; k++)
+                if (!strcmp(*k, a->items[i].key))
+                    return gcomp__fail(err, GCOMP_E_SPEC,
+                                       "adapt: key '%s' belongs to the %s controller, which this "
+                                       "method does not use; keys here: %s",
+                                       a->items[i].key, controllers[c]->name, keys);
+        return gcomp__fail(err, GCOMP_E_SPEC, "adapt: unknown key '%s'; keys here: %s",
+                           a->items[i].key, keys);
+    }
+    return GCOMP_OK;
+}
+
+gcomp_status gcomp_adapt_create(gcomp_adapt **out, const char *method,
+                                const gcomp_tensor_desc *tensors, size_t count,
+                                const gcomp_adapt_options *opt, gcomp_error *err) {
+    if (!out) return gcomp__fail(err, GCOMP_E_ARG, "adapt: out must not be NULL");
+    *out = NULL;
+    if (!method || !tensors || count == 0)
+        return gcomp__fail(err, GCOMP_E_ARG, "adapt: a method and at least one tensor are needed");
+    if (strlen(method) > 16384) return gcomp__fail(err, GCOMP_E_SPEC, "adapt: method too long");
+    gcomp_adapt *a = gcomp__calloc(sizeof *a);
+    if (!a) return gcomp__fail(err, GCOMP_E_NOMEM, "adapt: out of memory");
+    gcomp_status st = GCOMP_OK;
+    const char *body = strncmp(method, PREFIX, strlen(PREFIX)) ? method : method + strlen(PREFIX);
+    char *copy = dup_str(body);
+    a->method = dup_str(method);
+    a->t = gcomp__calloc(count * sizeof *a->t);
+    a->nt = count;
+    if (!copy || !a->method || !a->t) {
+        st = gcomp__fail(err, GCOMP_E_NOMEM, "adapt: out of memory");
+        goto fail;
+    }
+    a->total_steps = opt ? opt->total_steps : 0;
+    a->workers = opt && opt->workers > 0 ? opt->workers : 1;
+    a->nodes = opt && opt->nodes > 0 ? opt->nodes : 1;
+    if (a->nodes > a->workers) {
+        st = gcomp__fail(err, GCOMP_E_ARG, "adapt: nodes %d > workers %d", a->nodes, a->workers);
+        goto fail;
+    }
+    char *semi = strchr(copy, ';');
+    if (semi) *semi = 0;
+    if ((st = parse_controllers(a, copy, err)) != GCOMP_OK) goto fail;
+    if (semi && (st = parse_items(a, semi + 1, err)) != GCOMP_OK) goto fail;
+    if (!a->items && !(a->items = gcomp__calloc(sizeof *a->items))) {
+        st = gcomp__fail(err, GCOMP_E_NOMEM, "adapt: out of memory");
+        goto fail;
+    }
+    for (size_t i = 0; i < count; i++) {
+        const gcomp_tensor_desc *d = &tensors[i];
+        if (d->n == 0 || ((d->rows || d->cols) && d->rows * d->cols != d->n)) {
+            st = gcomp__fail(err, GCOMP_E_ARG, "adapt: tensor %zu ('%s'): bad size or shape", i,
+                             d->name ? d->name : "");
+            goto fail;
+        }
+        a->t[i].name = dup_str(d->name ? d->name : "");
+        a->t[i].n = d->n;
+        a->t[i].rows = d->rows;
+        a->t[i].cols = d->cols;
+        if (!a->t[i].name) {
+            st = gcomp__fail(err, GCOMP_E_NOMEM, "adapt: out of memory");
+            goto fail;
+        }
+    }
+    const char *base = gcomp__adapt_opt(a, "base");
+    if (!base) base = DEFAULT_BASE;
+    if ((st = apply_policy(a, base, tensors, opt, err)) != GCOMP_OK) goto fail;
+    a->mt = gcomp__calloc((a->nm + 1) * sizeof *a->mt);
+    a->level = gcomp__calloc((a->nm + 1) * sizeof(int));
+    a->prev = gcomp__calloc((a->nm + 1) * sizeof(int));
+    a->changed = gcomp__calloc(count);
+    if (!a->mt || !a->level || !a->prev || !a->changed) {
+        st = gcomp__fail(err, GCOMP_E_NOMEM, "adapt: out of memory");
+        goto fail;
+    }
+    for (size_t i = 0; i < count; i++)
+        if (a->t[i].managed) a->mt[a->t[i].m] = i;
+    if ((st = build_ladder(a, base, opt, err)) != GCOMP_OK) goto fail;
+    if ((st = resolve_intervals(a, err)) != GCOMP_OK) goto fail;
+    for (size_t i = 0; i < count; i++)
+        if (!a->t[i].managed) a->t[i].fixed_strategy = strategy_of(opt, a->t[i].fixed);
+    if (opt && opt->calibration) {
+        /* Kept as text: the calibration object has no copy function. */
+        size_t len = 0;
+        gcomp_cost_calibration_format(opt->calibration, NULL, 0, &len);
+        char *text = gcomp__alloc(len + 1);
+        if (!text) {
+            st = gcomp__fail(err, GCOMP_E_NOMEM, "adapt: out of memory");
+            goto fail;
+        }
+        if (gcomp_cost_calibration_format(opt->calibration, text, len + 1, &len) == GCOMP_OK)
+            st = gcomp_cost_calibration_parse(&a->cal, text, len, err);
+        gcomp__free(text);
+        if (st != GCOMP_OK) goto fail;
+    }
+    for (size_t k = 0; k < a->nctl; k++) {
+        if ((st = a->ctl[k]->create(a, &a->ctl_state[k], err)) != GCOMP_OK) goto fail;
+        a->track_norm |= a->ctl[k]->needs_norm;
+        a->need_measure |= a->ctl[k]->needs_measure;
+    }
+    if ((st = check_unused(a, err)) != GCOMP_OK) goto fail;
+    size_t maxn = 0;
+    for (size_t m = 0; m < a->nm; m++) {
+        gcomp__adapt_tensor *x = &a->t[a->mt[m]];
+        maxn = x->n > maxn ? x->n : maxn;
+        if (a->track_norm && !(x->acc = gcomp__calloc(x->n * sizeof(float)))) {
+            st = gcomp__fail(err, GCOMP_E_NOMEM, "adapt: out of memory");
+            goto fail;
+        }
+    }
+    a->meas = gcomp__alloc((a->nm * a->K * 4 + 1) * sizeof(double));
+    if (!a->meas) {
+        st = gcomp__fail(err, GCOMP_E_NOMEM, "adapt: out of memory");
+        goto fail;
+    }
+    a->scratch_n = maxn;
+
+    /* The fingerprint: controllers, items, ladder, tensors. */
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (size_t k = 0; k < a->nctl; k++) h = fnv_str(h, a->ctl[k]->name);
+    for (size_t i = 0; i < a->nitems; i++)
+        h = fnv_str(fnv_str(h, a->items[i].key), a->items[i].val);
+    for (size_t j = 0; j < a->K; j++) h = fnv_str(h, a->ladder[j]);
+    for (size_t i = 0; i < count; i++)
+        h = fnv_u64(fnv_u64(fnv_u64(h, a->t[i].n), a->t[i].rows), (uint64_t)a->t[i].managed);
+    h = fnv_u64(fnv_u64(h, a->interval), a->measure);
+    a->fp = h;
+
+    gcomp__adapt_in in = {0};
+    in.initial = true;
+    in.progress = NAN;
+    in.metric = NAN;
+    a->link_bw = a->link_lat = 0;
+    if ((st = run_controllers(a, &in, NULL)) != GCOMP_OK) {
+        st = gcomp__fail(err, st, "adapt: out of memory");
+        goto fail;
+    }
+    memset(a->changed, 0, count);
+    a->report.metric = NAN;
+    a->measuring = a->need_measure && a->interval == 1;
+    gcomp__free(copy);
+    *out = a;
+    return GCOMP_OK;
+fail:
+    gcomp__free(copy);
+    gcomp_adapt_free(a);
+    return st;
+}
+
+/* ---- accessors ------------------------------------------------------------------------ */
+
+size_t gcomp_adapt_count(const gcomp_adapt *a) {
+    return a ? a->nt : 0;
+}
+const char *gcomp_adapt_spec(const gcomp_adapt *a, size_t i) {
+    if (!a || i >= a->nt) return NULL;
+    const gcomp__adapt_tensor *x = &a->t[i];
+    return x->managed ? a->ladder[a->level[x->m]] : x->fixed;
+}
+int gcomp_adapt_managed(const gcomp_adapt *a, size_t i) {
+    return a && i < a->nt && a->t[i].managed;
+}
+int gcomp_adapt_level(const gcomp_adapt *a, size_t i) {
+    if (!a || i >= a->nt || !a->t[i].managed) return -1;
+    return a->level[a->t[i].m];
+}
+int gcomp_adapt_changed(const gcomp_adapt *a, size_t i) {
+    return a && i < a->nt && a->changed[i];
+}
+size_t gcomp_adapt_ladder_size(const gcomp_adapt *a) {
+    return a ? a->K : 0;
+}
+const char *gcomp_adapt_candidate(const gcomp_adapt *a, size_t j) {
+    return a && j < a->K ? a->ladder[j] : NULL;
+}
+int gcomp_adapt_uses(const gcomp_adapt *a, const char *name) {
+    for (size_t k = 0; a && name && k < a->nctl; k++)
+        if (!strcmp(a->ctl[k]->name, name)) return 1;
+    return 0;
+}
+uint64_t gcomp_adapt_interval(const gcomp_adapt *a) {
+    return a ? a->interval : 0;
+}
+uint64_t gcomp_adapt_measure_interval(const gcomp_adapt *a) {
+    return a ? a->measure : 0;
+}
+void gcomp_adapt_get_report(const gcomp_adapt *a, gcomp_adapt_report *out) {
+    if (!out) return;
+    if (!a) {
+        memset(out, 0, sizeof *out);
+        return;
+    }
+    *out = a->report;
+}
+
+/* ---- observations (local) --------------------------------------------------------------- */
+
+/* Compresses x (n floats) with `spec` from a fresh state, without feedback where the spec
+ * lets it be removed, and decodes it: squared error and the two times. */
+static gcomp_status measure_one(gcomp_adapt *a, const char *spec, const gcomp__adapt_tensor *t,
+                                const float *x, double *out) {
+    char nofb[GCOMP__SPEC_MAX];
+    const char *use = spec;
+    if (gcomp_spec_set(spec, "feedback", "none", nofb, sizeof nofb, NULL) == GCOMP_OK) use = nofb;
+    gcomp_compressor *c;
+    gcomp_status st = gcomp_compressor_create(&c, use, t->n, t->rows, t->cols, NULL);
+    if (st != GCOMP_OK) return st;
+    size_t cap = gcomp_encode_bound(c), len;
+    void *msg = gcomp__alloc(cap);
+    if (!msg) {
+        gcomp_compressor_free(c);
+        return GCOMP_E_NOMEM;
+    }
+    uint64_t t0 = gcomp__now_ns();
+    st = gcomp_encode(c, x, msg, cap, &len);
+    uint64_t t1 = gcomp__now_ns();
+    if (st == GCOMP_OK) {
+        memset(a->dbuf, 0, t->n * sizeof(float));
+        uint64_t t2 = gcomp__now_ns();
+        st = gcomp_decode_add(msg, len, a->dbuf, t->n, 1.0f);
+        uint64_t t3 = gcomp__now_ns();
+        double e2 = 0, x2 = 0;
+        for (size_t k = 0; k < t->n; k++) {
+            double d = (double)a->dbuf[k] - (double)x[k];
+            e2 += d * d;
+            x2 += (double)x[k] * x[k];
+        }
+        out[0] = e2;
+        out[1] = x2;
+        out[2] = 1e-9 * (double)(t1 - t0);
+        out[3] = 1e-9 * (double)(t3 - t2);
+    }
+    gcomp__free(msg);
+    gcomp_compressor_free(c);
+    return st;
+}
+
+gcomp_status gcomp_adapt_observe(gcomp_adapt *a, size_t i, const float *grad,
+                                 const float *residual) {
+    if (!a || i >= a->nt || !grad) return GCOMP_E_ARG;
+    gcomp__adapt_tensor *t = &a->t[i];
+    if (!t->managed) return GCOMP_OK;
+    if (t->acc) {
+        for (size_t k = 0; k < t->n; k++) t->acc[k] += grad[k];
+        t->acc_used = true;
+    }
+    if (!a->measuring) return GCOMP_OK;
+    if (!a->xbuf) {
+        a->xbuf = gcomp__alloc(a->scratch_n * sizeof(float));
+        a->dbuf = gcomp__alloc(a->scratch_n * sizeof(float));
+        if (!a->xbuf || !a->dbuf) {
+            gcomp__free(a->xbuf);
+            gcomp__free(a->dbuf);
+            a->xbuf = a->dbuf = NULL;
+            return GCOMP_E_NOMEM;
+        }
+    }
+    for (size_t k = 0; k < t->n; k++) a->xbuf[k] = residual ? grad[k] + residual[k] : grad[k];
+    double *row = a->meas + (size_t)t->m * a->K * 4;
+    for (size_t j = 0; j < a->K; j++) {
+        gcomp_status st = measure_one(a, a->ladder[j], t, a->xbuf, row + 4 * j);
+        if (st != GCOMP_OK) {
+            for (size_t q = 0; q < 4; q++) row[4 * j + q] = NAN;
+            return st;
+        }
+    }
+    return GCOMP_OK;
+}
+
+int gcomp_adapt_measuring(const gcomp_adapt *a) {
+    return a && a->measuring;
+}
+
+void gcomp_adapt_observe_compute(gcomp_adapt *a, double forward_s, double backward_s,
+                                 double optimizer_s) {
+    if (!a || !(forward_s >= 0) || !(backward_s >= 0) || !(optimizer_s >= 0)) return;
+    a->fwd += forward_s;
+    a->bwd += backward_s;
+    a->opt += optimizer_s;
+    a->ncompute++;
+}
+
+void gcomp_adapt_observe_link(gcomp_adapt *a, double bandwidth, double latency) {
+    if (!a || !(bandwidth > 0) || !isfinite(bandwidth) || !(latency >= 0) || !isfinite(latency))
+        return;
+    a->link_bw = bandwidth;
+    a->link_lat = latency;
+}
+
+void gcomp_adapt_observe_metric(gcomp_adapt *a, double value) {
+    if (!a || !isfinite(value)) return;
+    a->metric_sum += value;
+    a->metric_n++;
+}
+
+void gcomp_adapt_end_step(gcomp_adapt *a, int *due) {
+    if (!a) return;
+    if (a->measuring) a->measured = true;
+    a->step++;
+    /* The next step measures when it ends an interval whose index is a multiple of
+     * measure / interval (the first interval included). */
+    uint64_t s = a->step, every = a->measure / a->interval;
+    a->measuring = a->need_measure && (s + 1) % a->interval == 0 && (s / a->interval) % every == 0;
+    if (due) *due = a->step % a->interval == 0;
+}
+
+/* ---- statistics and decisions ----------------------------------------------------------- */
+
+size_t gcomp_adapt_stats_size(const gcomp_adapt *a) {
+    return a ? S_FIXED + a->nm + 4 * a->nm * a->K : 0;
+}
+
+gcomp_status gcomp_adapt_stats(gcomp_adapt *a, double *out, size_t cap, size_t *len) {
+    if (!a || !out || !len) return GCOMP_E_ARG;
+    size_t need = gcomp_adapt_stats_size(a);
+    *len = need;
+    if (cap < need) return GCOMP_E_DST_SIZE;
+    double nc = a->ncompute ? (double)a->ncompute : 1;
+    out[S_MAGIC] = MAGIC + VERSION;
+    out[S_FP_LO] = (double)(a->fp & 0xffffffffu);
+    out[S_FP_HI] = (double)(a->fp >> 32);
+    out[S_DECISION] = (double)a->decisions;
+    out[S_STEP] = (double)a->step;
+    out[S_FWD] = a->fwd / nc;
+    out[S_BWD] = a->bwd / nc;
+    out[S_OPT] = a->opt / nc;
+    out[S_BW] = a->link_bw;
+    out[S_LAT] = a->link_lat;
+    out[S_METRIC] = a->metric_n ? a->metric_sum / (double)a->metric_n : NAN;
+    out[S_MEASURED] = a->measured ? 1 : 0;
+    double *norm = out + S_FIXED, *meas = norm + a->nm;
+    for (size_t m = 0; m < a->nm; m++) {
+        gcomp__adapt_tensor *t = &a->t[a->mt[m]];
+        double s = NAN;
+        if (t->acc && t->acc_used) {
+            s = 0;
+            for (size_t k = 0; k < t->n; k++) s += (double)t->acc[k] * t->acc[k];
+            memset(t->acc, 0, t->n * sizeof(float));
+            t->acc_used = false;
+        }
+        norm[m] = s;
+    }
+    for (size_t q = 0; q < 4 * a->nm * a->K; q++) meas[q] = a->measured ? a->meas[q] : NAN;
+    a->fwd = a->bwd = a->opt = 0;
+    a->ncompute = 0;
+    a->link_bw = a->link_lat = 0;
+    a->metric_sum = 0;
+    a->metric_n = 0;
+    a->measured = false;
+    return GCOMP_OK;
+}
+
+static int cmp_double(const void *x, const void *y) {
+    double a = *(const double *)x, b = *(const double *)y;
+    return (a > b) - (a < b);
+}
+
+gcomp_status gcomp_adapt_decide(gcomp_adapt *a, const double *all, size_t len, int nranks,
+                                size_t *changed, gcomp_error *err) {
+    if (changed) *changed = 0;
+    if (!a || !all || nranks < 1)
+        return gcomp__fail(err, GCOMP_E_ARG, "adapt: decide needs the statistics of >= 1 rank");
+    const size_t need = gcomp_adapt_stats_size(a), nm = a->nm, K = a->K;
+    if (len != need)
+        return gcomp__fail(err, GCOMP_E_MISMATCH,
+                           "adapt: statistics of %zu doubles, this configuration has %zu: the "
+                           "ranks run different adaptive methods or models",
+                           len, need);
+    for (int r = 0; r < nranks; r++) {
+        const double *b = all + (size_t)r * len;
+        uint64_t fp = (uint64_t)b[S_FP_LO] | (uint64_t)b[S_FP_HI] << 32;
+        if (b[S_MAGIC] != MAGIC + VERSION || fp != a->fp)
+            return gcomp__fail(err, GCOMP_E_MISMATCH,
+                               "adapt: rank %d runs another adaptive configuration (method, "
+                               "ladder or tensors differ)",
+                               r);
+        if (b[S_DECISION] != (double)a->decisions || b[S_STEP] != all[S_STEP] ||
+            b[S_MEASURED] != all[S_MEASURED])
+            return gcomp__fail(err, GCOMP_E_MISMATCH,
+                               "adapt: rank %d is at decision %.0f step %.0f, rank 0 at %.0f "
+                               "step %.0f: every rank must decide at the same steps",
+                               r, b[S_DECISION], b[S_STEP], all[S_DECISION], all[S_STEP]);
+    }
+    double *work = gcomp__calloc((nm + 4 * nm * K + 2 * (size_t)nranks + 1) * sizeof(double));
+    if (!work) return gcomp__fail(err, GCOMP_E_NOMEM, "adapt: out of memory");
+    double *norm = work, *meas = norm + nm, *bws = meas + 4 * nm * K, *lats = bws + nranks;
+    gcomp__adapt_in in = {0};
+    in.decision = a->decisions;
+    in.step = (uint64_t)all[S_STEP];
+    in.progress = a->total_steps ? (double)in.step / (double)a->total_steps : NAN;
+    in.metric = NAN;
+    double msum = 0;
+    int mcount = 0, nbw = 0;
+    for (int r = 0; r < nranks; r++) { /* rank order: the same bits on every rank */
+        const double *b = all + (size_t)r * len;
+        in.forward_s = fmax(in.forward_s, b[S_FWD]);
+        in.backward_s = fmax(in.backward_s, b[S_BWD]);
+        in.optimizer_s = fmax(in.optimizer_s, b[S_OPT]);
+        if (b[S_BW] > 0 && isfinite(b[S_BW]) && b[S_LAT] >= 0 && isfinite(b[S_LAT])) {
+            bws[nbw] = b[S_BW];
+            lats[nbw] = b[S_LAT];
+            nbw++;
+        }
+        if (isfinite(b[S_METRIC])) {
+            msum += b[S_METRIC];
+            mcount++;
+        }
+        const double *bn = b + S_FIXED, *bm = bn + nm;
+        for (size_t m = 0; m < nm; m++) norm[m] = r == 0 ? bn[m] : norm[m] + bn[m];
+        for (size_t q = 0; q < nm * K; q++) {
+            double *w = meas + 4 * q;
+            const double *v = bm + 4 * q;
+            if (r == 0) {
+                memcpy(w, v, 4 * sizeof(double));
+            } else {
+                w[0] += v[0];
+                w[1] += v[1];
+                w[2] = fmax(w[2], v[2]);
+                w[3] = fmax(w[3], v[3]);
+            }
+        }
+    }
+    if (nbw) {
+        qsort(bws, (size_t)nbw, sizeof(double), cmp_double);
+        qsort(lats, (size_t)nbw, sizeof(double), cmp_double);
+        in.bandwidth = nbw % 2 ? bws[nbw / 2] : 0.5 * (bws[nbw / 2 - 1] + bws[nbw / 2]);
+        in.latency = nbw % 2 ? lats[nbw / 2] : 0.5 * (lats[nbw / 2 - 1] + lats[nbw / 2]);
+    }
+    if (mcount) {
+        in.has_metric = true;
+        in.metric = msum / mcount;
+    }
+    in.norm2 = norm;
+    in.measured = all[S_MEASURED] != 0;
+    /* Four separate arrays for the controllers: err2, x2, enc, dec at [m * K + j]. */
+    double *split = gcomp__alloc((4 * nm * K + 1) * sizeof(double));
+    if (!split) {
+        gcomp__free(work);
+        return gcomp__fail(err, GCOMP_E_NOMEM, "adapt: out of memory");
+    }
+    for (size_t q = 0; q < nm * K; q++)
+        for (size_t f = 0; f < 4; f++) split[f * nm * K + q] = meas[4 * q + f];
+    in.err2 = split;
+    in.x2 = split + nm * K;
+    in.enc_s = split + 2 * nm * K;
+    in.dec_s = split + 3 * nm * K;
+    gcomp_status st = run_controllers(a, &in, changed);
+    if (st == GCOMP_OK) {
+        a->decisions++;
+        a->report.decisions = a->decisions;
+        a->report.step = in.step;
+        a->report.bandwidth = in.bandwidth > 0 ? in.bandwidth : a->report.bandwidth;
+        a->report.latency = in.bandwidth > 0 ? in.latency : a->report.latency;
+        a->report.compute_s = in.forward_s + in.backward_s + in.optimizer_s;
+        a->report.metric = in.has_metric ? in.metric : a->report.metric;
+    } else {
+        gcomp__fail(err, st, "adapt: out of memory");
+    }
+    gcomp__free(split);
+    gcomp__free(work);
+    return st;
+}

@@ -1,0 +1,182 @@
+/*
+ * adapt_bandwidth.c - bandwidth-aware compression: on a slow link compress hard, on a fast
+ * one less, down to dense where compression does not pay (the question of Agarwal et al.,
+ * "On the utility of gradient compression in distributed training systems", MLSys 2022,
+ * answered at run time instead of once).
+ *
+ * At each decision the cost model (gcomp_cost_eval, src/adapt/cost*.c) predicts the step
+ * time of every uniform ladder level, dense included, from what this run measured:
+ *   link     the link's payload bandwidth and latency, as the ranks measured them (the
+ *            median over ranks): the caller's measurement of its own exchanges
+ *            (gcomp_adapt_observe_link; the trainer derives it from the buckets' byte
+ *            counters and wire times, with a short probe when its transfers are too small
+ *            to show the bandwidth);
+ *   codec    each candidate's encode and decode time measured on the real gradients at
+ *            the last measurement (the slowest rank's), as a calibration the model reads;
+ *            before the first one, the caller's calibration or the model's default;
+ *   compute  forward, backward and optimizer time (the slowest rank's), and `overlap`,
+ *            the share of the backward pass a transfer can hide behind.
+ * It then takes the LIGHTEST level whose prediction is within `slack` of the fastest: past
+ * the point where the link stops being the bottleneck more compression buys no time and
+ * costs accuracy, so among near-equal times the one that loses least wins.  A new level
+ * must come out of `confirm` decisions in a row before it is taken (hysteresis against a
+ * noisy measurement flipping the setting back and forth); the first decision with a
+ * measured link takes it at once.
+ *
+ * Rejected: a fixed bandwidth threshold per codec (the break-even depends on the model,
+ * the worker count and the codec speed of this machine - gcomp_cost_break_even shows it
+ * moving by 10x); choosing the fastest level outright (on a fast link every compressed
+ * level is "fast" and the heaviest would win by a rounding error).
+ */
+#include "adapt_internal.h"
+
+#include <stdio.h>
+
+typedef struct bw_state {
+    double slack, overlap, confirm;
+    int chosen, candidate, streak;
+    bool have_link;
+    double *enc_pe, *dec_pe; /* K: measured seconds per element, NaN before a measurement */
+} bw_state;
+
+static const char *const bw_keys[] = {"slack", "overlap", "confirm", NULL};
+
+static void bw_free(void *p) {
+    bw_state *s = p;
+    if (!s) return;
+    gcomp__free(s->enc_pe);
+    gcomp__free(s->dec_pe);
+    gcomp__free(s);
+}
+
+static gcomp_status bw_create(gcomp_adapt *a, void **out, gcomp_error *err) {
+    bw_state *s = gcomp__calloc(sizeof *s);
+    if (!s) return gcomp__fail(err, GCOMP_E_NOMEM, "adapt: out of memory");
+    *out = s;
+    gcomp_status st;
+    if ((st = gcomp__adapt_num(a, "bandwidth", "slack", 0.05, 0, 10, &s->slack, err)) ||
+        (st = gcomp__adapt_num(a, "bandwidth", "overlap", 0, 0, 1, &s->overlap, err)) ||
+        (st = gcomp__adapt_num(a, "bandwidth", "confirm", 2, 1, 1000, &s->confirm, err)))
+        return st;
+    s->chosen = s->candidate = a->base;
+    s->enc_pe = gcomp__alloc((a->K + 1) * sizeof(double));
+    s->dec_pe = gcomp__alloc((a->K + 1) * sizeof(double));
+    if (!s->enc_pe || !s->dec_pe) return gcomp__fail(err, GCOMP_E_NOMEM, "adapt: out of memory");
+    for (size_t j = 0; j < a->K; j++) s->enc_pe[j] = s->dec_pe[j] = NAN;
+    return GCOMP_OK;
+}
+
+/* The candidates' measured rates, per element over all managed tensors. */
+static void take_rates(gcomp_adapt *a, bw_state *s, const gcomp__adapt_in *in) {
+    if (!in->measured || !in->enc_s) return;
+    for (size_t j = 0; j < a->K; j++) {
+        double e = 0, d = 0, n = 0;
+        for (size_t m = 0; m < a->nm; m++) {
+            e += in->enc_s[m * a->K + j];
+            d += in->dec_s[m * a->K + j];
+            n += (double)a->t[a->mt[m]].n;
+        }
+        if (isfinite(e) && isfinite(d) && n > 0) {
+            s->enc_pe[j] = e / n;
+            s->dec_pe[j] = d / n;
+        }
+    }
+}
+
+/* Predicted step of uniform level L; +inf when the model refuses. */
+static double predict(gcomp_adapt *a, bw_state *s, gcomp_cost_calibration *cal,
+                      const gcomp_cost_net *net, const gcomp_cost_compute *cc, size_t L,
+                      gcomp_cost_tensor *ct) {
+    for (size_t i = 0; i < a->nt; i++) {
+        const gcomp__adapt_tensor *t = &a->t[i];
+        ct[i] = (gcomp_cost_tensor){t->name, t->managed ? a->ladder[L] : t->fixed,
+                                    t->n,    t->rows,
+                                    t->cols, t->managed ? a->strategy[L] : t->fixed_strategy};
+    }
+    (void)s;
+    gcomp_cost_model *cm = NULL;
+    gcomp_cost_result r;
+    double T = INFINITY;
+    if (gcomp_cost_model_create(&cm, ct, a->nt, a->workers, a->nodes, cal, NULL) == GCOMP_OK &&
+        gcomp_cost_eval(cm, net, cc, &r, NULL) == GCOMP_OK)
+        T = r.step_s;
+    gcomp_cost_model_free(cm);
+    return T;
+}
+
+static void bw_decide(gcomp_adapt *a, void *p, const gcomp__adapt_in *in, gcomp__adapt_plan *plan) {
+    bw_state *s = p;
+    take_rates(a, s, in);
+    if (in->initial || !(in->bandwidth > 0) || a->nm == 0) {
+        gcomp__adapt_plan_uniform(a, plan, s->chosen);
+        return;
+    }
+    gcomp_cost_net net;
+    gcomp_cost_net_default(&net);
+    net.workers = a->workers;
+    net.nodes = a->nodes;
+    net.inter.bandwidth = in->bandwidth;
+    net.inter.latency = in->latency;
+    if (net.nodes == 1) net.intra = net.inter; /* one node: the measured link is the node's */
+    gcomp_cost_compute cc = {in->forward_s, in->backward_s, in->optimizer_s, s->overlap};
+    gcomp_cost_calibration *cal = NULL;
+    gcomp_cost_tensor *ct = gcomp__alloc(a->nt * sizeof *ct);
+    double *T = gcomp__alloc(a->K * sizeof(double));
+    bool ok = ct && T && gcomp_cost_calibration_create(&cal) == GCOMP_OK;
+    if (ok && a->cal) {
+        for (size_t i = 0; i < gcomp_cost_calibration_codecs(a->cal); i++)
+            gcomp_cost_calibration_add_codec(cal, gcomp_cost_calibration_codec(a->cal, i), NULL);
+    }
+    for (size_t j = 0; ok && j < a->K; j++) {
+        if (!isfinite(s->enc_pe[j])) continue;
+        gcomp_cost_codec_rate r = {0};
+        snprintf(r.spec, sizeof r.spec, "%s", a->ladder[j]);
+        r.encode_per_elem = s->enc_pe[j];
+        r.decode_per_elem = s->dec_pe[j];
+        gcomp_cost_calibration_add_codec(cal, &r, NULL);
+    }
+    int target = s->chosen;
+    double best = INFINITY;
+    if (ok) {
+        for (size_t L = 0; L < a->K; L++) {
+            T[L] = predict(a, s, cal, &net, &cc, L, ct);
+            best = T[L] < best ? T[L] : best;
+        }
+        if (isfinite(best)) {
+            for (size_t L = 0; L < a->K; L++)
+                if (T[L] <= (1 + s->slack) * best) {
+                    target = (int)L; /* the lightest within slack */
+                    break;
+                }
+            if (!s->have_link) {
+                s->chosen = target;
+                s->streak = 0;
+            } else if (target == s->chosen) {
+                s->streak = 0;
+            } else {
+                s->streak = target == s->candidate ? s->streak + 1 : 1;
+                s->candidate = target;
+                if (s->streak >= (int)s->confirm) {
+                    s->chosen = target;
+                    s->streak = 0;
+                }
+            }
+            s->have_link = true;
+        }
+    }
+    gcomp__adapt_plan_uniform(a, plan, s->chosen);
+    if (ok && isfinite(best)) plan->pred_s = T[s->chosen];
+    gcomp_cost_calibration_free(cal);
+    gcomp__free(ct);
+    gcomp__free(T);
+}
+
+const gcomp__adapt_ctl gcomp__adapt_bandwidth = {
+    .name = "bandwidth",
+    .order = 0,
+    .keys = bw_keys,
+    .needs_measure = true,
+    .create = bw_create,
+    .free = bw_free,
+    .decide = bw_decide,
+};

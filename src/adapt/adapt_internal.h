@@ -1,0 +1,147 @@
+/*
+ * adapt_internal.h - what the adaptive controllers share (src/adapt/adapt*.c): the object
+ * the engine (adapt.c) builds from a method string, the statistics every rank contributes
+ * to a decision, and the small interface a controller implements.
+ *
+ * A decision is a plan: a ladder level for each managed tensor (0 = the candidate that
+ * sends most), the uniform level the byte budget comes from, and the budget.  It starts at
+ * base each time and each controller, in a fixed order, transforms it from the combined
+ * statistics and its own state, which only decisions change:
+ *
+ *     bandwidth -> uniform level (the lightest the cost model calls fast enough)
+ *     accuracy  -> shifts the uniform level by its closed loop's offset
+ *     layers    -> per-tensor levels under the uniform level's byte budget (L-GreCo DP)
+ *     norm      -> tensors in a critical regime to at most the `low` level (Accordion)
+ *
+ * so "layer sensitivity inside a bandwidth-chosen budget" is `adapt:bandwidth+layers`.
+ */
+#ifndef GCOMP_ADAPT_INTERNAL_H
+#define GCOMP_ADAPT_INTERNAL_H
+
+#include "core/internal.h"
+
+#include <math.h>
+#include <stdbool.h>
+
+/* The statistics of one decision, combined over ranks in rank order (adapt.c). */
+typedef struct gcomp__adapt_in {
+    uint64_t decision; /* index of this decision (0 = the first after create) */
+    uint64_t step;     /* steps observed */
+    double progress;   /* step / total_steps; NaN when the length is unknown */
+    bool initial;      /* the plan at create: no statistics at all */
+    double forward_s, backward_s, optimizer_s; /* per step, the slowest rank's mean */
+    double bandwidth, latency;                 /* median over ranks that measured; 0: none */
+    bool has_metric;
+    double metric; /* mean over ranks */
+    /* Per managed tensor m: |sum of its gradients over the interval|^2, summed over ranks;
+     * NaN when not tracked. */
+    const double *norm2;
+    /* Per managed tensor m and candidate j, at [m * K + j], when `measured`: squared
+     * compression error and |x|^2 summed over ranks, encode and decode seconds (the
+     * slowest rank's). */
+    bool measured;
+    const double *err2, *x2, *enc_s, *dec_s;
+} gcomp__adapt_in;
+
+typedef struct gcomp__adapt_plan {
+    int *level;      /* per managed tensor */
+    int uniform;     /* the level the budget is set from */
+    double budget;   /* bytes per step of the managed tensors */
+    double pred_s;   /* bandwidth: predicted step of the uniform level (0: none) */
+    size_t critical; /* norm: tensors held at low */
+    double error;    /* layers: total error of the choice (0: none) */
+    double error_uniform; /* layers: the same measurement's error of the uniform setting */
+} gcomp__adapt_plan;
+
+/* One key=value of the method string. */
+typedef struct gcomp__adapt_item {
+    char *key, *val;
+    bool used;
+} gcomp__adapt_item;
+
+/* A managed tensor's view for the controllers. */
+typedef struct gcomp__adapt_tensor {
+    char *name;
+    size_t n, rows, cols;
+    bool managed;
+    int m;       /* index among managed tensors, -1 */
+    char *fixed; /* unmanaged: its spec (canonical) */
+    int fixed_strategy;
+    float *acc; /* norm: the gradient accumulated over the interval (managed only) */
+    bool acc_used;
+} gcomp__adapt_tensor;
+
+typedef struct gcomp__adapt_ctl gcomp__adapt_ctl;
+
+struct gcomp_adapt {
+    char *method; /* canonical text: controllers and items as given */
+    size_t nt, nm, K;
+    gcomp__adapt_tensor *t;
+    size_t *mt;    /* managed index -> tensor index */
+    char **ladder; /* K canonical specs, most bytes first */
+    int *strategy; /* K: each candidate's strategy */
+    double *bytes; /* nm * K: one message of candidate j for managed tensor m */
+    double *total; /* K: sum over managed tensors */
+    int base;      /* base's level */
+    uint64_t interval, measure, total_steps;
+    int workers, nodes;
+    gcomp_cost_calibration *cal; /* codec rates before measurements (copied), may be NULL */
+
+    gcomp__adapt_item *items;
+    size_t nitems;
+    const gcomp__adapt_ctl *ctl[4];
+    void *ctl_state[4];
+    size_t nctl;
+    bool track_norm, need_measure;
+    uint64_t fp; /* configuration fingerprint: every rank's statistics carry it */
+
+    /* decisions (identical on every rank) */
+    int *level, *prev;
+    unsigned char *changed;
+    uint64_t decisions;
+    gcomp_adapt_report report;
+    double last_link_bw, last_link_lat; /* the link the last decision used (bandwidth) */
+
+    /* this rank's observations since the last gcomp_adapt_stats */
+    uint64_t step;
+    double fwd, bwd, opt;
+    uint64_t ncompute;
+    double link_bw, link_lat;
+    double metric_sum;
+    uint64_t metric_n;
+    bool measuring, measured;
+    double *meas; /* nm * K * 4: err2, x2, enc_s, dec_s */
+    float *xbuf, *dbuf;
+    size_t scratch_n;
+};
+
+/* A controller: one file, one const instance (adapt_norm.c, ...). */
+struct gcomp__adapt_ctl {
+    const char *name;
+    int order;               /* position in the fixed order above */
+    const char *const *keys; /* the option keys it reads, NULL-terminated (for errors) */
+    bool needs_measure;      /* candidate errors / codec times */
+    bool needs_norm;         /* accumulated gradients */
+    /* Reads its options (gcomp__adapt_opt), allocates its state. */
+    gcomp_status (*create)(gcomp_adapt *a, void **state, gcomp_error *err);
+    void (*free)(void *state);
+    /* Transforms the plan; may update its state (decisions only). */
+    void (*decide)(gcomp_adapt *a, void *state, const gcomp__adapt_in *in, gcomp__adapt_plan *plan);
+};
+
+extern const gcomp__adapt_ctl gcomp__adapt_bandwidth;
+extern const gcomp__adapt_ctl gcomp__adapt_accuracy;
+extern const gcomp__adapt_ctl gcomp__adapt_layers;
+extern const gcomp__adapt_ctl gcomp__adapt_norm;
+
+/* The value of option `key` (NULL when absent); marks it read. */
+const char *gcomp__adapt_opt(gcomp_adapt *a, const char *key);
+/* Option `key` as a number in [lo, hi] (dflt when absent); GCOMP_E_SPEC naming it. */
+gcomp_status gcomp__adapt_num(gcomp_adapt *a, const char *ctl, const char *key, double dflt,
+                              double lo, double hi, double *out, gcomp_error *err);
+/* The level of a ladder item (a knob value or a spec) or -1 with *err filled. */
+int gcomp__adapt_find_level(gcomp_adapt *a, const char *item, gcomp_error *err);
+/* Sets every managed tensor to `level` and the budget to that level's bytes. */
+void gcomp__adapt_plan_uniform(const gcomp_adapt *a, gcomp__adapt_plan *p, int level);
+
+#endif /* GCOMP_ADAPT_INTERNAL_H */

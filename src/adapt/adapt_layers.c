@@ -1,0 +1,149 @@
+/*
+ * adapt_layers.c - L-GreCo (Markov, Ramezani-Kebrya, Alistarh et al., "L-GreCo: Layerwise-
+ * Adaptive Gradient Compression for Efficient and Accurate Deep Learning", MLSys 2024):
+ * layers differ in how much a given compression hurts them, so give each layer its own
+ * setting such that the total compression error is smallest for the bytes spent:
+ *
+ *     minimise   sum_i  e_i(c_i)      subject to   sum_i  b_i(c_i)  <=  B
+ *
+ * over one candidate c_i per managed tensor from the ladder, where e_i(c) = |C_c(x_i) -
+ * x_i|^2 is measured on the real gradient plus residual (summed over ranks) every
+ * `measure` steps, b_i(c) is the candidate's message size, and B is the budget: by default
+ * the bytes of the uniform setting the controllers before this one chose (base, or
+ * bandwidth's level), so the same traffic is spent where it buys the most error.
+ *
+ * The knapsack is solved exactly on a discretised budget, as L-GreCo does: with U units of
+ * B/U bytes, each candidate costs ceil(b/unit) units and
+ *
+ *     D[i+1][u] = min_c  D[i][u - cost_i(c)] + e_i(c)
+ *
+ * in O(tensors x candidates x U).  The capacity is U plus one unit per tensor, so the
+ * uniform setting (which fits exactly) stays feasible despite the rounding up; the
+ * choice can exceed B by at most that slack, tensors x B / U (U >= 64 x tensors: 1.6 %).
+ * Ties go to the candidate sending fewer bytes.  Before the first measurement the plan
+ * stays uniform.  Rejected: greedy by error per byte (not optimal for a ladder of
+ * discrete settings, and the DP is cheap at a decision every few hundred steps).
+ */
+#include "adapt_internal.h"
+
+#include <errno.h>
+#include <float.h>
+#include <stdlib.h>
+
+typedef struct layers_state {
+    double fixed_budget; /* > 0: budget=BYTES */
+    double *err;         /* nm * K, the last measurement */
+    bool has_err;
+} layers_state;
+
+static const char *const layers_keys[] = {"budget", NULL};
+
+static void layers_free(void *p) {
+    layers_state *s = p;
+    if (!s) return;
+    gcomp__free(s->err);
+    gcomp__free(s);
+}
+
+static gcomp_status layers_create(gcomp_adapt *a, void **out, gcomp_error *err) {
+    layers_state *s = gcomp__calloc(sizeof *s);
+    if (!s) return gcomp__fail(err, GCOMP_E_NOMEM, "adapt: out of memory");
+    *out = s;
+    const char *b = gcomp__adapt_opt(a, "budget");
+    if (b && strcmp(b, "uniform")) {
+        char *end;
+        errno = 0;
+        double v = strtod(b, &end);
+        if (end == b || *end || errno || !(v >= 1) || !isfinite(v))
+            return gcomp__fail(err, GCOMP_E_SPEC,
+                               "adapt: layers: budget=%s: uniform, or bytes per step >= 1", b);
+        if (a->nm && v < a->total[a->K - 1])
+            return gcomp__fail(err, GCOMP_E_SPEC,
+                               "adapt: layers: budget=%s is below the lightest ladder entry's "
+                               "%.0f bytes per step",
+                               b, a->total[a->K - 1]);
+        s->fixed_budget = v;
+    }
+    s->err = gcomp__alloc((a->nm * a->K + 1) * sizeof(double));
+    if (!s->err) return gcomp__fail(err, GCOMP_E_NOMEM, "adapt: out of memory");
+    return GCOMP_OK;
+}
+
+static void layers_decide(gcomp_adapt *a, void *p, const gcomp__adapt_in *in,
+                          gcomp__adapt_plan *plan) {
+    layers_state *s = p;
+    const size_t nm = a->nm, K = a->K;
+    if (in->measured && in->err2) {
+        bool ok = true;
+        for (size_t q = 0; q < nm * K; q++) ok &= isfinite(in->err2[q]);
+        if (ok) {
+            memcpy(s->err, in->err2, nm * K * sizeof(double));
+            s->has_err = true;
+        }
+    }
+    double B = s->fixed_budget > 0 ? s->fixed_budget : plan->budget;
+    if (!s->has_err || nm == 0 || !(B > 0)) return;
+    plan->error_uniform = 0;
+    for (size_t m = 0; m < nm; m++) plan->error_uniform += s->err[m * K + (size_t)plan->uniform];
+    size_t U = 4096 > 64 * nm ? 4096 : 64 * nm, cap = U + nm;
+    double unit = B / (double)U;
+    double *D = gcomp__alloc(2 * (cap + 1) * sizeof(double));
+    unsigned char *choice = gcomp__alloc(nm * (cap + 1));
+    size_t *cost = gcomp__alloc(nm * K * sizeof(size_t));
+    if (!D || !choice || !cost) { /* keep the uniform plan */
+        gcomp__free(D);
+        gcomp__free(choice);
+        gcomp__free(cost);
+        return;
+    }
+    for (size_t q = 0; q < nm * K; q++) {
+        double c = ceil(a->bytes[q] / unit - 1e-9);
+        cost[q] = c > (double)cap ? cap + 1 : (size_t)c;
+    }
+    double *cur = D, *nxt = D + cap + 1;
+    for (size_t u = 0; u <= cap; u++) cur[u] = 0.0;
+    for (size_t m = 0; m < nm; m++) {
+        for (size_t u = 0; u <= cap; u++) {
+            double best = INFINITY;
+            unsigned char bj = (unsigned char)(K - 1);
+            for (size_t j = K; j-- > 0;) { /* fewer bytes first: ties keep them */
+                size_t c = cost[m * K + j];
+                if (c > u || !isfinite(cur[u - c])) continue;
+                double v = cur[u - c] + s->err[m * K + j];
+                if (v < best) {
+                    best = v;
+                    bj = (unsigned char)j;
+                }
+            }
+            nxt[u] = best;
+            choice[m * (cap + 1) + u] = bj;
+        }
+        double *t = cur;
+        cur = nxt;
+        nxt = t;
+    }
+    if (isfinite(cur[cap])) {
+        size_t u = cap;
+        for (size_t m = nm; m-- > 0;) {
+            unsigned char j = choice[m * (cap + 1) + u];
+            plan->level[m] = j;
+            u -= cost[m * K + j];
+        }
+        plan->error = cur[cap];
+    } else { /* not even the lightest entries fit: send them */
+        for (size_t m = 0; m < nm; m++) plan->level[m] = (int)K - 1;
+    }
+    gcomp__free(D);
+    gcomp__free(choice);
+    gcomp__free(cost);
+}
+
+const gcomp__adapt_ctl gcomp__adapt_layers = {
+    .name = "layers",
+    .order = 2,
+    .keys = layers_keys,
+    .needs_measure = true,
+    .create = layers_create,
+    .free = layers_free,
+    .decide = layers_decide,
+};

@@ -1,0 +1,94 @@
+/*
+ * retune.c - changing a live compressor's spec between steps without losing what it holds
+ * back (gcomp_compressor_retune, include/gradcomp.h).
+ *
+ * What carries over is decided by what the two specs are (gcomp_spec_describe), through
+ * the stages' own hooks, never by codec names:
+ *
+ *   held back (GCOMP_SPEC_FEEDBACK on the old spec: ef's residual, dgc's accumulated
+ *   velocity v, PowerSGD's residual, or an earlier retune's carry) - one vector h of n
+ *   floats, the gradient not yet sent - goes to
+ *     the new spec's feedback (ef: e += h; dgc: v += h), else
+ *     its codec's own residual (PowerSGD: E = h), else, for a spec that keeps nothing
+ *     (feedback=none, e.g. dense `none`), into the next message: the next encode
+ *     compresses g + h ("switching to dense flushes the residual").
+ *   momentum (GCOMP_SPEC_MOMENTUM on both: dgc -> dgc) is kept; dgc -> anything else drops
+ *   u, which the caller's optimizer then takes over (the trainer zeroes its own buffer).
+ *   warm start (the same multi-phase codec and shape: PowerSGD's Q) keeps the first
+ *   min(r, r') columns; new columns are drawn from the shared seed as at a start.
+ *   step counter, epoch and statistics continue.
+ * So with error feedback sum(sent) + held back = sum(gradients) holds across any number
+ * of retunes (tests/unit/test_retune.c), the property that makes adaptive compression
+ * safe to switch.
+ *
+ * The new compressor is built completely (every allocation) before the old one is
+ * touched, then the two objects swap contents, so the caller's pointer stays valid and a
+ * failed retune (bad spec, no memory, a PowerSGD step in flight) changes nothing.
+ * Rejected: retuning stage by stage in place (every codec would need a resize path, and a
+ * failure half-way would leave a compressor that is neither spec).
+ */
+#include "core/internal.h"
+
+gcomp_status gcomp_compressor_retune(gcomp_compressor *c, const char *spec, gcomp_error *err) {
+    if (!c || !spec) return gcomp__fail(err, GCOMP_E_ARG, "retune: compressor and spec needed");
+    if (c->codec->busy && c->codec->busy(c))
+        return gcomp__fail(err, GCOMP_E_PROTOCOL,
+                           "retune: a %s step is in flight; finish or abort it first",
+                           c->codec->info.name);
+    gcomp__spec parsed;
+    gcomp_status st = gcomp__spec_parse(spec, &parsed, err);
+    if (st != GCOMP_OK) return st;
+    gcomp_compressor *nc;
+    if ((st = gcomp__compressor_build(&nc, &parsed, c->n, c->rows, c->cols, err)) != GCOMP_OK)
+        return st;
+    const size_t n = c->n;
+    float *held = gcomp__calloc(n * sizeof(float));
+    if (!held) {
+        gcomp_compressor_free(nc);
+        return gcomp__fail(err, GCOMP_E_NOMEM, "retune: out of memory");
+    }
+    bool any = false;
+    const float *r = c->spec.feedback->residual ? c->spec.feedback->residual(c) : NULL;
+    if (r)
+        memcpy(held, r, n * sizeof(float));
+    else if (c->codec->held)
+        c->codec->held(c, held);
+    if (c->carry)
+        for (size_t i = 0; i < n; i++) held[i] += c->carry[i];
+    for (size_t i = 0; i < n && !any; i++) any = held[i] != 0.0f;
+    nc->step = c->step; /* before absorb: PowerSGD draws new warm-start columns from it */
+    nc->epoch = c->epoch;
+    nc->stats = c->stats;
+
+    if (nc->spec.feedback->absorb) {
+        nc->spec.feedback->absorb(nc, held, c);
+    } else if (nc->codec->absorb) {
+        st = nc->codec->absorb(nc, held, c);
+        if (st != GCOMP_OK) {
+            gcomp__free(held);
+            gcomp_compressor_free(nc);
+            return gcomp__fail(err, st,
+                               "retune: '%s' cannot keep the %zu elements '%s' held back "
+                               "(a tensor it always sends dense); retune to a spec with "
+                               "feedback first",
+                               nc->spec.canonical, n, c->spec.canonical);
+        }
+    } else if (any) { /* nothing to keep it in: it rides in the next message */
+        nc->carry = held;
+        nc->carry_ws = gcomp__alloc(n * sizeof(float));
+        held = NULL;
+        if (!nc->carry_ws) {
+            gcomp_compressor_free(nc);
+            return gcomp__fail(err, GCOMP_E_NOMEM, "retune: out of memory");
+        }
+    }
+    gcomp__free(held);
+
+    gcomp_compressor tmp = *c;
+    *c = *nc;
+    *nc = tmp;
+    c->vp.spec = &c->spec; /* the only pointer a compressor holds into itself */
+    nc->vp.spec = &nc->spec;
+    gcomp_compressor_free(nc);
+    return GCOMP_OK;
+}

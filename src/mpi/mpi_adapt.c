@@ -1,0 +1,193 @@
+/*
+ * mpi_adapt.c - what adaptive compression needs from MPI (gradcomp_mpi.h): the allgather
+ * of every rank's statistics at a decision point, and a measurement of the link.
+ *
+ * Decide: the controllers (src/adapt) must see every rank's statistics and combine them in
+ * rank order (see adapt.c for why a floating-point allreduce would not do), so each rank's
+ * block is allgathered - first the block lengths, so ranks running other configurations
+ * fail together instead of passing MPI mismatched counts, then the blocks.  Both
+ * collectives run on the communicator's own duplicate, never on a bucket's data
+ * communicator, non-blocking with the usual deadline.
+ *
+ * Probe: one step of a ring, timed: each rank sends a message to rank + 1 and receives one
+ * from rank - 1 at once, after a barrier, first of 8 bytes (the latency a ring step pays),
+ * then of `bytes` (plus that latency): bandwidth = (bytes - 8) / (t_big - t_small), the
+ * payload rate of this rank's link in each direction, which is what the cost model's
+ * alpha-beta laws take.  Median of three rounds of each.  Rejected: timing an
+ * MPI_Allreduce (its algorithm, and so its traffic law, is Open MPI's choice: 1.5-1.9x off
+ * the ring on the netsim links, docs/NETSIM.md) and reading the buckets' wire time alone
+ * (it includes waiting for late peers and, for compressed exchanges, messages too small to
+ * show the bandwidth at all - a link that got faster would never be noticed).
+ */
+#include "mpi_internal.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+
+#define PROBE_TAG 0x6770 /* "gp" */
+
+/* Waits for n heap requests; their buffers are freed, or kept by the communicator when the
+ * wait failed (MPI may still write them). */
+static gcomp_status settle(gcomp_mpi_comm *c, MPI_Request *req, int n, void **bufs, size_t nb,
+                           uint64_t deadline, const char *what, gcomp_error *err) {
+    gcomp_status st = gm_wait_all(c, req, n, deadline, what, err);
+    if (st != GCOMP_OK) {
+        void **keep = gm_calloc(nb + 1, sizeof *keep);
+        if (keep) {
+            memcpy(keep, bufs, nb * sizeof *keep);
+            gm_comm_bury(c, req, n, keep, nb, NULL, 0);
+        } /* else leaked on purpose */
+        return st;
+    }
+    for (size_t k = 0; k < nb; k++) gm_free(bufs[k]);
+    gm_free(req);
+    return GCOMP_OK;
+}
+
+gcomp_status gcomp_mpi_adapt_decide(gcomp_mpi_comm *c, gcomp_adapt *a, double timeout_s,
+                                    size_t *changed, gcomp_error *err) {
+    if (changed) *changed = 0;
+    gcomp_status st = gm_comm_check(c, err);
+    if (st != GCOMP_OK) return st;
+    if (!a) return gm_fail(err, GCOMP_E_ARG, "adapt: NULL controller");
+    uint64_t deadline = gm_deadline(c, timeout_s);
+    size_t len = gcomp_adapt_stats_size(a), P = (size_t)c->size;
+    if (len > (size_t)INT32_MAX / (P ? P : 1))
+        return gm_fail(err, GCOMP_E_LIMIT, "adapt: statistics too large for MPI counts");
+    uint64_t *lens = gm_calloc(P + 1, sizeof *lens);
+    MPI_Request *req = gm_calloc(1, sizeof *req);
+    if (!lens || !req) {
+        gm_free(lens);
+        gm_free(req);
+        return gm_fail(err, GCOMP_E_NOMEM, "adapt: out of memory");
+    }
+    lens[P] = len;
+    int rc = MPI_Iallgather(lens + P, 1, MPI_UINT64_T, lens, 1, MPI_UINT64_T, c->comm, req);
+    if (rc != MPI_SUCCESS) {
+        gm_free(lens);
+        gm_free(req);
+        return gm_comm_mpi_fail(c, err, rc, "MPI_Iallgather (adaptive statistics sizes)");
+    }
+    st = gm_wait_all(c, req, 1, deadline, "adaptive decision (sizes)", err);
+    if (st != GCOMP_OK) { /* MPI may still write lens: the communicator keeps it */
+        void **bufs = gm_calloc(1, sizeof *bufs);
+        if (bufs) {
+            bufs[0] = lens;
+            gm_comm_bury(c, req, 1, bufs, 1, NULL, 0);
+        }
+        return st;
+    }
+    gm_free(req);
+    size_t bad = P;
+    for (size_t r = 0; r < P; r++)
+        if (lens[r] != len) bad = r;
+    gm_free(lens);
+    if (bad < P)
+        return gm_fail(err, GCOMP_E_MISMATCH,
+                       "adapt: rank %zu sends statistics of another size: the ranks run different "
+                       "adaptive methods or models",
+                       bad);
+    double *mine = gm_alloc((len + 1) * sizeof(double)),
+           *all = gm_alloc((P * len + 1) * sizeof(double));
+    req = gm_calloc(1, sizeof *req);
+    if (!mine || !all || !req) {
+        gm_free(mine);
+        gm_free(all);
+        gm_free(req);
+        return gm_fail(err, GCOMP_E_NOMEM, "adapt: out of memory");
+    }
+    size_t got;
+    gcomp_adapt_stats(a, mine, len, &got);
+    rc = MPI_Iallgather(mine, (int)len, MPI_DOUBLE, all, (int)len, MPI_DOUBLE, c->comm, req);
+    if (rc != MPI_SUCCESS) {
+        gm_free(mine);
+        gm_free(all);
+        gm_free(req);
+        return gm_comm_mpi_fail(c, err, rc, "MPI_Iallgather (adaptive statistics)");
+    }
+    st = gm_wait_all(c, req, 1, deadline, "adaptive decision (statistics)", err);
+    if (st != GCOMP_OK) {
+        void **bufs = gm_calloc(2, sizeof *bufs);
+        if (bufs) {
+            bufs[0] = mine;
+            bufs[1] = all;
+            gm_comm_bury(c, req, 1, bufs, 2, NULL, 0);
+        }
+        return st;
+    }
+    gm_free(req);
+    gm_free(mine);
+    st = gcomp_adapt_decide(a, all, len, c->size, changed, err);
+    gm_free(all);
+    return st;
+}
+
+static int cmp_double(const void *x, const void *y) {
+    double a = *(const double *)x, b = *(const double *)y;
+    return (a > b) - (a < b);
+}
+
+gcomp_status gcomp_mpi_link_probe(gcomp_mpi_comm *c, size_t bytes, double timeout_s,
+                                  double *bandwidth, double *latency, gcomp_error *err) {
+    if (bandwidth) *bandwidth = 0;
+    if (latency) *latency = 0;
+    gcomp_status st = gm_comm_check(c, err);
+    if (st != GCOMP_OK) return st;
+    if (!bandwidth || !latency || bytes < 1024 || bytes > ((size_t)1 << 30))
+        return gm_fail(err, GCOMP_E_ARG, "probe: bytes 1 KiB..1 GiB, outputs not NULL");
+    if (c->size < 2) return GCOMP_OK; /* no link to measure */
+    uint64_t deadline = gm_deadline(c, timeout_s);
+    int next = (c->rank + 1) % c->size, prev = (c->rank + c->size - 1) % c->size;
+    double t[2][3];
+    for (int size = 0; size < 2; size++) {
+        for (int rep = 0; rep < 3; rep++) {
+            size_t nb = size ? bytes : 8;
+            uint8_t *sb = gm_calloc(nb, 1), *rb = gm_alloc(nb);
+            MPI_Request *req = gm_calloc(2, sizeof *req);
+            if (!sb || !rb || !req) {
+                gm_free(sb);
+                gm_free(rb);
+                gm_free(req);
+                return gm_fail(err, GCOMP_E_NOMEM, "probe: out of memory");
+            }
+            void *bufs[2] = {sb, rb};
+            int rc = MPI_Ibarrier(c->comm, req);
+            if (rc != MPI_SUCCESS) {
+                gm_free(sb);
+                gm_free(rb);
+                gm_free(req);
+                return gm_comm_mpi_fail(c, err, rc, "MPI_Ibarrier (link probe)");
+            }
+            st = gm_wait_all(c, req, 1, deadline, "link probe (barrier)", err);
+            if (st != GCOMP_OK) { /* only the barrier was issued: nothing writes sb/rb */
+                gm_free(sb);
+                gm_free(rb);
+                void **none = gm_calloc(1, sizeof *none);
+                if (none) gm_comm_bury(c, req, 1, none, 0, NULL, 0);
+                return st;
+            }
+            uint64_t t0 = gm_now_ns();
+            rc = MPI_Irecv(rb, (int)nb, MPI_BYTE, prev, PROBE_TAG, c->comm, &req[0]);
+            if (rc == MPI_SUCCESS)
+                rc = MPI_Isend(sb, (int)nb, MPI_BYTE, next, PROBE_TAG, c->comm, &req[1]);
+            if (rc != MPI_SUCCESS) {
+                gm_comm_mpi_fail(c, err, rc, "link probe");
+                void **keep = gm_calloc(2, sizeof *keep);
+                if (keep) {
+                    keep[0] = sb;
+                    keep[1] = rb;
+                    gm_comm_bury(c, req, 1, keep, 2, NULL, 0);
+                }
+                return GCOMP_E_MPI;
+            }
+            st = settle(c, req, 2, bufs, 2, deadline, "link probe", err);
+            if (st != GCOMP_OK) return st;
+            t[size][rep] = 1e-9 * (double)(gm_now_ns() - t0);
+        }
+        qsort(t[size], 3, sizeof(double), cmp_double);
+    }
+    double small = t[0][1], big = t[1][1];
+    *latency = small;
+    *bandwidth = big > small ? (double)(bytes - 8) / (big - small) : (double)bytes / big;
+    return GCOMP_OK;
+}

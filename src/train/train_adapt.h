@@ -1,0 +1,62 @@
+/*
+ * train_adapt.h - the trainer's side of adaptive compression: an "adapt:..." method (the grammar
+ * of gradcomp.h, "Adaptive compression") run inside gtrain_run.  It owns the controllers
+ * (gcomp_adapt), feeds them this rank's observations (each tensor's gradient as backward
+ * makes it final, the step's compute time, a link probe, the test accuracy), takes the
+ * decision with every rank at the controllers' interval (gcomp_mpi_adapt_decide) and
+ * applies it to the live buckets (gtrain_exchange_retune), and keeps the history of every
+ * tensor's setting for metrics.csv and the plots.
+ */
+#ifndef GTRAIN_ADAPT_H
+#define GTRAIN_ADAPT_H
+
+#include <mpi.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "exchange.h"
+#include "model.h"
+
+/* One tensor's setting from a step on. */
+typedef struct gtrain_setting {
+    size_t step;    /* steps done when it took effect */
+    double epoch;   /* fractional */
+    size_t tensor;  /* index in the model's tensor list */
+    double density; /* gcomp_spec_info.density */
+    double bits;    /* gcomp_spec_info.value_bits */
+    double bytes;   /* one message, gcomp_spec_bytes_estimate */
+} gtrain_setting;
+
+typedef struct gtrain_adapt gtrain_adapt;
+
+/* 1 when `method` is an adaptive method ("adapt:..."). */
+int gtrain_adapt_is_method(const char *method);
+/* Parses the method and takes the first decision for the model's tensors.  Collective over
+ * comm (counts the nodes).  total_steps: the run's length; min_elements, dense_spec: the
+ * trainer's layer-policy defaults; cal may be NULL. */
+int gtrain_adapt_create(gtrain_adapt **out, const char *method, const gtrain_tensor *t, size_t nt,
+                        uint64_t total_steps, size_t min_elements, const char *dense_spec,
+                        const gcomp_cost_calibration *cal, MPI_Comm comm, char *err, size_t errlen);
+void gtrain_adapt_free(gtrain_adapt *a);
+/* The current spec of every tensor (for gtrain_exchange_create). */
+const char *const *gtrain_adapt_specs(const gtrain_adapt *a);
+/* Tensor i's gradient is final: observe it (with what its compressor holds back). */
+int gtrain_adapt_observe(gtrain_adapt *a, const gtrain_exchange *ex, size_t i);
+/* A test accuracy to steer by (every rank, the same value). */
+void gtrain_adapt_metric(gtrain_adapt *a, double accuracy);
+/* After the optimizer step: this step's compute; at a decision, decides with every rank
+ * and retunes the tensors that change, zeroing the optimizer momentum of a tensor whose
+ * momentum moves to or from a compressor (skip[] is updated).  Collective at decisions.
+ * *spent_s receives the time the decision took (0 on other steps). */
+int gtrain_adapt_end_step(gtrain_adapt *a, gtrain_exchange *ex, gtrain_model *m,
+                          unsigned char *skip, size_t step, double epoch, double compute_s,
+                          double optimizer_s, double *spent_s, char *err, size_t errlen);
+/* Every setting change, the first decision included, in order. */
+const gtrain_setting *gtrain_adapt_history(const gtrain_adapt *a, size_t *count);
+size_t gtrain_adapt_decisions(const gtrain_adapt *a);
+/* The layers controller: the total compression error of its choices and of the uniform
+ * setting on the same gradients, each the mean over the decisions (summed over ranks);
+ * 0 when it never measured. */
+void gtrain_adapt_errors(const gtrain_adapt *a, double *chosen, double *uniform);
+
+#endif

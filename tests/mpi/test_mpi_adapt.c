@@ -1,0 +1,272 @@
+/*
+ * test_mpi_adapt.c - adaptive compression across ranks:
+ *  - gcomp_mpi_bucket_retune through every kind of switch (within allgather, to a dense
+ *    allreduce and back, to PowerSGD and back) keeps the exchange exact: over the ranks,
+ *    sum of gradients = sum of results + what the compressors hold back, after every phase,
+ *    and every rank ends each step with bit-identical results;
+ *  - controllers fed different local timings and link speeds on every rank take the same
+ *    decisions (gcomp_mpi_adapt_decide), applied live;
+ *  - mismatched settings are an error on every rank, never wrong numbers: a local switch
+ *    made by one rank only fails the next allreduce everywhere; a structural switch to
+ *    different specs, or one a rank could not prepare, is refused everywhere and leaves
+ *    the bucket as it was; ranks with another adaptive configuration fail the decision.
+ */
+#include "mpi_check.h"
+
+#include <stdio.h>
+
+/* The library's allocation-failure hook (tests only). */
+GCOMP_API size_t gcomp__mpi_test_fail_alloc_after(size_t n);
+
+#define R1 100
+#define C1 80
+#define N1 (R1 * C1)
+#define NB 80
+#define R2 40
+#define C2 80
+#define N2 (R2 * C2)
+#define NT 3
+static const size_t n_of[NT] = {N1, NB, N2};
+
+static float *data[NT];
+static double *gsum[NT], *rsum[NT];
+static uint64_t step_no;
+
+static void gradients(void) {
+    for (size_t i = 0; i < NT; i++) {
+        unsigned long long s = 0x9e37ull * (step_no + 1) + 7919ull * (unsigned)mc_rank + i;
+        for (size_t k = 0; k < n_of[i]; k++) {
+            data[i][k] = test_gauss(&s) * (k % 13 == 0 ? 4.0f : 1.0f);
+            gsum[i][k] += data[i][k];
+        }
+    }
+    step_no++;
+}
+
+/* Results must be bit-identical on every rank. */
+static int same_everywhere(void) {
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (size_t i = 0; i < NT; i++)
+        for (size_t k = 0; k < n_of[i]; k++) {
+            uint32_t u;
+            memcpy(&u, &data[i][k], 4);
+            h = (h ^ u) * 0x100000001b3ull;
+        }
+    uint64_t w[2] = {h, ~h};
+    MPI_Allreduce(MPI_IN_PLACE, w, 2, MPI_UINT64_T, MPI_MAX, MPI_COMM_WORLD);
+    return w[0] == ~w[1];
+}
+
+static void steps(gcomp_mpi_bucket *b, int count, const char *what) {
+    for (int s = 0; s < count; s++) {
+        gradients();
+        gcomp_error e = {0};
+        gcomp_status st = gcomp_mpi_allreduce(b, data, GCOMP_MPI_SUM, 30, &e);
+        CHECK_MSG(st == GCOMP_OK, "%s step %d: %s", what, s, e.message);
+        CHECK_MSG(same_everywhere(), "%s step %d: results differ across ranks", what, s);
+        for (size_t i = 0; i < NT; i++)
+            for (size_t k = 0; k < n_of[i]; k++) rsum[i][k] += data[i][k];
+    }
+}
+
+/* sum over ranks of (gradients - held back) == sum of results. */
+static void conservation(gcomp_mpi_bucket *b, const char *what) {
+    for (size_t i = 0; i < NT; i++) {
+        size_t n = n_of[i];
+        double *v = malloc(n * sizeof(double));
+        float *held = calloc(n, sizeof(float));
+        gcomp_compressor *c = gcomp_mpi_compressor(b, i);
+        const float *r = c ? gcomp_compressor_residual(c) : NULL;
+        if (r)
+            memcpy(held, r, n * sizeof(float));
+        else if (c)
+            gcomp_lowrank_residual(c, held); /* PowerSGD; other codecs: unsupported, zeros */
+        for (size_t k = 0; k < n; k++) v[k] = gsum[i][k] - held[k];
+        MPI_Allreduce(MPI_IN_PLACE, v, (int)n, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+        double worst = 0, scale = 1e-30;
+        for (size_t k = 0; k < n; k++) {
+            worst = fmax(worst, fabs(v[k] - rsum[i][k]));
+            scale = fmax(scale, fabs(v[k]));
+        }
+        CHECK_MSG(worst <= 1e-4 * scale, "%s, tensor %zu: sum g - held - sum results = %g (of %g)",
+                  what, i, worst, scale);
+        free(v);
+        free(held);
+    }
+}
+
+static void retune(gcomp_mpi_bucket *b, size_t i, const char *spec) {
+    gcomp_error e = {0};
+    gcomp_status st = gcomp_mpi_bucket_retune(b, i, spec, 30, &e);
+    CHECK_MSG(st == GCOMP_OK, "retune %zu to %s: %s", i, spec, e.message);
+}
+
+static void test_switches(gcomp_mpi_bucket *b) {
+    steps(b, 4, "topk 0.05");
+    conservation(b, "topk 0.05");
+    retune(b, 0, "topk:density=0.01,feedback=ef"); /* local: allgather stays */
+    retune(b, 2, "topk:density=0.02,values=f16,feedback=ef");
+    steps(b, 4, "topk 0.01");
+    conservation(b, "topk 0.01");
+    retune(b, 0, "none"); /* to a dense allreduce: the residual rides in the next step */
+    CHECK_EQ_INT(gcomp_mpi_bucket_strategy(b, 0), GCOMP_MPI_ALLREDUCE);
+    conservation(b, "after the switch to dense");
+    steps(b, 3, "dense");
+    conservation(b, "dense");
+    CHECK(gcomp_compressor_residual(gcomp_mpi_compressor(b, 0)) == NULL); /* flushed */
+    retune(b, 0, "powersgd:rank=3");
+    steps(b, 4, "powersgd");
+    conservation(b, "powersgd");
+    retune(b, 0, "dgc:density=0.02,momentum=0");
+    CHECK_EQ_INT(gcomp_mpi_bucket_strategy(b, 0), GCOMP_MPI_ALLGATHER);
+    steps(b, 4, "dgc");
+    conservation(b, "dgc");
+    retune(b, 0, "topk:density=0.05,feedback=ef");
+    retune(b, 0, "topk:density=0.05,feedback=ef"); /* the same spec: nothing happens */
+    steps(b, 3, "topk again");
+    conservation(b, "topk again");
+}
+
+/* Decisions from different local observations must agree, and be applied live. */
+static void test_decisions(gcomp_mpi_comm *comm, gcomp_mpi_bucket *b) {
+    gcomp_tensor_desc td[NT] = {{"w1", N1, R1, C1}, {"b1", NB, 0, 0}, {"w2", N2, R2, C2}};
+    gcomp_adapt_options o = {0};
+    o.workers = mc_size;
+    o.total_steps = 60;
+    o.min_elements = 1000;
+    gcomp_adapt *a;
+    gcomp_error e = {0};
+    CHECK_OK(gcomp_adapt_create(&a,
+                                "adapt:bandwidth+layers+norm;base=topk:density=0.01,feedback=ef;"
+                                "interval=3;measure=6;confirm=1;ladder=0.1/0.03/0.003/0.001",
+                                td, NT, &o, &e));
+    if (!a) return;
+    for (size_t i = 0; i < NT; i++) retune(b, i, gcomp_adapt_spec(a, i));
+    size_t decisions = 0, switches = 0;
+    for (int s = 0; s < 30; s++) {
+        gradients();
+        for (size_t i = 0; i < NT; i++) {
+            gcomp_compressor *c = gcomp_mpi_compressor(b, i);
+            CHECK_OK(gcomp_adapt_observe(a, i, data[i], c ? gcomp_compressor_residual(c) : NULL));
+        }
+        /* every rank its own clock and its own view of the link */
+        gcomp_adapt_observe_compute(a, 0.001 * (mc_rank + 1), 0.002 + 0.0005 * mc_rank, 1e-4);
+        gcomp_status st = gcomp_mpi_allreduce(b, data, GCOMP_MPI_SUM, 30, &e);
+        CHECK_MSG(st == GCOMP_OK, "adaptive step %d: %s", s, e.message);
+        for (size_t i = 0; i < NT; i++)
+            for (size_t k = 0; k < n_of[i]; k++) rsum[i][k] += data[i][k];
+        int due;
+        gcomp_adapt_end_step(a, &due);
+        if (!due) continue;
+        double bw, lat;
+        CHECK_OK(gcomp_mpi_link_probe(comm, 65536, 30, &bw, &lat, &e));
+        CHECK(bw > 0 && lat > 0);
+        /* rank-skewed measurements, and a link that gets 100x slower half-way */
+        double slow = s < 15 ? 1.0 : 0.01;
+        gcomp_adapt_observe_link(a, bw * slow * (1 + 0.37 * mc_rank), lat * (1 + mc_rank));
+        size_t changed;
+        st = gcomp_mpi_adapt_decide(comm, a, 30, &changed, &e);
+        CHECK_MSG(st == GCOMP_OK, "decision: %s", e.message);
+        decisions++;
+        for (size_t i = 0; i < NT; i++) {
+            const char *sp = gcomp_adapt_spec(a, i);
+            uint64_t h = 0xcbf29ce484222325ull;
+            for (const char *p = sp; *p; p++) h = (h ^ (unsigned char)*p) * 0x100000001b3ull;
+            uint64_t w[2] = {h, ~h};
+            MPI_Allreduce(MPI_IN_PLACE, w, 2, MPI_UINT64_T, MPI_MAX, MPI_COMM_WORLD);
+            CHECK_MSG(w[0] == ~w[1], "decision %zu: ranks chose different specs for tensor %zu",
+                      decisions, i);
+            if (gcomp_adapt_changed(a, i)) {
+                retune(b, i, sp);
+                switches++;
+            }
+        }
+    }
+    CHECK_EQ_INT(decisions, 10);
+    CHECK_MSG(switches > 0, "the controllers never switched a tensor");
+    conservation(b, "adaptive run");
+
+    /* a rank with another configuration fails the decision on every rank */
+    gcomp_adapt *x;
+    CHECK_OK(gcomp_adapt_create(&x,
+                                mc_rank == 1 ? "adapt:layers;interval=3;measure=6"
+                                             : "adapt:layers;interval=3;measure=3",
+                                td, NT, &o, &e));
+    if (x) {
+        for (int s = 0; s < 3; s++) gcomp_adapt_end_step(x, NULL);
+        CHECK_EQ_INT(gcomp_mpi_adapt_decide(comm, x, 30, NULL, &e), GCOMP_E_MISMATCH);
+        gcomp_adapt_free(x);
+    }
+    gcomp_adapt_free(a);
+}
+
+static void test_mismatch(gcomp_mpi_bucket *b) {
+    gcomp_error e = {0};
+    retune(b, 0, "topk:density=0.05,feedback=ef");
+    /* a local switch on one rank only: the next allreduce fails on every rank */
+    if (mc_rank == 1) retune(b, 0, "topk:density=0.02,feedback=ef");
+    gradients();
+    gcomp_status st = gcomp_mpi_allreduce(b, data, GCOMP_MPI_SUM, 30, &e);
+    CHECK_MSG(st == GCOMP_E_MISMATCH, "one rank switched alone: status %d (%s)", st, e.message);
+    if (mc_rank == 1) retune(b, 0, "topk:density=0.05,feedback=ef");
+    gradients();
+    CHECK_OK(gcomp_mpi_allreduce(b, data, GCOMP_MPI_SUM, 30, &e));
+    CHECK(same_everywhere());
+
+    /* a structural switch to different specs: refused everywhere, bucket unchanged */
+    st = gcomp_mpi_bucket_retune(b, 0, mc_rank == 1 ? "none" : "none:values=f16", 30, &e);
+    CHECK_MSG(st == GCOMP_E_MISMATCH, "structural switch to different specs: %d (%s)", st,
+              e.message);
+    CHECK(strstr(gcomp_mpi_worker_spec(b, 0), "topk:density=0.05") != NULL);
+    CHECK_EQ_INT(gcomp_mpi_bucket_strategy(b, 0), GCOMP_MPI_ALLGATHER);
+    gradients();
+    CHECK_OK(gcomp_mpi_allreduce(b, data, GCOMP_MPI_SUM, 30, &e));
+    CHECK(same_everywhere());
+
+    /* a rank that cannot prepare the switch (out of memory) makes every rank refuse it */
+    if (mc_rank == 1) gcomp__mpi_test_fail_alloc_after(0);
+    st = gcomp_mpi_bucket_retune(b, 0, "none", 30, &e);
+    if (mc_rank == 1) gcomp__mpi_test_fail_alloc_after((size_t)-1);
+    CHECK_MSG(st == (mc_rank == 1 ? GCOMP_E_NOMEM : GCOMP_E_MISMATCH), "rank %d: %d (%s)", mc_rank,
+              st, e.message);
+    CHECK_EQ_INT(gcomp_mpi_bucket_strategy(b, 0), GCOMP_MPI_ALLGATHER);
+    gradients();
+    CHECK_OK(gcomp_mpi_allreduce(b, data, GCOMP_MPI_SUM, 30, &e));
+    CHECK(same_everywhere());
+
+    /* bad input: the same error on every rank, nothing changes */
+    CHECK_EQ_INT(gcomp_mpi_bucket_retune(b, 0, "topk:densty=1", 30, &e), GCOMP_E_SPEC);
+    CHECK_EQ_INT(gcomp_mpi_bucket_retune(b, 7, "none", 30, &e), GCOMP_E_ARG);
+    CHECK_EQ_INT(gcomp_mpi_bucket_retune(b, 0, "powersgd:rank=2", 30, &e), GCOMP_OK);
+    CHECK_EQ_INT(gcomp_mpi_bucket_retune(b, 1, "powersgd:rank=2", 30, &e), GCOMP_OK);
+}
+
+int main(int argc, char **argv) {
+    mc_init(&argc, &argv);
+    for (size_t i = 0; i < NT; i++) {
+        data[i] = malloc(n_of[i] * sizeof(float));
+        gsum[i] = calloc(n_of[i], sizeof(double));
+        rsum[i] = calloc(n_of[i], sizeof(double));
+    }
+    gcomp_mpi_comm *comm;
+    gcomp_error e = {0};
+    CHECK_OK(gcomp_mpi_comm_create(&comm, MPI_COMM_WORLD, NULL, 30, &e));
+    gcomp_mpi_tensor t[NT] = {{"w1", "topk:density=0.05,feedback=ef", N1, R1, C1, 0},
+                              {"b1", "none", NB, 0, 0, 0},
+                              {"w2", "topk:density=0.05,feedback=ef", N2, R2, C2, 0}};
+    gcomp_mpi_bucket *b;
+    CHECK_OK(gcomp_mpi_bucket_create(&b, comm, t, NT, NULL, 30, &e));
+    if (b) {
+        test_switches(b);
+        test_decisions(comm, b);
+        test_mismatch(b);
+        gcomp_mpi_bucket_free(b);
+    }
+    gcomp_mpi_comm_free(comm);
+    for (size_t i = 0; i < NT; i++) {
+        free(data[i]);
+        free(gsum[i]);
+        free(rsum[i]);
+    }
+    return mc_done("test_mpi_adapt");
+}

@@ -1,0 +1,79 @@
+"""gradcomp.Adapt and Compressor.retune from Python: the method grammar's errors, the
+switch that keeps what a compressor holds back, and decisions that agree across ranks fed
+different local observations (simulated here by several controllers, one per "rank")."""
+
+import re
+
+import numpy as np
+import pytest
+
+import gradcomp
+
+TENSORS = [("fc1.weight", (128, 96)), ("fc1.bias", (128,)), ("fc2.weight", (64, 128))]
+
+
+def make(method, **kw):
+    kw.setdefault("min_elements", 1000)
+    return gradcomp.Adapt(method, TENSORS, **kw)
+
+
+@pytest.mark.parametrize("method,needle", [
+    ("adapt:nrom", "unknown controller 'nrom'"),
+    ("adapt:norm;etta=1", "unknown key 'etta'"),
+    ("adapt:norm;target=0.9", "belongs to the accuracy controller"),
+    ("adapt:accuracy;target=140", "out of range"),
+    ("adapt:layers;ladder=", "ladder is empty"),
+    ("adapt:bandwidth,layers", "join controllers with '+'"),
+])
+def test_bad_methods_name_the_culprit(method, needle):
+    with pytest.raises(gradcomp.SpecError, match=re.escape(needle)):
+        make(method)
+
+
+def test_retune_keeps_what_is_held_back():
+    rng = np.random.default_rng(1)
+    c = gradcomp.Compressor("topk:density=0.01,feedback=ef", 4096)
+    sent = np.zeros(4096)
+    total = np.zeros(4096)
+    for spec in ["topk:density=0.01,feedback=ef", "topk:density=0.001,feedback=ef", "none",
+                 "int8:feedback=ef", "topk:density=0.05,feedback=ef"]:
+        c.retune(spec)
+        assert c.spec.startswith(spec.split(":")[0])
+        for _ in range(5):
+            g = rng.standard_normal(4096).astype(np.float32)
+            total += g
+            out = np.zeros(4096, np.float32)
+            gradcomp.decode_add(c.encode(g), out)
+            sent += out
+        held = c.residual if c.residual is not None else 0
+        np.testing.assert_allclose(sent + held, total, atol=1e-3)
+    with pytest.raises(gradcomp.SpecError):
+        c.retune("topk:densty=1")
+    assert "density=0.05" in c.spec
+
+
+def test_ranks_with_different_observations_decide_alike():
+    method = "adapt:bandwidth+layers+norm;interval=3;measure=3;confirm=1"
+    ranks = [make(method, workers=3) for _ in range(3)]
+    rng = np.random.default_rng(7)
+    changed_any = False
+    for decision in range(4):
+        for step in range(3):
+            for r, a in enumerate(ranks):
+                for i, (_, shape) in enumerate(TENSORS):
+                    a.observe(i, (rng.standard_normal(shape) * (r + 1)).astype(np.float32))
+                a.observe_compute(0.001 * (r + 1), 0.003, 1e-4)
+                a.observe_link(1e7 * (r + 1) * (decision + 1), 1e-5)
+                a.end_step()
+        every = np.stack([a.stats() for a in ranks])
+        results = [a.decide(every) for a in ranks]
+        assert results[0] == results[1] == results[2]
+        changed_any |= bool(results[0])
+        for i in range(len(TENSORS)):
+            assert ranks[0].spec(i) == ranks[1].spec(i) == ranks[2].spec(i)
+    assert changed_any
+    other = make("adapt:bandwidth+layers+norm;interval=3;measure=6;confirm=1", workers=3)
+    for _ in range(3):
+        other.end_step()
+    with pytest.raises(gradcomp.MismatchError):
+        ranks[0].decide(np.stack([ranks[0].stats(), other.stats()]))

@@ -1,0 +1,453 @@
+/*
+ * test_adapt.c - the adaptive controllers (src/adapt/adapt*.c): the method grammar and its
+ * errors, the ladder, each controller's rule on statistics made for it, the L-GreCo
+ * dynamic programme against exhaustive search, and the property every decision rests on:
+ * ranks with different local observations that exchange their statistics take the same
+ * decision, and a rank with another configuration makes the decision fail.
+ */
+#include "adapt/adapt_internal.h"
+#include "check.h"
+
+#include <stdint.h>
+
+/* mlp-like tensors: two big weights, a small classifier, biases. */
+static const gcomp_tensor_desc MLP[] = {
+    {"fc1.weight", 256 * 196, 256, 196}, {"fc1.bias", 256, 0, 0},
+    {"fc2.weight", 256 * 256, 256, 256}, {"fc2.bias", 256, 0, 0},
+    {"fc3.weight", 10 * 256, 10, 256},   {"fc3.bias", 10, 0, 0},
+};
+#define NMLP (sizeof MLP / sizeof MLP[0])
+
+static gcomp_status make(gcomp_adapt **a, const char *method, uint64_t total, gcomp_error *e) {
+    gcomp_adapt_options o = {0};
+    o.total_steps = total;
+    o.workers = 4;
+    o.min_elements = 4096;
+    return gcomp_adapt_create(a, method, MLP, NMLP, &o, e);
+}
+
+static void expect_spec_error(const char *method, const char *needle) {
+    gcomp_adapt *a = (gcomp_adapt *)1;
+    gcomp_error e = {0};
+    gcomp_status st = make(&a, method, 1000, &e);
+    CHECK_MSG(st == GCOMP_E_SPEC, "%s: status %d (%s)", method, st, e.message);
+    CHECK_MSG(a == NULL, "%s: out not cleared", method);
+    CHECK_MSG(strstr(e.message, needle) != NULL, "%s: message '%s' lacks '%s'", method, e.message,
+              needle);
+}
+
+static void test_grammar(void) {
+    expect_spec_error("adapt:nrom", "unknown controller 'nrom'");
+    expect_spec_error("adapt:", "name at least one controller");
+    expect_spec_error("adapt:norm+norm", "named twice");
+    expect_spec_error("adapt:bandwidth,layers", "join controllers with '+'");
+    expect_spec_error("adapt:norm;etta=0.5", "unknown key 'etta'");
+    expect_spec_error("adapt:norm;slack=0.1", "belongs to the bandwidth controller");
+    expect_spec_error("adapt:norm;eta=abc", "eta=abc");
+    expect_spec_error("adapt:accuracy", "target=T is required");
+    expect_spec_error("adapt:accuracy;target=100", "out of range");
+    expect_spec_error("adapt:accuracy;target=-0.5", "out of range");
+    expect_spec_error("adapt:accuracy;target=0", "out of range");
+    expect_spec_error("adapt:accuracy;target=150", "out of range");
+    expect_spec_error("adapt:layers;ladder=", "ladder is empty");
+    expect_spec_error("adapt:layers;ladder=/ /", "is empty");
+    expect_spec_error("adapt:layers;ladder=2", "ladder entry '2'"); /* density 2 out of range */
+    expect_spec_error("adapt:layers;base=twobit:threshold=0.5", "ladder=auto needs");
+    expect_spec_error("adapt:layers;base=twobit:threshold=0.5;ladder=twobit:threshold=0.1",
+                      "send the same bytes");
+    expect_spec_error("adapt:norm;low=0.0001", "must send more than base");
+    expect_spec_error("adapt:norm;low=0.5", "not in the ladder");
+    expect_spec_error("adapt:layers;budget=10", "below the lightest");
+    expect_spec_error("adapt:norm;interval=0", "interval=0");
+    expect_spec_error("adapt:norm;base=topk:densty=0.1", "densty");
+    expect_spec_error("adapt:norm;;x", "'x' is not KEY=VALUE");
+}
+
+static void test_ladder(void) {
+    gcomp_adapt *a;
+    gcomp_error e = {0};
+    CHECK_OK(make(&a, "adapt:layers;base=topk:density=0.001,feedback=ef", 1000, &e));
+    if (!a) return;
+    /* auto: density x 100 .. x 0.1, most bytes first; base at its place. */
+    CHECK_EQ_INT(gcomp_adapt_ladder_size(a), 7);
+    CHECK(strstr(gcomp_adapt_candidate(a, 0), "density=0.1,") != NULL);
+    CHECK(strstr(gcomp_adapt_candidate(a, 4), "density=0.001,") != NULL);
+    CHECK(strstr(gcomp_adapt_candidate(a, 6), "density=0.0001,") != NULL);
+    /* managed: the three weights (>= 4096 elements and 2-D? fc3 has 2560 < 4096). */
+    CHECK_EQ_INT(gcomp_adapt_managed(a, 0), 1);
+    CHECK_EQ_INT(gcomp_adapt_managed(a, 1), 0);
+    CHECK_EQ_INT(gcomp_adapt_managed(a, 2), 1);
+    CHECK_EQ_INT(gcomp_adapt_managed(a, 4), 0);
+    CHECK(!strncmp(gcomp_adapt_spec(a, 1), "none:", 5));
+    /* The first plan is base everywhere (no norm controller). */
+    CHECK_EQ_INT(gcomp_adapt_level(a, 0), 4);
+    CHECK_EQ_INT(gcomp_adapt_level(a, 1), -1);
+    CHECK(strstr(gcomp_adapt_spec(a, 0), "density=0.001,") != NULL);
+    CHECK_EQ_INT(gcomp_adapt_interval(a), 25); /* 1000 / 40 */
+    CHECK_EQ_INT(gcomp_adapt_measure_interval(a), 100);
+    gcomp_adapt_free(a);
+
+    /* explicit ladder with values, specs and dense; bandwidth adds dense by default */
+    CHECK_OK(make(&a,
+                  "adapt:bandwidth;base=topk:density=0.01,feedback=ef;ladder=0.1/0.001/"
+                  "none:values=f16;interval=7;measure=10",
+                  0, &e));
+    if (!a) return;
+    CHECK_EQ_INT(gcomp_adapt_ladder_size(a), 5);
+    CHECK(!strncmp(gcomp_adapt_candidate(a, 0), "none:", 5));
+    CHECK(strstr(gcomp_adapt_candidate(a, 1), "values=f16") != NULL);
+    CHECK(strstr(gcomp_adapt_candidate(a, 2), "density=0.1,") != NULL);
+    CHECK(strstr(gcomp_adapt_candidate(a, 3), "density=0.01,") != NULL);
+    CHECK_EQ_INT(gcomp_adapt_interval(a), 7);
+    CHECK_EQ_INT(gcomp_adapt_measure_interval(a), 14); /* rounded up to whole intervals */
+    gcomp_adapt_free(a);
+
+    /* policy keys: a glob takes fc2 out of the controllers' hands */
+    CHECK_OK(make(&a, "adapt:layers;fc2.*=topk:density=0.05", 0, &e));
+    if (a) {
+        CHECK_EQ_INT(gcomp_adapt_managed(a, 2), 0);
+        CHECK(strstr(gcomp_adapt_spec(a, 2), "density=0.05") != NULL);
+        CHECK_EQ_INT(gcomp_adapt_interval(a), 100); /* unknown length */
+        gcomp_adapt_free(a);
+    }
+    /* rank ladder for PowerSGD */
+    CHECK_OK(make(&a, "adapt:layers;base=powersgd:rank=4", 0, &e));
+    if (a) {
+        CHECK_EQ_INT(gcomp_adapt_ladder_size(a), 4); /* 16, 8, 4, 2 */
+        CHECK(strstr(gcomp_adapt_candidate(a, 0), "rank=16") != NULL);
+        gcomp_adapt_free(a);
+    }
+}
+
+/* One decision from a single rank's statistics. */
+static size_t decide1(gcomp_adapt *a) {
+    size_t len, changed = 0;
+    double *buf = malloc(gcomp_adapt_stats_size(a) * sizeof(double));
+    CHECK_OK(gcomp_adapt_stats(a, buf, gcomp_adapt_stats_size(a), &len));
+    gcomp_error e = {0};
+    CHECK_OK(gcomp_adapt_decide(a, buf, len, 1, &changed, &e));
+    free(buf);
+    return changed;
+}
+
+/* Runs `steps` steps giving each managed tensor a gradient of norm scale(step). */
+static void run_norm(gcomp_adapt *a, size_t steps, double (*scale)(size_t), size_t *step,
+                     unsigned long long *seed) {
+    float *g = malloc(256 * 256 * sizeof(float));
+    for (size_t s = 0; s < steps; s++, (*step)++) {
+        for (size_t i = 0; i < NMLP; i++) {
+            if (!gcomp_adapt_managed(a, i)) continue;
+            /* a consistent direction plus noise: the accumulated norm follows scale */
+            for (size_t k = 0; k < MLP[i].n; k++)
+                g[k] = (float)(scale(*step) * (1.0 + 0.1 * test_gauss(seed)));
+            CHECK_OK(gcomp_adapt_observe(a, i, g, NULL));
+        }
+        int due;
+        gcomp_adapt_end_step(a, &due);
+        if (due) decide1(a);
+    }
+    free(g);
+}
+
+static double steady(size_t s) {
+    return s < 60 ? 1.0 / (1.0 + 0.2 * (double)s) : 1.0 / 13.0;
+}
+static double jump(size_t s) {
+    return s < 120 ? steady(s) : 1.0;
+}
+
+static void test_norm(void) {
+    gcomp_adapt *a;
+    gcomp_error e = {0};
+    CHECK_OK(make(&a, "adapt:norm;base=topk:density=0.001,feedback=ef;interval=20", 0, &e));
+    if (!a) return;
+    /* starts critical: low = two steps lighter = density 0.01 */
+    CHECK_EQ_INT(gcomp_adapt_level(a, 0), 2);
+    CHECK(strstr(gcomp_adapt_spec(a, 0), "density=0.01,") != NULL);
+    unsigned long long seed = 7;
+    size_t step = 0;
+    run_norm(a, 20, steady, &step, &seed); /* first interval: no reference yet */
+    CHECK_EQ_INT(gcomp_adapt_level(a, 0), 2);
+    run_norm(a, 20, steady, &step, &seed); /* norm fell by far more than half */
+    CHECK_EQ_INT(gcomp_adapt_level(a, 0), 2);
+    run_norm(a, 60, steady, &step, &seed); /* steady from step 60: high compression */
+    CHECK_EQ_INT(gcomp_adapt_level(a, 0), 4);
+    CHECK_EQ_INT(gcomp_adapt_level(a, 2), 4);
+    gcomp_adapt_report r;
+    gcomp_adapt_get_report(a, &r);
+    CHECK_EQ_INT(r.critical, 0);
+    gcomp_adapt_free(a);
+
+    /* a jump (as after a learning-rate change) is critical again for one interval */
+    CHECK_OK(make(&a, "adapt:norm;interval=20", 0, &e));
+    if (!a) return;
+    step = 0;
+    run_norm(a, 120, jump, &step, &seed);
+    CHECK_EQ_INT(gcomp_adapt_level(a, 0), 4);
+    run_norm(a, 20, jump, &step, &seed);
+    CHECK_EQ_INT(gcomp_adapt_level(a, 0), 2);
+    run_norm(a, 20, jump, &step, &seed);
+    CHECK_EQ_INT(gcomp_adapt_level(a, 0), 4);
+    gcomp_adapt_free(a);
+}
+
+/* ---- layers: the DP against exhaustive search ------------------------------------------ */
+
+static void test_layers_dp(void) {
+    gcomp_adapt *a;
+    gcomp_error e = {0};
+    CHECK_OK(make(&a, "adapt:layers;ladder=0.1/0.03/0.01/0.003/0.001", 0, &e));
+    if (!a) return;
+    const size_t nm = a->nm, K = a->K;
+    CHECK_EQ_INT(nm, 2);
+    unsigned long long seed = 99;
+    double *err2 = calloc(nm * K, sizeof(double));
+    int *level = calloc(nm, sizeof(int));
+    for (int trial = 0; trial < 200; trial++) {
+        /* errors falling with bytes, at random rates per tensor */
+        for (size_t m = 0; m < nm; m++) {
+            double rate = 0.2 + 3 * test_uniform(&seed), base = 1 + 100 * test_uniform(&seed);
+            for (size_t j = 0; j < K; j++) err2[m * K + j] = base * pow((double)j + 1, rate);
+        }
+        int uni = (int)(test_uniform(&seed) * (double)K);
+        if (uni >= (int)K) uni = (int)K - 1;
+        gcomp__adapt_in in = {0};
+        in.measured = true;
+        in.err2 = err2;
+        gcomp__adapt_plan p = {0};
+        p.level = level;
+        gcomp__adapt_plan_uniform(a, &p, uni);
+        double B = p.budget;
+        void *st = NULL;
+        CHECK_OK(gcomp__adapt_layers.create(a, &st, &e));
+        gcomp__adapt_layers.decide(a, st, &in, &p);
+        gcomp__adapt_layers.free(st);
+        /* exhaustive: the least error with bytes <= B (ties: fewer bytes) */
+        double best = INFINITY, bestb = 0;
+        for (size_t j0 = 0; j0 < K; j0++)
+            for (size_t j1 = 0; j1 < K; j1++) {
+                double b = a->bytes[j0] + a->bytes[K + j1];
+                double v = err2[j0] + err2[K + j1];
+                if (b <= B && (v < best || (v == best && b < bestb))) best = v, bestb = b;
+            }
+        double got = err2[level[0]] + err2[K + level[1]];
+        double gotb = a->bytes[level[0]] + a->bytes[K + level[1]];
+        CHECK_MSG(fabs(got - best) <= 1e-9 * best, "trial %d: DP error %g, exhaustive %g", trial,
+                  got, best);
+        CHECK_MSG(gotb <= B * (1 + 2.0 * nm / 4096), "trial %d: %g bytes over budget %g", trial,
+                  gotb, B);
+        CHECK(fabs(p.error - got) <= 1e-9 * got);
+    }
+    free(err2);
+    free(level);
+    gcomp_adapt_free(a);
+}
+
+/* Real gradients: fc1's energy sits in a few large entries (one in 97), which top-k at
+ * density 0.001 mostly cuts and at 0.01 keeps, so its absolute error falls steeply with
+ * density; fc2 is flat Gaussian and loses about the same share at every density.  At the
+ * uniform setting's bytes the DP must move density from fc2 to fc1 and end with less total
+ * error than uniform. */
+static void test_layers_measured(void) {
+    static const gcomp_tensor_desc T[] = {{"fc1.weight", 512 * 512, 512, 512},
+                                          {"fc1.bias", 512, 0, 0},
+                                          {"fc2.weight", 512 * 512, 512, 512}};
+    gcomp_adapt *a;
+    gcomp_error e = {0};
+    CHECK_OK(gcomp_adapt_create(&a,
+                                "adapt:layers;ladder=0.002/0.0014/0.001/0.0007/0.0005;"
+                                "interval=5;measure=5",
+                                T, 3, NULL, &e));
+    if (!a) return;
+    unsigned long long seed = 5;
+    float *g = malloc(512 * 512 * sizeof(float));
+    double uniform_err = 0;
+    for (int s = 0; s < 5; s++) {
+        CHECK_EQ_INT(gcomp_adapt_measuring(a), s == 4);
+        for (size_t i = 0; i < 3; i++) {
+            for (size_t k = 0; k < T[i].n; k++) {
+                float x = test_gauss(&seed);
+                g[k] = i == 0 ? (k % 97 == 0 ? 50 * x : 0.01f * x) : x; /* fc1 peaky, fc2 flat */
+            }
+            CHECK_OK(gcomp_adapt_observe(a, i, g, NULL));
+        }
+        int due;
+        gcomp_adapt_end_step(a, &due);
+        CHECK_EQ_INT(due, s == 4);
+    }
+    size_t len;
+    double *buf = malloc(gcomp_adapt_stats_size(a) * sizeof(double));
+    CHECK_OK(gcomp_adapt_stats(a, buf, gcomp_adapt_stats_size(a), &len));
+    /* the measured errors fall with density, per tensor */
+    const double *meas = buf + 12 + a->nm;
+    for (size_t m = 0; m < a->nm; m++) {
+        for (size_t j = 0; j + 1 < a->K; j++)
+            CHECK(meas[4 * (m * a->K + j)] <= meas[4 * (m * a->K + j + 1)]);
+        uniform_err += meas[4 * (m * a->K + (size_t)a->base)];
+    }
+    CHECK_OK(gcomp_adapt_decide(a, buf, len, 1, NULL, &e));
+    int l0 = gcomp_adapt_level(a, 0), l2 = gcomp_adapt_level(a, 2);
+    CHECK_MSG(l0 < a->base && l2 > a->base, "peaky fc1 should get the bytes: levels fc1 %d fc2 %d",
+              l0, l2);
+    gcomp_adapt_report r;
+    gcomp_adapt_get_report(a, &r);
+    CHECK_MSG(r.error < 0.9 * uniform_err, "DP error %g, uniform %g", r.error, uniform_err);
+    double bytes = a->bytes[(size_t)l0] + a->bytes[a->K + (size_t)l2];
+    CHECK(bytes <= a->total[a->base] * 1.01);
+    free(buf);
+    free(g);
+    gcomp_adapt_free(a);
+}
+
+/* ---- bandwidth ------------------------------------------------------------------------ */
+
+static int bandwidth_level(double link, double codec_s) {
+    gcomp_adapt *a;
+    gcomp_error e = {0};
+    CHECK_OK(make(&a, "adapt:bandwidth;interval=2;measure=2;confirm=1", 0, &e));
+    if (!a) return -1;
+    float *g = calloc(256 * 256, sizeof(float));
+    for (size_t k = 0; k < 256 * 256; k++) g[k] = (float)((k * 2654435761u) % 1000) - 500;
+    for (int s = 0; s < 2; s++) {
+        for (size_t i = 0; i < NMLP; i++) CHECK_OK(gcomp_adapt_observe(a, i, g, NULL));
+        gcomp_adapt_observe_compute(a, 0.002, 0.004, 0.001);
+        gcomp_adapt_observe_link(a, link, 50e-6);
+        int due;
+        gcomp_adapt_end_step(a, &due);
+    }
+    size_t len;
+    double *buf = malloc(gcomp_adapt_stats_size(a) * sizeof(double));
+    CHECK_OK(gcomp_adapt_stats(a, buf, gcomp_adapt_stats_size(a), &len));
+    /* fixed codec times so the outcome does not depend on this machine's speed: compressed
+     * candidates cost codec_s per tensor, dense nothing */
+    double *meas = buf + 12 + a->nm;
+    for (size_t m = 0; m < a->nm; m++)
+        for (size_t j = 0; j < a->K; j++) {
+            bool dense = !strncmp(a->ladder[j], "none:", 5);
+            meas[4 * (m * a->K + j) + 2] = dense ? 0 : codec_s;
+            meas[4 * (m * a->K + j) + 3] = dense ? 0 : codec_s / 10;
+        }
+    CHECK_OK(gcomp_adapt_decide(a, buf, len, 1, NULL, &e));
+    int lvl = gcomp_adapt_level(a, 0);
+    free(buf);
+    free(g);
+    gcomp_adapt_free(a);
+    return lvl;
+}
+
+static void test_bandwidth(void) {
+    int slow = bandwidth_level(1e6, 1e-4), mid = bandwidth_level(1e8, 1e-4),
+        fast = bandwidth_level(1e12, 1e-4);
+    CHECK_MSG(fast == 0, "a very fast link should send dense: level %d", fast);
+    CHECK_MSG(slow > mid && mid > fast, "levels slow %d mid %d fast %d", slow, mid, fast);
+}
+
+/* ---- accuracy -------------------------------------------------------------------------- */
+
+static void acc_step(gcomp_adapt *a, double metric) {
+    gcomp_adapt_observe_metric(a, metric);
+    for (uint64_t s = 0; s < gcomp_adapt_interval(a); s++) gcomp_adapt_end_step(a, NULL);
+    decide1(a);
+}
+
+static void test_accuracy(void) {
+    gcomp_adapt *a;
+    gcomp_error e = {0};
+    /* 100 steps, a decision every 10: progress 0.1, 0.2, ... */
+    CHECK_OK(make(&a, "adapt:accuracy;target=88;interval=10;dwell=2;start=0.1", 100, &e));
+    if (!a) return;
+    CHECK_EQ_INT(gcomp_adapt_level(a, 0), 4);
+    acc_step(a, 0.80); /* p 0.1: required 0.862: far behind -> lighter */
+    CHECK_EQ_INT(gcomp_adapt_level(a, 0), 3);
+    acc_step(a, 0.80); /* dwell: holds */
+    CHECK_EQ_INT(gcomp_adapt_level(a, 0), 3);
+    acc_step(a, 0.80); /* moves again */
+    CHECK_EQ_INT(gcomp_adapt_level(a, 0), 2);
+    acc_step(a, 0.90); /* ahead of 0.868: heavier, after the dwell */
+    CHECK_EQ_INT(gcomp_adapt_level(a, 0), 2);
+    acc_step(a, 0.90);
+    CHECK_EQ_INT(gcomp_adapt_level(a, 0), 3);
+    acc_step(a, 0.872); /* within the band around required 0.872: holds */
+    acc_step(a, 0.872);
+    CHECK_EQ_INT(gcomp_adapt_level(a, 0), 3);
+    gcomp_adapt_free(a);
+    /* bounded: far behind for ever stops at level 0 and comes back at once */
+    CHECK_OK(make(&a, "adapt:accuracy;target=0.88;interval=10;dwell=1", 1000, &e));
+    if (!a) return;
+    for (int k = 0; k < 20; k++) acc_step(a, 0.5);
+    CHECK_EQ_INT(gcomp_adapt_level(a, 0), 0);
+    acc_step(a, 0.99);
+    CHECK_EQ_INT(gcomp_adapt_level(a, 0), 1);
+    gcomp_adapt_free(a);
+}
+
+/* ---- the same decision on every rank ----------------------------------------------------- */
+
+static void test_ranks_agree(void) {
+    const char *method = "adapt:bandwidth+layers+norm;interval=4;measure=4;confirm=1";
+    enum { R = 3 };
+    gcomp_adapt *a[R];
+    gcomp_error e = {0};
+    for (int r = 0; r < R; r++) CHECK_OK(make(&a[r], method, 0, &e));
+    if (!a[0] || !a[1] || !a[2]) return;
+    unsigned long long seed = 11;
+    float *g = malloc(256 * 256 * sizeof(float));
+    size_t len = gcomp_adapt_stats_size(a[0]);
+    double *all = malloc(R * len * sizeof(double));
+    for (int d = 0; d < 6; d++) {
+        for (int s = 0; s < 4; s++) {
+            for (int r = 0; r < R; r++) {
+                /* every rank sees other gradients, timings and link speeds */
+                for (size_t i = 0; i < NMLP; i++) {
+                    for (size_t k = 0; k < MLP[i].n; k++)
+                        g[k] = (float)(test_gauss(&seed) * (1 + r) / (1 + d));
+                    CHECK_OK(gcomp_adapt_observe(a[r], i, g, NULL));
+                }
+                gcomp_adapt_observe_compute(a[r], 0.001 * (r + 1), 0.002 * (d + 1), 0.0005);
+                gcomp_adapt_observe_link(a[r], 1e7 * (1 + r * 3) * (d + 1), 1e-5 * (R - r));
+                gcomp_adapt_end_step(a[r], NULL);
+            }
+        }
+        size_t got;
+        for (int r = 0; r < R; r++) CHECK_OK(gcomp_adapt_stats(a[r], all + r * len, len, &got));
+        for (int r = 0; r < R; r++) CHECK_OK(gcomp_adapt_decide(a[r], all, len, R, NULL, &e));
+        for (size_t i = 0; i < NMLP; i++)
+            for (int r = 1; r < R; r++)
+                CHECK_MSG(!strcmp(gcomp_adapt_spec(a[r], i), gcomp_adapt_spec(a[0], i)),
+                          "decision %d tensor %zu: rank %d '%s' rank 0 '%s'", d, i, r,
+                          gcomp_adapt_spec(a[r], i), gcomp_adapt_spec(a[0], i));
+    }
+    /* the decisions moved at all (a test that cannot fail proves nothing) */
+    gcomp_adapt_report rep;
+    gcomp_adapt_get_report(a[0], &rep);
+    CHECK(rep.decisions == 6 && rep.bandwidth > 0);
+
+    /* a rank of another configuration, or one a decision behind, fails every rank */
+    gcomp_adapt *other;
+    CHECK_OK(make(&other, "adapt:bandwidth+layers+norm;interval=4;measure=8;confirm=1", 0, &e));
+    if (other) {
+        for (int s = 0; s < 4; s++) gcomp_adapt_end_step(other, NULL);
+        size_t got;
+        CHECK_OK(gcomp_adapt_stats(other, all + len, len, &got));
+        CHECK_OK(gcomp_adapt_stats(a[0], all, len, &got));
+        CHECK_EQ_INT(gcomp_adapt_decide(a[0], all, len, 2, NULL, &e), GCOMP_E_MISMATCH);
+        CHECK(strstr(e.message, "rank 1") != NULL);
+        gcomp_adapt_free(other);
+    }
+    CHECK_EQ_INT(gcomp_adapt_decide(a[1], all, len + 1, 1, NULL, &e), GCOMP_E_MISMATCH);
+    for (int r = 0; r < R; r++) gcomp_adapt_free(a[r]);
+    free(all);
+    free(g);
+}
+
+int main(void) {
+    test_grammar();
+    test_ladder();
+    test_norm();
+    test_layers_dp();
+    test_layers_measured();
+    test_bandwidth();
+    test_accuracy();
+    test_ranks_agree();
+    return CHECK_DONE();
+}

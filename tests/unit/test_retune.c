@@ -1,0 +1,263 @@
+/*
+ * test_retune.c - gcomp_compressor_retune: nothing held back is lost across any sequence of
+ * spec changes (sum of gradients = sum of decoded messages + what is held back), switching
+ * to dense flushes the residual into the next message, retuning to the same spec changes
+ * nothing (momentum and warm starts carry over), a pending carry survives a checkpoint,
+ * and every failure - bad spec, a step in flight, out of memory - leaves the compressor as
+ * it was.
+ */
+#include "check.h"
+#include "core/internal.h"
+
+#include <stdint.h>
+
+#define ROWS 48
+#define COLS 40
+#define N (ROWS * COLS)
+
+static void gradient(float *g, unsigned long long *seed, double scale) {
+    for (size_t i = 0; i < N; i++) g[i] = (float)(scale * test_gauss(seed));
+}
+
+/* What c holds back, as doubles: the residual, a carry, or PowerSGD's residual. */
+static void held(const gcomp_compressor *c, double *out) {
+    const float *r = gcomp_compressor_residual(c);
+    static float tmp[N];
+    if (!r && gcomp_lowrank_residual(c, tmp) == GCOMP_OK) r = tmp;
+    for (size_t i = 0; i < N; i++) out[i] = r ? r[i] : 0.0;
+}
+
+/* Encodes `steps` gradients, adding them to *sum_g and the decoded messages to *sum_d. */
+static void run(gcomp_compressor *c, int steps, unsigned long long *seed, double *sum_g,
+                double *sum_d) {
+    float g[N], d[N];
+    size_t cap = gcomp_encode_bound(c), len;
+    uint8_t *msg = malloc(cap);
+    for (int s = 0; s < steps; s++) {
+        gradient(g, seed, 1.0);
+        CHECK_OK(gcomp_encode(c, g, msg, cap, &len));
+        memset(d, 0, sizeof d);
+        CHECK_OK(gcomp_decode_add(msg, len, d, N, 1.0f));
+        for (size_t i = 0; i < N; i++) {
+            sum_g[i] += g[i];
+            sum_d[i] += d[i];
+        }
+    }
+    free(msg);
+}
+
+static double conservation_gap(const gcomp_compressor *c, const double *sum_g,
+                               const double *sum_d) {
+    static double h[N];
+    held(c, h);
+    double worst = 0, scale = 0;
+    for (size_t i = 0; i < N; i++) {
+        worst = fmax(worst, fabs(sum_g[i] - sum_d[i] - h[i]));
+        scale = fmax(scale, fabs(sum_g[i]));
+    }
+    return worst / (scale > 0 ? scale : 1);
+}
+
+static void test_conservation(void) {
+    static const char *const specs[] = {
+        "topk:density=0.01,feedback=ef",
+        "topk:density=0.001,feedback=ef", /* a lower density */
+        "none",                           /* dense: flushes the residual */
+        "topk:density=0.05,values=f16,feedback=ef",
+        "dgc:density=0.02,momentum=0",  /* ef -> dgc: e becomes v */
+        "dgc:density=0.005,momentum=0", /* dgc -> dgc */
+        "int8:feedback=ef",             /* dgc -> ef, dense quantizer */
+        "powersgd:rank=4",              /* ef -> PowerSGD's own residual */
+        "powersgd:rank=2",              /* rank change, warm start kept in part */
+        "sign:feedback=ef",             /* PowerSGD -> ef */
+        "randomk:density=0.02,feedback=ef,seed=3",
+        "none:values=f16,feedback=ef",
+        "none",
+        "none", /* a retune with nothing held back */
+        "topk:density=0.01,feedback=ef",
+    };
+    unsigned long long seed = 1;
+    gcomp_compressor *c;
+    gcomp_error e = {0};
+    CHECK_OK(gcomp_compressor_create(&c, specs[0], N, ROWS, COLS, &e));
+    double *sum_g = calloc(N, sizeof(double)), *sum_d = calloc(N, sizeof(double));
+    uint64_t steps = 0;
+    for (size_t k = 0; k < sizeof specs / sizeof specs[0]; k++) {
+        if (k > 0) {
+            double before = conservation_gap(c, sum_g, sum_d);
+            CHECK_OK(gcomp_compressor_retune(c, specs[k], &e));
+            CHECK_MSG(gcomp_compressor_step(c) == steps, "%s: step %llu", specs[k],
+                      (unsigned long long)gcomp_compressor_step(c));
+            double after = conservation_gap(c, sum_g, sum_d);
+            CHECK_MSG(after <= before + 1e-6, "retune to %s lost %g of the held-back sum", specs[k],
+                      after - before);
+        }
+        run(c, 7, &seed, sum_g, sum_d);
+        steps += 7;
+        double gap = conservation_gap(c, sum_g, sum_d);
+        CHECK_MSG(gap < 1e-4, "after %s: sum g - sum decoded - held = %g (relative)", specs[k],
+                  gap);
+    }
+    gcomp_stats st;
+    gcomp_compressor_stats(c, &st);
+    CHECK_EQ_INT(st.messages, steps); /* statistics continue */
+    gcomp_compressor_free(c);
+    free(sum_g);
+    free(sum_d);
+}
+
+static void test_dense_flush(void) {
+    unsigned long long seed = 5;
+    float g[N], d[N], kept[N];
+    gcomp_compressor *c;
+    CHECK_OK(gcomp_compressor_create(&c, "topk:density=0.01,feedback=ef", N, 0, 0, NULL));
+    size_t cap = gcomp_encode_bound(c), len;
+    uint8_t *msg = malloc(4 * N + 256);
+    gradient(g, &seed, 1.0);
+    CHECK_OK(gcomp_encode(c, g, msg, cap, &len));
+    memcpy(kept, gcomp_compressor_residual(c), sizeof kept);
+    CHECK_OK(gcomp_compressor_retune(c, "none", NULL));
+    const float *carry = gcomp_compressor_residual(c);
+    CHECK(carry != NULL && !memcmp(carry, kept, sizeof kept));
+    gradient(g, &seed, 1.0);
+    CHECK_OK(gcomp_encode(c, g, msg, gcomp_encode_bound(c), &len));
+    memset(d, 0, sizeof d);
+    CHECK_OK(gcomp_decode_add(msg, len, d, N, 1.0f));
+    int exact = 1;
+    for (size_t i = 0; i < N; i++) exact &= d[i] == g[i] + kept[i];
+    CHECK_MSG(exact, "the dense message must carry g + the old residual");
+    CHECK(gcomp_compressor_residual(c) == NULL); /* flushed */
+    /* the next step is plain dense */
+    gradient(g, &seed, 1.0);
+    CHECK_OK(gcomp_encode(c, g, msg, gcomp_encode_bound(c), &len));
+    memset(d, 0, sizeof d);
+    CHECK_OK(gcomp_decode_add(msg, len, d, N, 1.0f));
+    CHECK(!memcmp(d, g, sizeof d));
+    free(msg);
+    gcomp_compressor_free(c);
+}
+
+/* Retuning to the spec it already has changes nothing: the next messages are the bytes a
+ * twin that never retuned makes (residual, DGC momentum, PowerSGD warm start all kept). */
+static void test_same_spec_is_noop(void) {
+    static const char *const specs[] = {"topk:density=0.01,feedback=ef",
+                                        "dgc:density=0.01,momentum=0.9", "powersgd:rank=3"};
+    for (size_t k = 0; k < 3; k++) {
+        gcomp_compressor *a, *b;
+        CHECK_OK(gcomp_compressor_create(&a, specs[k], N, ROWS, COLS, NULL));
+        CHECK_OK(gcomp_compressor_create(&b, specs[k], N, ROWS, COLS, NULL));
+        unsigned long long sa = 9, sb = 9;
+        float g[N];
+        size_t cap = gcomp_encode_bound(a), la, lb;
+        uint8_t *ma = malloc(cap), *mb = malloc(cap);
+        int same = 1;
+        for (int s = 0; s < 8; s++) {
+            if (s == 4) CHECK_OK(gcomp_compressor_retune(a, specs[k], NULL));
+            gradient(g, &sa, 1.0);
+            CHECK_OK(gcomp_encode(a, g, ma, cap, &la));
+            gradient(g, &sb, 1.0);
+            CHECK_OK(gcomp_encode(b, g, mb, cap, &lb));
+            same &= la == lb && !memcmp(ma, mb, la);
+        }
+        CHECK_MSG(same, "%s: retune to itself changed the messages", specs[k]);
+        free(ma);
+        free(mb);
+        gcomp_compressor_free(a);
+        gcomp_compressor_free(b);
+    }
+}
+
+static int same_state(gcomp_compressor *c, const char *spec, const float *res) {
+    const float *r = gcomp_compressor_residual(c);
+    return !strcmp(gcomp_compressor_spec(c), spec) && r && !memcmp(r, res, N * sizeof(float));
+}
+
+static void test_failures(void) {
+    unsigned long long seed = 3;
+    float g[N], res[N];
+    char spec[GCOMP__SPEC_MAX];
+    gcomp_compressor *c;
+    gcomp_error e = {0};
+    CHECK_OK(gcomp_compressor_create(&c, "topk:density=0.02,feedback=ef", N, ROWS, COLS, NULL));
+    size_t cap = 4 * N + 256, len; /* holds any message of this tensor */
+    uint8_t *msg = malloc(cap);
+    gradient(g, &seed, 1.0);
+    CHECK_OK(gcomp_encode(c, g, msg, cap, &len));
+    snprintf(spec, sizeof spec, "%s", gcomp_compressor_spec(c));
+    memcpy(res, gcomp_compressor_residual(c), sizeof res);
+
+    CHECK_EQ_INT(gcomp_compressor_retune(c, "topk:densty=0.1", &e), GCOMP_E_SPEC);
+    CHECK(strstr(e.message, "densty") != NULL);
+    CHECK_EQ_INT(gcomp_compressor_retune(c, "nosuch", &e), GCOMP_E_UNKNOWN_CODEC);
+    CHECK_EQ_INT(gcomp_compressor_retune(c, NULL, &e), GCOMP_E_ARG);
+    CHECK(same_state(c, spec, res));
+
+    /* out of memory at every allocation a retune makes: unchanged, then it succeeds */
+    int ok = 0;
+    for (size_t k = 0; k < 64 && !ok; k++) {
+        gcomp__test_fail_alloc_after(k);
+        gcomp_status st = gcomp_compressor_retune(c, "none", &e);
+        gcomp__test_fail_alloc_after((size_t)-1);
+        if (st == GCOMP_OK) {
+            ok = 1;
+            CHECK(gcomp_compressor_residual(c) &&
+                  !memcmp(gcomp_compressor_residual(c), res, sizeof res)); /* now the carry */
+        } else {
+            CHECK_EQ_INT(st, GCOMP_E_NOMEM);
+            CHECK_MSG(same_state(c, spec, res), "allocation %zu: state changed", k);
+        }
+    }
+    CHECK(ok);
+
+    /* a pending carry survives a checkpoint (state blob version 2) */
+    size_t blen;
+    uint8_t *blob = malloc(gcomp_state_bound(c));
+    CHECK_OK(gcomp_state_save(c, blob, gcomp_state_bound(c), &blen));
+    CHECK_EQ_INT(blob[4], 2);
+    gcomp_compressor *twin;
+    CHECK_OK(gcomp_compressor_from_state(&twin, blob, blen, &e));
+    size_t l1, l2;
+    uint8_t *m1 = malloc(4 * N + 256), *m2 = malloc(4 * N + 256);
+    gradient(g, &seed, 1.0);
+    CHECK_OK(gcomp_encode(c, g, m1, 4 * N + 256, &l1));
+    CHECK_OK(gcomp_encode(twin, g, m2, 4 * N + 256, &l2));
+    CHECK(l1 == l2 && !memcmp(m1, m2, l1));
+    blob[blen / 2] ^= 1;
+    gcomp_compressor *bad = NULL;
+    CHECK_EQ_INT(gcomp_compressor_from_state(&bad, blob, blen, &e), GCOMP_E_CHECKSUM);
+    /* without a carry the blob is version 1, as before retunes existed */
+    CHECK_OK(gcomp_state_save(c, blob, gcomp_state_bound(c), &blen));
+    CHECK_EQ_INT(blob[4], 1);
+    gcomp_compressor_free(twin);
+    free(blob);
+    free(m1);
+    free(m2);
+
+    /* PowerSGD: a step in flight refuses a retune; a 1-D tensor cannot keep a residual */
+    gcomp_compressor *p;
+    CHECK_OK(gcomp_compressor_create(&p, "powersgd:rank=2", N, ROWS, COLS, NULL));
+    float *pp;
+    size_t np;
+    unsigned rounds;
+    CHECK_OK(gcomp_lowrank_begin(p, g, &pp, &np, &rounds));
+    CHECK_EQ_INT(gcomp_compressor_retune(p, "powersgd:rank=1", &e), GCOMP_E_PROTOCOL);
+    gcomp_lowrank_abort(p);
+    CHECK_OK(gcomp_compressor_retune(p, "powersgd:rank=1", &e));
+    gcomp_compressor_free(p);
+    gcomp_compressor *v;
+    CHECK_OK(gcomp_compressor_create(&v, "topk:density=0.1,feedback=ef", N, 0, 0, NULL));
+    CHECK_OK(gcomp_encode(v, g, msg, cap, &len));
+    CHECK_EQ_INT(gcomp_compressor_retune(v, "powersgd:rank=2", &e), GCOMP_E_UNSUPPORTED);
+    CHECK(strstr(gcomp_compressor_spec(v), "topk") != NULL);
+    gcomp_compressor_free(v);
+    free(msg);
+    gcomp_compressor_free(c);
+}
+
+int main(void) {
+    test_conservation();
+    test_dense_flush();
+    test_same_spec_is_noop();
+    test_failures();
+    return CHECK_DONE();
+}
