@@ -860,12 +860,15 @@ static gcomp_status ps_reserve(gcomp_mpi_bucket *b, gm_group *g) {
 
 /* Test hook (tests/mpi/test_mpi_ps_bad.c): what this worker's next push of the bucket's
  * first sub-bucket spoils: 1 a payload byte (CHECKSUM), 2 a part id (an unknown key,
- * MISMATCH), 3 the fingerprint (a push made with another spec, MISMATCH), 4 a header byte
- * after sealing (CHECKSUM), 5 the round (MISMATCH).  Exported for the tests only. */
-GCOMP_API gcomp_status gcomp__mpi_ps_test_tamper(gcomp_mpi_bucket *b, int what);
-gcomp_status gcomp__mpi_ps_test_tamper(gcomp_mpi_bucket *b, int what) {
-    if (!b || b->ng == 0 || !b->g[0].priv) return GCOMP_E_ARG;
+ * MISMATCH), 3 the fingerprint (a push made with `foreign`, another spec, MISMATCH), 4 a
+ * header byte after sealing (CHECKSUM), 5 the round (MISMATCH).  `foreign` is borrowed until
+ * that push.  Exported for the tests only. */
+GCOMP_API gcomp_status gcomp__mpi_ps_test_tamper(gcomp_mpi_bucket *b, int what,
+                                                 const char *foreign);
+gcomp_status gcomp__mpi_ps_test_tamper(gcomp_mpi_bucket *b, int what, const char *foreign) {
+    if (!b || b->ng == 0 || !b->g[0].priv || (what == 3 && !foreign)) return GCOMP_E_ARG;
     ((ps_group *)b->g[0].priv)->tamper = what;
+    ((ps_group *)b->g[0].priv)->tamper_spec = foreign;
     return GCOMP_OK;
 }
 
@@ -920,7 +923,7 @@ static gcomp_status ps_encode(gcomp_mpi_bucket *b, gm_group *g) {
                 if (pg->tamper == 3) {
                     /* a message of another spec: the right size, valid CRCs */
                     gcomp_compressor *x = NULL;
-                    if (gcomp_compressor_create(&x, "topk:density=0.001", p->n, 0, 0, NULL) ==
+                    if (gcomp_compressor_create(&x, pg->tamper_spec, p->n, 0, 0, NULL) ==
                             GCOMP_OK &&
                         gcomp_encode_bound(x) <= room)
                         gcomp_encode(x, t->io + p->off, dst, room, &len);

@@ -148,6 +148,7 @@ typedef struct ps_group {
     size_t init_cap;                   /* worker: send room an init frame needs (pusher 0) */
     uint64_t round;                    /* pushes (worker) / rounds (server) so far */
     int tamper;                        /* test hook: what to spoil in the next push */
+    const char *tamper_spec;           /* test hook: the other spec of tamper 3 */
 
     /* server */
     int me;            /* this server's index */

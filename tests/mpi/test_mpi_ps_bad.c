@@ -19,7 +19,8 @@
 #define N 3000
 #define TIMEOUT 30.0
 
-GCOMP_API gcomp_status gcomp__mpi_ps_test_tamper(gcomp_mpi_bucket *b, int what);
+GCOMP_API gcomp_status gcomp__mpi_ps_test_tamper(gcomp_mpi_bucket *b, int what,
+                                                 const char *foreign);
 
 static const gcomp_status want[6] = {GCOMP_OK,         GCOMP_E_CHECKSUM, GCOMP_E_MISMATCH,
                                      GCOMP_E_MISMATCH, GCOMP_E_CHECKSUM, GCOMP_E_MISMATCH};
@@ -67,7 +68,7 @@ static void sync_case(ps_env *E) {
         for (int what = 1; what <= 5; what++) {
             CHECK_OK(gcomp_mpi_ps_pull(b, pb, TIMEOUT, &err));
             uint64_t v0 = gcomp_mpi_ps_version(b, 0);
-            if (E->widx == 0) CHECK_OK(gcomp__mpi_ps_test_tamper(b, what));
+            if (E->widx == 0) CHECK_OK(gcomp__mpi_ps_test_tamper(b, what, "topk:density=0.001"));
             test_fill(x, N, 10ull + (unsigned)what);
             gcomp_status st = gcomp_mpi_allreduce(b, d, GCOMP_MPI_AVERAGE, TIMEOUT, &err);
             CHECK_MSG(st == want[what], "tamper %d: %s (%s), want %s", what, gcomp_status_str(st),
@@ -110,7 +111,7 @@ static void async_case(ps_env *E) {
         test_fill(x, N, 1);
         CHECK_OK(gcomp_mpi_ps_init(b, d, TIMEOUT, &err));
         for (int what = 1; what <= 5; what++) {
-            if (E->widx == 0) CHECK_OK(gcomp__mpi_ps_test_tamper(b, what));
+            if (E->widx == 0) CHECK_OK(gcomp__mpi_ps_test_tamper(b, what, "topk:density=0.001"));
             test_fill(x, N, 30ull + (unsigned)what);
             gcomp_status st = gcomp_mpi_allreduce(b, d, GCOMP_MPI_AVERAGE, TIMEOUT, &err);
             gcomp_status expect = E->widx == 0 ? want[what] : GCOMP_OK;
