@@ -100,19 +100,22 @@ static void run(ps_env *E, int mode, const char *name) {
         /* the fast workers' rates, and who finished phase 2 first */
         int n2 = mode == GCOMP_MPI_PS_SYNC ? SLOW_STEPS : STEPS;
         double m1 = slow ? 0 : median(t1, STEPS), m2 = slow ? 0 : median(t2, n2);
-        double in[3] = {slow ? 0 : m2 / m1, slow ? 0 : done, slow ? done : 0}, out[3];
-        MPI_Allreduce(in, out, 3, MPI_DOUBLE, MPI_MAX, E->wcomm);
+        double in[4] = {slow ? 0 : m2 / m1, slow ? 0 : done, slow ? done : 0, m2}, out[4];
+        MPI_Allreduce(in, out, 4, MPI_DOUBLE, MPI_MAX, E->wcomm);
         if (E->widx == 0)
             printf("%s: fast workers: median step %.2f ms unslowed, %.2f ms with a worker %d ms "
                    "slower (rate ratio %.2f); fast finished phase 2 in %.2f s, slow in %.2f s\n",
                    name, 1e3 * m1, 1e3 * m2, SLOW_MS, out[0] > 0 ? 1.0 / out[0] : 0.0, out[1],
                    out[2]);
-        bool unblocked = out[0] <= 1.0 / 0.8 && out[1] < out[2];
+        /* Held back means a fast step waits for the slow worker's SLOW_MS (sync: ~SLOW_MS
+         * each).  The bound is a quarter of that, not a ratio to the unslowed step: on a
+         * loaded machine a 5 ms step may well take three times as long without any wait. */
+        bool unblocked = out[3] < SLOW_MS / 4e3 && out[1] < out[2];
         if (mode == GCOMP_MPI_PS_ASYNC)
             CHECK_MSG(unblocked,
-                      "%s: the fast workers were held back (step time x%.2f; finished at %.2f s, "
-                      "the slow one at %.2f s)",
-                      name, out[0], out[1], out[2]);
+                      "%s: the fast workers were held back (median step %.1f ms, x%.2f; "
+                      "finished at %.2f s, the slow one at %.2f s)",
+                      name, 1e3 * out[3], out[0], out[1], out[2]);
         else /* sync must be held back: the check can fail */
             CHECK_MSG(!unblocked && out[0] > 5.0, "%s: sync mode was not held back (x%.2f)", name,
                       out[0]);
