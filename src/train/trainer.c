@@ -379,11 +379,13 @@ int gtrain_run(const gtrain_config *cfg, const char *method, const gtrain_data *
             if ((s + 1) % eval_every == 0 || last) {
                 gtrain_point p = {0};
                 p.epoch = epoch + (double)(s + 1) / (double)steps_per_epoch;
-                p.wall_s = wall;
                 p.bytes = ex ? gtrain_exchange_bytes_sent(ex) : gtrain_outer_bytes_sent(ox);
-                double ls[2] = {loss_sum, (double)loss_n};
-                MPI_Allreduce(MPI_IN_PLACE, ls, 2, MPI_DOUBLE, MPI_SUM, comm);
+                /* The ranks' mean clock, as the run's train_seconds: a point is never later
+                 * than the run that contains it. */
+                double ls[3] = {loss_sum, (double)loss_n, wall};
+                MPI_Allreduce(MPI_IN_PLACE, ls, 3, MPI_DOUBLE, MPI_SUM, comm);
                 p.train_loss = ls[0] / ls[1];
+                p.wall_s = ls[2] / P;
                 loss_sum = 0;
                 loss_n = 0;
                 int same;
@@ -436,7 +438,9 @@ int gtrain_run(const gtrain_config *cfg, const char *method, const gtrain_data *
         } else {
             wall += now_s() - t0;
             gtrain_point p = out->points[out->npoints - 1];
-            p.wall_s = wall;
+            double w = wall;
+            MPI_Allreduce(MPI_IN_PLACE, &w, 1, MPI_DOUBLE, MPI_SUM, comm);
+            p.wall_s = w / P;
             p.bytes = gtrain_outer_bytes_sent(ox);
             int same;
             if (eval_shared(m, ox, test, comm, &p.test_acc, &p.test_loss, &same))
