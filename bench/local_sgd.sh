@@ -1,9 +1,9 @@
 #!/bin/sh
 # bench/local_sgd.sh [BUILD] mlp|cnn|wan|hetero [SEED] - local SGD / DiLoCo against
-# data-parallel training on 4 netsim hosts at 100 Mbit/s (root; docs/BENCHMARKS.md,
-# "Local SGD and DiLoCo over slow links").  One command per figure: every method shares
-# the same machine state, and the dense data-parallel run sets the target (its final
-# accuracy) in the same invocation.  Each method trains at most --time-budget seconds.
+# data-parallel training on 4 netsim hosts at 100 Mbit/s (root; docs/BENCHMARKS.md, "Local
+# SGD / DiLoCo: gradcomp train --local-steps (issue 18)").  One command per figure: every
+# method shares the same machine state, and the dense data-parallel run sets the target (its
+# final accuracy) in the same invocation.  Each method trains at most --time-budget seconds.
 #   mlp     MLP 784-1024-1024-10 (1.86 M parameters)
 #   cnn     the CNN (LeNet-5 geometry, 16-32-128: 0.12 M parameters)
 #   wan     the MLP with 5 ms one-way delay on every host (10 ms RTT)

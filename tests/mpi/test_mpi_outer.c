@@ -833,7 +833,7 @@ static void test_bad_input(gcomp_mpi_comm *comm) {
         o.field = value;                                                                           \
         refuse(comm, #field " = " #value, &o, dense, GCOMP_MPI_AUTO, -1, want, needle);            \
     } while (0)
-    BAD(local_steps, 0, GCOMP_E_ARG, "local_steps");
+    BAD(local_steps, 0, GCOMP_E_ARG, "local_steps (H) is 0"); /* not the fragments check's */
     BAD(lr, 0.0, GCOMP_E_ARG, "outer lr");
     BAD(lr, -0.7, GCOMP_E_ARG, "outer lr");
     BAD(lr, NAN, GCOMP_E_ARG, "outer lr");
@@ -908,7 +908,7 @@ static void test_bad_input(gcomp_mpi_comm *comm) {
         gcomp_mpi_outer_options_default(&o);
         o.local_steps = 0;
         refuse(comm, "H = 0 on rank 0 only", &o, dense, GCOMP_MPI_AUTO, 0, GCOMP_E_ARG,
-               "local_steps");
+               "local_steps (H) is 0");
     }
 #undef BAD
     /* NULL arguments. */
