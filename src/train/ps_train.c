@@ -425,6 +425,7 @@ agree:
         out->codec_ms = 1e3 * (sum[2] / W) / (sum[6] / W);
         out->comm_ms = 1e3 * (sum[3] / W) / (sum[6] / W);
         out->bytes_per_step = sum[4] / sum[6]; /* per worker step */
+        out->bytes_total = sum[4] / W;         /* per worker, over the run */
         out->wall_s = sum[0] / W;
         out->ratio = out->dense_bytes_per_step / (sum[5] / sum[6]);
         out->traffic_ratio = 2.0 * (W - 1) / W * out->dense_bytes_per_step / out->bytes_per_step;
