@@ -6,7 +6,7 @@
 # mlp-large` for every method, and print predicted beside measured step time.
 #
 #   sudo bench/validate_cost_model.sh [OUTDIR]         the full grid (2x3 cases, ~2-3 min each)
-#   HOSTS="2" RATES="1gbit" METHODS="dense dgc:density=0.001,values=f16" sudo bench/...
+#   CASES="h2-1gbit h4-100mbit" METHODS="dense dgc:density=0.001,values=f16" sudo bench/...
 #
 # netsim is shared (one job at a time, a lock): each case takes the lock once, for one to
 # three minutes (up, calibrate, one short allreduce-bench per method, one short train
@@ -22,19 +22,19 @@
 #
 # Needs root (scripts/netsim) and a Release build in build/.  Writes OUTDIR/validation.tsv
 # (kind, hosts, rate, method, predicted ms, measured ms, ratio, load) and prints the share
-# of cases within 20 %.  An existing validation.tsv is appended to (ONLY="h4-100mbit" reruns
-# one case); delete it for a fresh grid.
+# of cases within 20 %.  An existing validation.tsv is appended to (CASES="h4-100mbit" adds
+# or reruns one case); delete it for a fresh grid.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd -P)
 G=$ROOT/build/gradcomp
 NETSIM=$ROOT/scripts/netsim
 OUT=${1:-$ROOT/out/validate-cost}
-HOSTS=${HOSTS:-"2 4"}
-RATES=${RATES:-"100mbit 1gbit none"}
 METHODS=${METHODS:-"dense dense-f16 dgc:density=0.001,values=f16 powersgd:rank=4 sign:feedback=ef twobit:threshold=0.5"}
 STEPS=${STEPS:-3}             # training steps per method
 RUNS=${RUNS:-3}               # allreduce-bench timed runs (after one warm-up)
-ONLY=${ONLY:-}                # e.g. "h2-1gbit": run only that case
+# The cases, in the order they run (the most telling first: a short session may get only a
+# few turns of the netsim lock): hH-RATE for H hosts at RATE.
+CASES=${CASES:-"h2-1gbit h4-100mbit h2-none h2-100mbit h4-1gbit h4-none"}
 export NETSIM_TIMEOUT=${NETSIM_TIMEOUT:-240}
 STATE=${NETSIM_STATE_DIR:-/run/gradcomp-netsim}
 mkdir -p "$OUT"
@@ -101,40 +101,39 @@ case_unit() {
     train_unit
 }
 
-for H in $HOSTS; do
-    for R in $RATES; do
-        tag="h$H-$R"
-        [ -z "$ONLY" ] || [ "$ONLY" = "$tag" ] || continue
-        cal=$OUT/cal-$tag.txt
-        N=4096x4096
-        [ "$R" != 100mbit ] || N=4096x784
-        rm -f "$cal"
-        log "$tag: waiting for netsim"
-        locked "$H" "$R" case_unit || { log "$tag: failed"; continue; }
-        # The prediction: the tensor alone, its spec for every tensor, the calibrated
-        # codec rates and latency, the link's nominal rate (calibrated one when unshaped).
-        lat_us=$(awk '$1 == "net" && $2 == "inter" { for (i = 3; i <= NF; i++)
-            if ($i ~ /^latency=/) { sub("latency=", "", $i); printf "%.3f", $i * 1e6 } }' "$cal")
-        linkarg=(--link "$R" --latency "${lat_us:-25}")
-        [ "$R" != none ] || linkarg=()
-        echo "t ${N/x/ }" >"$OUT/tensor-$tag.txt"
-        for M in $METHODS; do
-            spec=$(bench_spec "$M")
-            b=$OUT/bench-$tag-${M%%:*}
-            [ -s "$b.json" ] || continue
-            "$G" plan --model "$OUT/tensor-$tag.txt" --compare "policy:spec=$spec;dense=$spec;min_elements=1" \
-                --workers "$H" "${linkarg[@]}" --compute-ms 0 --calibration "$cal" --json \
-                >"$OUT/plan-$tag-${M%%:*}.json"
-            python3 - "$b.json" "$OUT/plan-$tag-${M%%:*}.json" "$H" "$R" "$M" "$(cat "$b.load")" \
-                >>"$TSV" <<'PY'
+for tag in $CASES; do
+    H=${tag%%-*} R=${tag#*-}
+    H=${H#h}
+    cal=$OUT/cal-$tag.txt
+    N=4096x4096
+    [ "$R" != 100mbit ] || N=4096x784
+    rm -f "$cal"
+    log "$tag: waiting for netsim"
+    locked "$H" "$R" case_unit || { log "$tag: failed"; continue; }
+    # The prediction: the tensor alone, its spec for every tensor, the calibrated
+    # codec rates and latency, the link's nominal rate (calibrated one when unshaped).
+    lat_us=$(awk '$1 == "net" && $2 == "inter" { for (i = 3; i <= NF; i++)
+        if ($i ~ /^latency=/) { sub("latency=", "", $i); printf "%.3f", $i * 1e6 } }' "$cal")
+    linkarg=(--link "$R" --latency "${lat_us:-25}")
+    [ "$R" != none ] || linkarg=()
+    echo "t ${N/x/ }" >"$OUT/tensor-$tag.txt"
+    for M in $METHODS; do
+        spec=$(bench_spec "$M")
+        b=$OUT/bench-$tag-${M%%:*}
+        [ -s "$b.json" ] || continue
+        "$G" plan --model "$OUT/tensor-$tag.txt" --compare "policy:spec=$spec;dense=$spec;min_elements=1" \
+            --workers "$H" "${linkarg[@]}" --compute-ms 0 --calibration "$cal" --json \
+            >"$OUT/plan-$tag-${M%%:*}.json"
+        python3 - "$b.json" "$OUT/plan-$tag-${M%%:*}.json" "$H" "$R" "$M" "$(cat "$b.load")" \
+            >>"$TSV" <<'PY'
 import json, sys
 b, p = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))
 meas, pred = b["time_ms"]["median"], 1e3 * p["results"][0]["step_s"]
 h, r, m, load = sys.argv[3:7]
 print(f"allreduce-bench\t{h}\t{r}\t{m}\t{pred:.2f}\t{meas:.2f}\t{pred / meas:.3f}\t{load}")
 PY
-        done
-        python3 - "$OUT/train-$tag/results.json" "$H" "$R" "$(cat "$OUT/train-$tag.load")" >>"$TSV" <<'PY'
+    done
+    python3 - "$OUT/train-$tag/results.json" "$H" "$R" "$(cat "$OUT/train-$tag.load")" >>"$TSV" <<'PY'
 import json, sys
 d = json.load(open(sys.argv[1]))
 for m in d["methods"]:
@@ -142,8 +141,7 @@ for m in d["methods"]:
     if pred is None: continue
     print(f"train mlp-large\t{sys.argv[2]}\t{sys.argv[3]}\t{m['method']}\t{pred:.2f}\t{meas:.2f}\t{pred / meas:.3f}\t{sys.argv[4]}")
 PY
-        log "$tag: done"
-    done
+    log "$tag: done"
 done
 column -t -s $'\t' "$TSV"
 python3 - "$TSV" <<'PY'
