@@ -8,11 +8,12 @@
 #   sudo bench/validate_cost_model.sh [OUTDIR]         the full grid (2x3 cases, ~2-3 min each)
 #   CASES="h2-1gbit h4-100mbit" METHODS="dense dgc:density=0.001,values=f16" sudo bench/...
 #
-# netsim is shared (one job at a time, a lock): each case takes the lock once, for one to
-# three minutes (up, calibrate, one short allreduce-bench per method, one short train
-# comparing all methods, down), and other users' jobs run between cases.  The calibration
-# is per case on purpose: the codec rates are taken seconds before the runs they predict,
-# under the same load.
+# netsim is shared (one job at a time, a lock): the script takes the lock for a turn, runs
+# cases in it (each: up, calibrate, one short allreduce-bench per method, one short train
+# comparing all methods, down; one to three minutes) and starts another case in the same
+# turn only while the turn is younger than TURN_S seconds (default 120), then lets the
+# other users' jobs run.  The calibration is per case on purpose: the codec rates are taken
+# seconds before the runs they predict, under the same load.
 #
 # Why these sizes: allreduce-bench uses fc2.weight (4096x4096, 64 MiB) at 1 Gbit/s and
 # unshaped, fc1.weight (4096x784) at 100 Mbit/s so that a dense run stays near a second.
@@ -34,7 +35,8 @@ STEPS=${STEPS:-3}             # training steps per method
 RUNS=${RUNS:-3}               # allreduce-bench timed runs (after one warm-up)
 # The cases, in the order they run (the most telling first: a short session may get only a
 # few turns of the netsim lock): hH-RATE for H hosts at RATE.
-CASES=${CASES:-"h2-1gbit h4-100mbit h2-none h2-100mbit h4-1gbit h4-none"}
+CASES=${CASES-"h2-1gbit h4-100mbit h2-none h2-100mbit h4-1gbit h4-none"}
+TURN_S=${TURN_S:-120}          # start no new case in a turn of the lock older than this
 export NETSIM_TIMEOUT=${NETSIM_TIMEOUT:-240}
 STATE=${NETSIM_STATE_DIR:-/run/gradcomp-netsim}
 mkdir -p "$OUT"
@@ -49,22 +51,35 @@ bench_spec() { case $1 in dense) echo none ;; dense-f16) echo none:values=f16 ;;
 load1() { cut -d' ' -f1 /proc/loadavg; }
 log() { printf '%s %s (load %s)\n' "$(date -u +%H:%M:%S)" "$*" "$(load1)"; }
 
-# One unit under netsim's lock: up, the body, down (also on failure).
-locked() {
-    local H=$1 R=$2
-    shift 2
+# One turn of netsim's lock: cases from $pending while the turn is young; each case brings
+# its hosts up and down (also on failure).  The cases run are listed in $OUT/turn.
+turn() {
     (
         mkdir -p "$STATE"
         exec 9>"$STATE/lock"
-        flock -w "${NETSIM_LOCK_WAIT:-1800}" 9 || {
+        flock -w "${NETSIM_LOCK_WAIT:-3600}" 9 || {
             echo "netsim lock busy" >&2
             exit 1
         }
         export NETSIM_LOCKED=1
         trap '"$NETSIM" down >/dev/null 2>&1 || true' EXIT
-        "$NETSIM" up "$H" "$R" >/dev/null 2>&1
-        "$@"
+        local t0=$SECONDS
+        for tag in $pending; do
+            [ $((SECONDS - t0)) -lt "$TURN_S" ] || break
+            set_case "$tag"
+            echo "$tag" >>"$OUT/turn"
+            "$NETSIM" up "$H" "$R" >/dev/null 2>&1 || { log "$tag: netsim up failed"; continue; }
+            case_unit || log "$tag: failed"
+            "$NETSIM" down >/dev/null 2>&1 || true
+        done
     )
+}
+set_case() {
+    tag=$1 H=${1%%-*} R=${1#*-}
+    H=${H#h}
+    cal=$OUT/cal-$tag.txt
+    N=4096x4096
+    [ "$R" != 100mbit ] || N=4096x784
 }
 nrun() { "$NETSIM" run "$H" -x OPENBLAS_NUM_THREADS=1 -x OMP_NUM_THREADS=1 -x GCOMP_TRAIN_LINK="$R" -- "$@"; }
 
@@ -95,26 +110,23 @@ train_unit() {
 }
 
 case_unit() {
+    rm -f "$cal" "$OUT/train-$tag/results.json"
     log "$tag: calibrate + allreduce-bench"
     bench_unit || return 1
     log "$tag: train"
     train_unit
 }
 
-for tag in $CASES; do
-    H=${tag%%-*} R=${tag#*-}
-    H=${H#h}
-    cal=$OUT/cal-$tag.txt
-    N=4096x4096
-    [ "$R" != 100mbit ] || N=4096x784
-    rm -f "$cal"
-    log "$tag: waiting for netsim"
-    locked "$H" "$R" case_unit || { log "$tag: failed"; continue; }
-    # The prediction: the tensor alone, its spec for every tensor, the calibrated
-    # codec rates and latency, the link's nominal rate (calibrated one when unshaped).
+# Predicted beside measured for one case that ran (outside the lock: plan is arithmetic).
+post() {
+    set_case "$1"
+    [ -s "$cal" ] || { log "$tag: no calibration, nothing to compare"; return 0; }
+    # The prediction: the tensor alone, its spec for every tensor, the calibrated codec
+    # rates and latency, the link's nominal rate (the calibrated one when unshaped).
+    local lat_us M spec b
     lat_us=$(awk '$1 == "net" && $2 == "inter" { for (i = 3; i <= NF; i++)
         if ($i ~ /^latency=/) { sub("latency=", "", $i); printf "%.3f", $i * 1e6 } }' "$cal")
-    linkarg=(--link "$R" --latency "${lat_us:-25}")
+    local linkarg=(--link "$R" --latency "${lat_us:-25}")
     [ "$R" != none ] || linkarg=()
     echo "t ${N/x/ }" >"$OUT/tensor-$tag.txt"
     for M in $METHODS; do
@@ -133,6 +145,7 @@ h, r, m, load = sys.argv[3:7]
 print(f"allreduce-bench\t{h}\t{r}\t{m}\t{pred:.2f}\t{meas:.2f}\t{pred / meas:.3f}\t{load}")
 PY
     done
+    [ -s "$OUT/train-$tag/results.json" ] || return 0
     python3 - "$OUT/train-$tag/results.json" "$H" "$R" "$(cat "$OUT/train-$tag.load")" >>"$TSV" <<'PY'
 import json, sys
 d = json.load(open(sys.argv[1]))
@@ -141,7 +154,25 @@ for m in d["methods"]:
     if pred is None: continue
     print(f"train mlp-large\t{sys.argv[2]}\t{sys.argv[3]}\t{m['method']}\t{pred:.2f}\t{meas:.2f}\t{pred / meas:.3f}\t{sys.argv[4]}")
 PY
-    log "$tag: done"
+}
+
+for tag in ${POST:-}; do post "$tag"; done # POST="h2-1gbit": compare a case run before
+pending=$CASES
+while [ -n "$pending" ]; do
+    log "waiting for netsim (cases left: $pending)"
+    : >"$OUT/turn"
+    turn || log "turn failed"
+    ran=$(cat "$OUT/turn")
+    [ -n "$ran" ] || break
+    for tag in $ran; do
+        post "$tag"
+        log "$tag: done"
+    done
+    left=""
+    for tag in $pending; do
+        case " $(echo $ran) " in *" $tag "*) ;; *) left="$left $tag" ;; esac
+    done
+    pending=${left# }
 done
 column -t -s $'\t' "$TSV"
 python3 - "$TSV" <<'PY'
