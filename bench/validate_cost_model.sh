@@ -28,7 +28,7 @@
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd -P)
 G=$ROOT/build/gradcomp
-NETSIM=$ROOT/scripts/netsim
+NETSIM=${NETSIM:-$ROOT/scripts/netsim} # a stand-in with the same commands, for testing the script
 OUT=${1:-$ROOT/out/validate-cost}
 METHODS=${METHODS:-"dense dense-f16 dgc:density=0.001,values=f16 powersgd:rank=4 sign:feedback=ef twobit:threshold=0.5"}
 STEPS=${STEPS:-3}             # training steps per method
