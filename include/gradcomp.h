@@ -952,9 +952,9 @@ typedef struct gcomp_adapt_options {
  * others at base).  `opt` may be NULL.
  * Returns GCOMP_OK; GCOMP_E_ARG (NULL, count 0, a bad tensor); GCOMP_E_SPEC (the grammar:
  * an unknown controller or key, a key no listed controller reads, a value out of range such
- * as target=1.5, an empty ladder or one whose entries send the same bytes, a ladder value
- * the base's knob refuses; *err names the culprit and what is allowed);
- * GCOMP_E_UNKNOWN_CODEC; GCOMP_E_LIMIT; GCOMP_E_NOMEM.  On failure *out is NULL.
+ * as target=150 or target=0 (1 < T < 100 reads as a percentage), an empty ladder or one whose
+ * entries send the same bytes, a ladder value the base's knob refuses; *err names the culprit and
+ * what is allowed); GCOMP_E_UNKNOWN_CODEC; GCOMP_E_LIMIT; GCOMP_E_NOMEM.  On failure *out is NULL.
  */
 GCOMP_API gcomp_status gcomp_adapt_create(gcomp_adapt **out, const char *method,
                                           const gcomp_tensor_desc *tensors, size_t count,
