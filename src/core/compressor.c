@@ -385,7 +385,8 @@ static gcomp_status read_blob(const void *src, size_t len, blob *b) {
     b->carry = NULL;
     b->carry_len = 0;
     if (version == STATE_VERSION_CARRY) {
-        if (b->cs_len > len - off - 12) return GCOMP_E_STATE;
+        /* off <= len - 8 here: the carry's length word needs 4 more bytes than that */
+        if (len - off < 12 || b->cs_len > len - off - 12) return GCOMP_E_STATE;
         b->cs = p + off + 4;
         off += 4 + b->cs_len;
         b->carry_len = gcomp__get32(p + off);
