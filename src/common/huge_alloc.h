@@ -27,6 +27,7 @@
 
 #include <errno.h>
 #include <stddef.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <sys/mman.h>
 
@@ -37,6 +38,9 @@
 /* A block of at least `bytes` (0 is taken as 1), 64-byte aligned, or NULL. */
 static inline void *gcomp__huge_alloc(size_t bytes) {
     if (bytes == 0) bytes = 1;
+    /* No object may exceed PTRDIFF_MAX; refusing here also keeps sanitizers, which abort
+     * on such requests instead of returning NULL, on the documented path. */
+    if (bytes > (size_t)PTRDIFF_MAX) return NULL;
     if (bytes >= GCOMP__HUGE_MIN) {
         size_t rounded = (bytes + GCOMP__HUGE_PAGE - 1) & ~(GCOMP__HUGE_PAGE - 1);
         void *p = NULL;

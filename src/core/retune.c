@@ -64,14 +64,14 @@ gcomp_status gcomp_compressor_retune(gcomp_compressor *c, const char *spec, gcom
         nc->spec.feedback->absorb(nc, held, c);
     } else if (nc->codec->absorb) {
         st = nc->codec->absorb(nc, held, c);
-        if (st != GCOMP_OK) {
+        if (st != GCOMP_OK) { /* the message names nc's spec: written before nc is freed */
+            gcomp__fail(err, st,
+                        "retune: '%s' cannot keep the %zu elements '%s' held back (a tensor "
+                        "it always sends dense); retune to a spec with feedback first",
+                        nc->spec.canonical, n, c->spec.canonical);
             gcomp__free(held);
             gcomp_compressor_free(nc);
-            return gcomp__fail(err, st,
-                               "retune: '%s' cannot keep the %zu elements '%s' held back "
-                               "(a tensor it always sends dense); retune to a spec with "
-                               "feedback first",
-                               nc->spec.canonical, n, c->spec.canonical);
+            return st;
         }
     } else if (any) { /* nothing to keep it in: it rides in the next message */
         nc->carry = held;
