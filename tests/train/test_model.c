@@ -312,8 +312,12 @@ static void test_summed_loss(void) {
         const uint8_t *y = d.y + (size_t)s * B;
         CHECK(gtrain_model_forward_backward(mean, x, y, B, &lm) == GTRAIN_OK, "fb");
         CHECK(gtrain_model_forward_backward(sum, x, y, B, &ls) == GTRAIN_OK, "fb");
-        CHECK(lm == ls, "step %d: the reported loss is the mean in both units (%g, %g)", s,
-              (double)lm, (double)ls);
+        /* Equal weights at step 0 give the same loss to the bit; after an SGD step the two
+         * models' weights differ by float rounding (g / B against mean g), and so may the
+         * losses, in their last bits: a summed loss would be B = 12 times larger. */
+        CHECK(s == 0 ? lm == ls : fabs((double)lm - ls) <= 1e-5 * fabs((double)lm),
+              "step %d: the reported loss is the mean in both units (%.9g, %.9g)", s, (double)lm,
+              (double)ls);
         if (s == 0) {
             double worst = 0, big = 0; /* float sums cancel: compare against the largest */
             for (size_t i = 0; i < n; i++) {
