@@ -77,14 +77,10 @@ _F32 = torch.float32
 _RULE_METHOD = (0, 3)  # GCOMP_RULE_OVERRIDE, GCOMP_RULE_DEFAULT: the method's own spec
 
 
-# ---- LEAD: the one place that reads a property out of a spec string ------------------------
-# Switch to the core's answer (gcomp_spec_describe, flag GCOMP_SPEC_MOMENTUM, through a
-# gradcomp.* wrapper) once it lands (issue 12); nothing else in this module or in
-# gradcomp/mpi.py looks inside a spec.
 def _spec_keeps_momentum(canonical_spec):
-    """True when the compressor of `canonical_spec` keeps the momentum (DGC)."""
-    params = canonical_spec.partition(":")[2]
-    return "feedback=dgc" in params.split(",")
+    """True when the compressor of `canonical_spec` keeps the momentum (DGC), as the core
+    describes the spec (GCOMP_SPEC_MOMENTUM): no spec text is read here."""
+    return "momentum" in _core.describe(canonical_spec)["properties"]
 
 
 # ---- planning ------------------------------------------------------------------------------
