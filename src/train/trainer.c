@@ -329,7 +329,7 @@ int gtrain_run(const gtrain_config *cfg, const char *method, const gtrain_data *
     p0.train_loss = NAN;
     out->points[out->npoints++] = p0;
 
-    double wall = 0, loss_sum = 0, compute_s = 0, wait_s = 0, sgd_s = 0, adapt_s = 0;
+    double wall = 0, loss_sum = 0, compute_s = 0, wait_s = 0, sgd_s = 0, adapt_s = 0, first_s = 0;
     size_t loss_n = 0, step = 0;
     for (int epoch = 0; epoch < cfg->epochs && !rc; epoch++) {
         gtrain_shuffle(perm, train->n, cfg->seed, (uint64_t)epoch);
@@ -369,6 +369,7 @@ int gtrain_run(const gtrain_config *cfg, const char *method, const gtrain_data *
             wait_s += t2 - t1;
             sgd_s += t3 - t2;
             wall += t3 - t0;
+            if (step == 0) first_s = t3 - t0;
             loss_sum += loss;
             loss_n++;
             if (!isfinite(loss)) {
@@ -465,11 +466,18 @@ int gtrain_run(const gtrain_config *cfg, const char *method, const gtrain_data *
         gtrain_exchange_get_stats(ex, &xs);
     else
         gtrain_outer_get_stats(ox, &xs);
-    double v[7] = {1e3 * wall / (double)step,      1e3 * xs.codec_s / (double)step,
-                   1e3 * xs.comm_s / (double)step, 1e3 * compute_s / (double)step,
-                   xs.bytes_sent / (double)step,   wall,
-                   xs.msg_bytes / (double)step};
-    MPI_Allreduce(MPI_IN_PLACE, v, 7, MPI_DOUBLE, MPI_SUM, comm);
+    double v[9] = {1e3 * wall / (double)step,
+                   1e3 * xs.codec_s / (double)step,
+                   1e3 * xs.comm_s / (double)step,
+                   1e3 * compute_s / (double)step,
+                   xs.bytes_sent / (double)step,
+                   wall,
+                   xs.msg_bytes / (double)step,
+                   1e3 * first_s,
+                   step > 1 ? 1e3 * (wall - first_s) / (double)(step - 1) : 0};
+    MPI_Allreduce(MPI_IN_PLACE, v, 9, MPI_DOUBLE, MPI_SUM, comm);
+    out->first_step_ms = v[7] / P;
+    out->steady_step_ms = v[8] / P;
     out->step_ms = v[0] / P;
     out->codec_ms = v[1] / P;
     out->comm_ms = v[2] / P;

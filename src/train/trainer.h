@@ -91,6 +91,10 @@ typedef struct gtrain_result {
                                     over the whole run, warm-up included */
     double traffic_ratio;        /* dense f32 ring allreduce bytes / bytes this method sent */
     double step_ms, codec_ms, comm_ms, compute_ms; /* per step, means over ranks */
+    /* The first step alone and the mean of the steps after it (means over ranks; 0 when
+     * the run had one step): the first pays one-time costs (the first touch of every
+     * compressor's state and workspace), the others are what the cost model predicts. */
+    double first_step_ms, steady_step_ms;
     /* The cost model's prediction for this run (predicted = 0: none could be made): step
      * from the compute measured before training (forward+backward without exchange, max
      * over ranks) and the run's optimizer time, codec from the calibration, communication

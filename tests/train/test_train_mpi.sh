@@ -52,6 +52,14 @@ for m in methods:
         print("FAIL: %s: loss %s -> %s did not go down" % (m["method"], start["test_loss"], end["train_loss"])); bad += 1
     if not m["test_accuracy"] > 0.5:
         print("FAIL: %s: accuracy %.3f" % (m["method"], m["test_accuracy"])); bad += 1
+# The first step and the steady steps after it make up the mean step: first + steady x
+# (steps - 1) = step_ms x steps, to the printed digits (6 significant).
+for m in methods:
+    f, st, n = m.get("first_step_ms"), m.get("steady_step_ms"), m["steps"]
+    if not (f and st and f > 0 and st > 0 and
+            abs(f + st * (n - 1) - m["step_ms"] * n) <= 1e-4 * m["step_ms"] * n):
+        print("FAIL: %s: first_step_ms %r, steady_step_ms %r, step_ms %r over %d steps"
+              % (m["method"], f, st, m["step_ms"], n)); bad += 1
 dense = [m for m in methods if m["method"] == "dense"][0]
 if abs(dense["effective_ratio"] - 1.0) > 0.2:
     print("FAIL: dense ratio %.2f" % dense["effective_ratio"]); bad += 1

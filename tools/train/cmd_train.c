@@ -616,6 +616,8 @@ static int write_outputs(const opts *o, gtrain_result *r, int nr, double target,
         json_num(f, "effective_ratio", x->ratio);
         json_num(f, "traffic_ratio", x->traffic_ratio);
         json_num(f, "step_ms", x->step_ms);
+        json_num(f, "first_step_ms", x->first_step_ms > 0 ? x->first_step_ms : NAN);
+        json_num(f, "steady_step_ms", x->steady_step_ms > 0 ? x->steady_step_ms : NAN);
         json_num(f, "compute_ms", x->compute_ms);
         json_num(f, "codec_ms", x->codec_ms);
         json_num(f, "comm_ms", x->comm_ms);
