@@ -44,6 +44,7 @@ typedef struct law_in {
     int leaders; /* between node leaders */
     double m;    /* one message of the whole tensor */
     gcomp_cost_codec_rate rate;
+    double stream_s; /* one pass of 4 bytes per element over a dense tensor, per element */
     gcomp_error *err;
 } law_in;
 
@@ -154,8 +155,9 @@ static gcomp_status law_allreduce(cost_tensor *ct, const law_in *in) {
                 add_phase(ct, PH_RING, in->G, lg * (C * r * w + 8), lg, in->leaders);
             }
         }
+        /* Encode forms P = MQ and Q = M^T P; decode writes M ~ P Q^T into the output. */
         ct->encode_s = enc(in, n);
-        ct->decode_s = 0;
+        ct->decode_s = dec(in, n);
         return GCOMP_OK;
     }
     if (!(in->ci->flags & GCOMP_CODEC_LINEAR))
@@ -183,7 +185,9 @@ static gcomp_status law_allgather(cost_tensor *ct, const law_in *in) {
         add_phase(ct, PH_SPREAD, G, (G - 1) * in->m, log2up(G), in->leaders);
     }
     ct->encode_s = enc(in, n);
-    ct->decode_s = G * dec(in, n);
+    /* Decode-add of the G messages into the output, which the strategy zeroes first (a
+     * write pass) and checks for an overflowed sum after (a read pass): mpi_allgather.c. */
+    ct->decode_s = G * dec(in, n) + 2 * in->stream_s * n;
     return GCOMP_OK;
 }
 
@@ -329,6 +333,12 @@ static gcomp_status build_tensor(cost_tensor *ct, const gcomp_cost_tensor *t, si
         return gcomp__fail(err, st, "cost model: tensor '%s': %s", ct->name, local.message);
     in.m = (double)m;
     ct->calibrated = gcomp__cost_rate(cal, canon, &in.rate);
+    /* A pass of the strategy's own over the dense output (zeroing, a finiteness check)
+     * moves one stream of 4-byte values; a dense decode-add moves three (message in,
+     * accumulator in and out), so a stream costs a third of none:values=f32's decode. */
+    gcomp_cost_codec_rate none;
+    gcomp__cost_rate(cal, "none:values=f32", &none);
+    in.stream_s = none.decode_per_elem / 3;
 
     bool hier = (t->strategy & GCOMP_COST_HIERARCHICAL) != 0;
     int L = (P + nodes - 1) / nodes, base = t->strategy & 0xff;
@@ -341,9 +351,7 @@ static gcomp_status build_tensor(cost_tensor *ct, const gcomp_cost_tensor *t, si
         double n = (double)t->n;
         add_phase(ct, PH_INTRA, L, r * 4 * n, r, 0);
         ct->node_bytes = 2.0 * r * 4 * n;
-        gcomp_cost_codec_rate none;
-        gcomp__cost_rate(cal, "none:values=f32", &none);
-        intra_add = r * (none.decode_per_elem * n);
+        intra_add = r * (3 * in.stream_s * n); /* a dense decode-add per partial sum */
     }
     if (hier && nodes == 1) { /* one node: the leader's dense sum is the result */
         ct->message_bytes = (double)m;

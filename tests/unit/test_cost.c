@@ -252,7 +252,10 @@ static void test_calibration_text(void) {
     gcomp_cost_tensor_result tr;
     CHECK_OK(gcomp_cost_eval(m, &net, &c, &res, &tr));
     CHECK(tr.calibrated == 1);
-    CHECK_MSG(rel(tr.decode_s, 2e-7 + 1e6 / 3e9 / 10) < 1e-12, "%.17g", tr.decode_s);
+    /* Plus the allgather's zeroing and overflow check of the output: two streams of 4-byte
+     * values, each a third of the dense decode-add (uncalibrated here: 1 ns/element). */
+    CHECK_MSG(rel(tr.decode_s, 2e-7 + 1e6 / 3e9 / 10 + 2 * 1e6 * 1e-9 / 3) < 1e-12, "%.17g",
+              tr.decode_s);
     gcomp_cost_model_free(m);
     gcomp_cost_calibration_free(back);
 
