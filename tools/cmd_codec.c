@@ -160,6 +160,9 @@ int cmd_decode(int argc, char **argv) {
     if (cli_read_file(cmd, in, &msg, &len)) return 1;
     gcomp_message_info info;
     gcomp_status st = gcomp_message_inspect(msg, len, &info);
+    /* Validate the whole message before allocating its n floats: a corrupt message whose
+     * header claims billions of elements is corrupt, not out of memory. */
+    if (st == GCOMP_OK) st = gcomp_decode_add(msg, len, NULL, 0, 1.0f);
     if (st != GCOMP_OK) {
         free(msg);
         return status_fail(cmd, in, st);

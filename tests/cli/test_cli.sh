@@ -5,6 +5,7 @@
 set -u
 G=$1
 W=$2
+REGRESS=$(cd "$(dirname "$0")/../fuzz/regress" && pwd)
 rm -rf "$W" && mkdir -p "$W" && cd "$W" || exit 1
 fails=0
 pass=0
@@ -123,6 +124,14 @@ if "$G" --help 2>/dev/null | grep -q "gradcomp train"; then
   grep -q "mean or sum" err.txt && ok || bad "train --loss message"
   expect_rc 2 "train bad --epochs" "$G" train --epochs 0
 fi
+
+# A 68-byte message whose header claims 3.4e9 elements and whose counts ask for 5.7 GB: the
+# CLI validates it before allocating the output, so under a 1.5 GB address-space limit it is
+# "corrupt", not "out of memory" (issue 16's repro; the library's side: tests/fuzz).
+(ulimit -v 1500000 && exec "$G" decode -i "$REGRESS/decode/sparse_bigalloc.gcm" -o big.f32) \
+  >out.txt 2>err.txt
+rc=$?
+if [ $rc -eq 1 ] && grep -q "corrupt" err.txt; then ok; else bad "sparse_bigalloc: rc=$rc $(cat err.txt)"; fi
 
 echo "cli: $pass passed, $fails failed"
 [ $fails -eq 0 ]
