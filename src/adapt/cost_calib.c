@@ -72,16 +72,8 @@ void gcomp__cost_seedless(const char *canon, char *out, size_t cap) {
 }
 
 double gcomp__cost_spec_num(const char *canon, const char *key, double dflt) {
-    size_t kl = strlen(key);
-    for (const char *p = strchr(canon, ':'); p && *p; p = strchr(p, ',')) {
-        p++;
-        if (!strncmp(p, key, kl) && p[kl] == '=') {
-            char *end;
-            double v = strtod(p + kl + 1, &end);
-            return end != p + kl + 1 ? v : dflt;
-        }
-    }
-    return dflt;
+    double v;
+    return gcomp_spec_get_number(canon, key, &v, NULL) == GCOMP_OK ? v : dflt;
 }
 
 static bool bad_num(double v) {

@@ -99,10 +99,11 @@ static void allreduce_values(cost_tensor *ct, const law_in *in, double S, double
     }
 }
 
+/* Bytes a kept value takes when it travels as a plain float (f16/bf16: 2), else 4. */
 static double value_width(const char *canon) {
-    const char *v = strstr(canon, "values=");
-    if (v && (!strncmp(v + 7, "f16", 3) || !strncmp(v + 7, "bf16", 4))) return 2;
-    return 4;
+    gcomp_spec_info info;
+    if (gcomp_spec_describe(canon, 0, &info, NULL) != GCOMP_OK) return 4;
+    return info.value_type == GCOMP_VALUES_F16 || info.value_type == GCOMP_VALUES_BF16 ? 2 : 4;
 }
 
 /* Expected bytes of a varint (7 bits a byte) of a gap between k uniformly scattered
