@@ -8,6 +8,7 @@
                           gm.Tensor("fc1.bias", "none", (1024,))])
     bucket.allreduce([w_grad, b_grad])           # numpy arrays or CPU tensors, averaged in place
     bucket.start([w_grad, b_grad]); ...; bucket.wait()     # or non-blocking, with test()
+    outer = comm.outer(tensors, weights, local_steps=32)     # local SGD / DiLoCo (Outer)
 
 include/gradcomp_mpi.h is the manual of what runs underneath: the strategies (allgather,
 sparse, allreduce, rsag, hierarchical), the pipelined sub-buckets, the set-up check that
@@ -52,6 +53,7 @@ import ctypes
 import ctypes.util
 import glob
 import math
+import operator
 import os
 import pickle
 import time
@@ -82,6 +84,8 @@ _COMM_T = _P if MPI._sizeof(MPI.Comm) == ctypes.sizeof(_P) else ctypes.c_int
 AUTO, ALLGATHER, SPARSE, ALLREDUCE, RSAG = 0, 1, 2, 3, 4
 HIERARCHICAL = 0x100
 SUM, AVERAGE = 0, 1
+# gcomp_mpi_outer_optimizer.
+OUTER_SGD, OUTER_NESTEROV = 0, 1
 
 
 class Options(ctypes.Structure):
@@ -124,6 +128,23 @@ class Stats(ctypes.Structure):
     ]
 
 
+class OuterOptions(ctypes.Structure):
+    """gcomp_mpi_outer_options."""
+
+    _fields_ = [
+        ("local_steps", ctypes.c_uint),
+        ("optimizer", ctypes.c_int),
+        ("lr", ctypes.c_double),
+        ("momentum", ctypes.c_double),
+        ("fragments", ctypes.c_uint),
+        ("delay", ctypes.c_int),
+        ("mix", ctypes.c_double),
+        ("ef_decay", ctypes.c_double),
+        ("fragment_of", ctypes.POINTER(ctypes.c_uint)),
+        ("bucket_bytes", _S),
+    ]
+
+
 PROTOTYPES = {
     "gcomp_mpi_strategy_parse": (_I, [ctypes.c_char_p, ctypes.POINTER(_I)]),
     "gcomp_mpi_strategy_name": (ctypes.c_char_p, [_I]),
@@ -160,7 +181,38 @@ PROTOTYPES = {
     "gcomp_mpi_bucket_load_state": (_I, [_P, _P, _S, _EP]),
     "gcomp_mpi_stats_get": (_I, [_P, _S, ctypes.POINTER(Stats)]),
     "gcomp_mpi_stats_reset": (None, [_P]),
+    # the outer step of local SGD / DiLoCo (src/mpi/mpi_outer.c)
+    "gcomp_mpi_outer_options_default": (None, [ctypes.POINTER(OuterOptions)]),
+    "gcomp_mpi_outer_create": (
+        _I,
+        [ctypes.POINTER(_P), _P, ctypes.POINTER(TensorDesc), _S, ctypes.POINTER(_P), ctypes.POINTER(OuterOptions),
+         ctypes.c_double, _EP],
+    ),
+    "gcomp_mpi_outer_free": (None, [_P]),
+    "gcomp_mpi_outer_step": (_I, [_P, ctypes.POINTER(_P), ctypes.c_double, _EP]),
+    "gcomp_mpi_outer_progress": (_I, [_P, _EP]),
+    "gcomp_mpi_outer_flush": (_I, [_P, ctypes.POINTER(_P), ctypes.c_double, _EP]),
+    "gcomp_mpi_outer_global": (ctypes.POINTER(ctypes.c_float), [_P, _S]),
+    "gcomp_mpi_outer_average": (ctypes.POINTER(ctypes.c_float), [_P, _S]),
+    "gcomp_mpi_outer_count": (_S, [_P]),
+    "gcomp_mpi_outer_fragments": (_S, [_P]),
+    "gcomp_mpi_outer_locate": (_I, [_P, _S, _SP, _SP]),
+    "gcomp_mpi_outer_bucket": (_P, [_P, _S]),
+    "gcomp_mpi_outer_local_steps": (ctypes.c_uint, [_P]),
+    "gcomp_mpi_outer_delay": (ctypes.c_uint, [_P]),
+    "gcomp_mpi_outer_offset": (ctypes.c_uint64, [_P, _S]),
+    "gcomp_mpi_outer_steps": (ctypes.c_uint64, [_P]),
+    "gcomp_mpi_outer_syncs": (ctypes.c_uint64, [_P, _S]),
+    "gcomp_mpi_outer_in_flight": (_I, [_P, _S]),
+    "gcomp_mpi_outer_stats": (_I, [_P, ctypes.POINTER(Stats)]),
+    "gcomp_mpi_outer_state_size": (_S, [_P]),
+    "gcomp_mpi_outer_save_state": (_I, [_P, _P, _S, _SP, ctypes.c_double, _EP]),
+    "gcomp_mpi_outer_load_state": (_I, [_P, _P, _S, _EP]),
 }
+# Functions that came after the first binding (the outer step, issue 18) are optional as a
+# group, as in _native.OPTIONAL: the module loads without them, and Outer raises
+# UnsupportedError naming the missing function when the library lacks it.
+OPTIONAL = {name for name in PROTOTYPES if name.startswith("gcomp_mpi_outer_")}
 
 
 def _candidates():
@@ -196,6 +248,8 @@ def _load():
         for name, (res, args) in PROTOTYPES.items():
             fn = getattr(lib, name, None)
             if fn is None:
+                if name in OPTIONAL:
+                    continue
                 raise OSError(f"{path} lacks {name}: too old for this package")
             fn.restype, fn.argtypes = res, args
         return lib, path
@@ -240,6 +294,14 @@ def _s(b):
 
 def _check(st, context, err=None):
     _core._check(st, context, err)
+
+
+def _need(name):
+    fn = getattr(_lib, name, None)
+    if fn is None:
+        raise _err.UnsupportedError(f"{LIBRARY_PATH} lacks {name}", status=_err.E_UNSUPPORTED,
+                                    status_name=_core.status_name(_err.E_UNSUPPORTED))
+    return fn
 
 
 # ---- strategies ------------------------------------------------------------------------
@@ -365,12 +427,12 @@ def all_agree(value, comm=None, timeout=None):
 # ---- buffers -----------------------------------------------------------------------------
 
 
-def _float_ptrs(arrays, ns, what):
+def _float_ptrs(arrays, ns, what, of="bucket", writable=True):
     if len(arrays) != len(ns):
-        raise ValueError(f"{what}: expected {len(ns)} arrays (one per tensor of the bucket), got {len(arrays)}")
+        raise ValueError(f"{what}: expected {len(ns)} arrays (one per tensor of the {of}), got {len(arrays)}")
     ptrs = (_P * len(ns))()
     for i, (a, n) in enumerate(zip(arrays, ns)):
-        ptrs[i] = _core.float_buffer(a, n, writable=True, what=f"{what}[{i}]")[0]
+        ptrs[i] = _core.float_buffer(a, n, writable=writable, what=f"{what}[{i}]")[0]
     return ptrs
 
 
@@ -482,8 +544,12 @@ class Communicator:
         """Bucket(self, tensors, ...): see Bucket."""
         return Bucket(self, tensors, bucket_bytes=bucket_bytes, timeout=timeout)
 
+    def outer(self, tensors, weights, **options):
+        """Outer(self, tensors, weights, ...): the outer step of local SGD / DiLoCo; see Outer."""
+        return Outer(self, tensors, weights, **options)
+
     def close(self):
-        """Frees the communicator and the buckets still open on it (local)."""
+        """Frees the communicator and the buckets and outer steps still open on it (local)."""
         h = getattr(self, "_h", None)
         if not h:
             return
@@ -815,3 +881,370 @@ class Bucket:
         err = _native.ErrorInfo()
         _check(_lib.gcomp_mpi_bucket_load_state(self._handle(), bp, bl, ctypes.byref(err)),
                f"gradcomp.mpi load_state of bucket {self.name}", err)
+
+
+# ---- the outer step: local SGD, DiLoCo, Streaming DiLoCo, SparseLoCo -------------------------
+
+
+_UINT_MAX = (1 << 32) - 1
+_OPTIMIZERS = {"sgd": OUTER_SGD, "nesterov": OUTER_NESTEROV}
+
+
+def _c_int_option(value, what, lo, hi):
+    """An integer option for a C field of range lo..hi.  Only what C cannot see is checked
+    here: ctypes would wrap -1 into a huge unsigned value (and 2**32 into 0) without a
+    word; the library judges every value that reaches it intact (H = 0, a delay >= H)."""
+    try:
+        v = operator.index(value)
+    except TypeError:
+        raise TypeError(f"{what} must be an int, got {type(value).__name__}") from None
+    if not lo <= v <= hi:
+        raise _err.ArgumentError(f"gradcomp.mpi.Outer: {what} = {v} does not fit the C field ({lo}..{hi})",
+                                 status=_err.E_ARG, status_name=_core.status_name(_err.E_ARG))
+    return v
+
+
+def _outer_optimizer(optimizer):
+    if isinstance(optimizer, str):
+        v = _OPTIMIZERS.get(optimizer.lower())
+        if v is None:
+            raise _err.ArgumentError(f"gradcomp.mpi.Outer: optimizer {optimizer!r}: use 'sgd' or 'nesterov'",
+                                     status=_err.E_ARG, status_name=_core.status_name(_err.E_ARG))
+        return v
+    return _c_int_option(optimizer, "optimizer", -(1 << 31), (1 << 31) - 1)  # C refuses unknown values
+
+
+class Outer:
+    """The outer step of local SGD / DiLoCo over a fixed list of tensors (gcomp_mpi_outer).
+
+    Outer(comm, tensors, weights, local_steps=None, optimizer=None, lr=None, momentum=None,
+    fragments=None, delay=None, mix=None, ef_decay=None, fragment_of=None,
+    bucket_bytes=None, timeout=None), or comm.outer(tensors, weights, ...): collective over
+    the communicator.  Every rank takes H = local_steps inner optimizer steps on its own and
+    calls step(weights) after each; when a sync is due the ranks average their
+    pseudo-gradients (the weights of the last sync minus the weights now), compressed by
+    each tensor's spec (feedback=ef keeps the residual from sync to sync), and an outer
+    optimizer applies the average to the weights of the last sync, which every rank then
+    continues from, bit for bit (include/gradcomp_mpi.h, "The outer step", has the formulas
+    and the streaming schedule; docs/LOCAL_SGD.md the methods).
+
+    tensors: Tensor objects or (name, spec, shape[, strategy]) tuples, as for Bucket.
+    weights: the initial weights, one float32 C-contiguous NumPy array or CPU tensor per
+    tensor (read only here, never kept); bit-identical on every rank (checked: a hash).
+    Options, None for the library's default (gcomp_mpi_outer_options_default):
+      local_steps  H >= 1, inner steps between two syncs of a fragment (16)
+      optimizer    "nesterov" (DiLoCo) or "sgd", or OUTER_NESTEROV / OUTER_SGD ("nesterov")
+      lr           outer learning rate, finite and > 0 (0.7)
+      momentum     outer momentum in [0, 1) (0.9)
+      fragments    F, 1..min(len(tensors), H): Streaming DiLoCo when > 1 (1)
+      delay        inner steps a sync overlaps, 0..H-1; -1: 0 for F = 1, ceil(H / F) else (-1)
+      mix          Streaming DiLoCo's alpha in [0, 1): the live weights' share at a sync (0)
+      ef_decay     SparseLoCo's residual decay beta in [0, 1] (1: plain feedback=ef)
+      fragment_of  one fragment index per tensor (None: balanced by size)
+      bucket_bytes the fragments' buckets' sub-bucket size (4 MiB)
+    timeout: the bound of this creation (None: the communicator's setup_timeout).
+    Every option must be the same on every rank.  The library judges the values: a bad
+    one raises its status with its reason on every rank that was given it (ArgumentError
+    for H = 0 or lr <= 0, SpecError for error feedback around a codec that is no
+    contraction, MismatchError for options or initial weights that differ across ranks,
+    and on the other ranks when one rank's arguments are bad).  What only Python can get
+    wrong (a dtype, a length, an int that does not fit its C field) raises TypeError /
+    ValueError on that rank, which still takes part in the library's set-up check, so the
+    other ranks raise MismatchError instead of waiting for it.
+
+    The weights are the caller's between calls: step() and flush() read and write them in
+    place (never copied); the object owns copies of all else.  global_weights(i) and
+    average(i) return copies (the object's arrays change at every sync and are freed by
+    close(), so a view could outlive them).  Used by one thread at a time.
+    """
+
+    def __init__(self, comm, tensors, weights, local_steps=None, optimizer=None, lr=None, momentum=None,
+                 fragments=None, delay=None, mix=None, ef_decay=None, fragment_of=None, bucket_bytes=None,
+                 timeout=None):
+        if not isinstance(comm, Communicator):
+            raise TypeError("Outer needs a gradcomp.mpi.Communicator")
+        self._h = None
+        create = _need("gcomp_mpi_outer_create")
+        ch = comm._handle()
+        self.comm = comm
+        setup_timeout = float(timeout or comm.setup_timeout)
+        try:
+            ts = [t if isinstance(t, Tensor) else Tensor(*t) for t in tensors]
+            if not ts:
+                raise ValueError("an outer step needs at least one tensor")
+            self.tensors = ts
+            self.name = ts[0].name if len(ts) == 1 else f"{ts[0].name}..{ts[-1].name}"
+            self._ns = [t.n for t in ts]
+            self._specs = [_core._spec_bytes(t.spec) for t in ts]
+            self._names = [t.name.encode("utf-8") for t in ts]
+            desc = (TensorDesc * len(ts))()
+            for i, t in enumerate(ts):
+                desc[i] = TensorDesc(self._names[i], self._specs[i], t.n, t.rows, t.cols, t.strategy)
+            ptrs = _float_ptrs(weights, self._ns, "Outer weights", of="outer step", writable=False)
+            opt = OuterOptions()
+            _lib.gcomp_mpi_outer_options_default(ctypes.byref(opt))
+            if local_steps is not None:
+                opt.local_steps = _c_int_option(local_steps, "local_steps", 0, _UINT_MAX)
+            if optimizer is not None:
+                opt.optimizer = _outer_optimizer(optimizer)
+            if lr is not None:
+                opt.lr = float(lr)
+            if momentum is not None:
+                opt.momentum = float(momentum)
+            if fragments is not None:
+                opt.fragments = _c_int_option(fragments, "fragments", 0, _UINT_MAX)
+            if delay is not None:
+                opt.delay = _c_int_option(delay, "delay", -(1 << 31), (1 << 31) - 1)
+            if mix is not None:
+                opt.mix = float(mix)
+            if ef_decay is not None:
+                opt.ef_decay = float(ef_decay)
+            if bucket_bytes is not None:
+                opt.bucket_bytes = _c_int_option(bucket_bytes, "bucket_bytes", 0, _core._SIZE_MAX)
+            self._fragment_of = None
+            if fragment_of is not None:
+                fo = [_c_int_option(f, f"fragment_of[{i}]", 0, _UINT_MAX) for i, f in enumerate(fragment_of)]
+                if len(fo) != len(ts):
+                    raise ValueError(f"fragment_of: expected {len(ts)} entries (one per tensor), got {len(fo)}")
+                self._fragment_of = (ctypes.c_uint * len(fo))(*fo)
+                opt.fragment_of = self._fragment_of
+        except (TypeError, ValueError, OverflowError):
+            # This rank's own arguments are bad: it still takes part in the set-up check
+            # (the library refuses NULL weights locally and shares that verdict), so the
+            # other ranks raise MismatchError now instead of CollectiveTimeout later.
+            try:
+                count = len(tensors)
+            except TypeError:
+                count = 0
+            h = _P()
+            create(ctypes.byref(h), ch, None, count, None, None, setup_timeout, None)
+            if h:  # pragma: no cover - the library refuses NULL weights
+                _lib.gcomp_mpi_outer_free(h)
+            raise
+        self.optimizer = "nesterov" if opt.optimizer == OUTER_NESTEROV else (
+            "sgd" if opt.optimizer == OUTER_SGD else opt.optimizer)
+        self.lr, self.momentum, self.mix, self.ef_decay = opt.lr, opt.momentum, opt.mix, opt.ef_decay
+        self.bucket_bytes = opt.bucket_bytes
+        h = _P()
+        err = _native.ErrorInfo()
+        st = create(ctypes.byref(h), ch, desc, len(ts), ptrs, ctypes.byref(opt), setup_timeout, ctypes.byref(err))
+        _check(st, f"gradcomp.mpi.Outer({self.name})", err)
+        self._h = h
+        comm._buckets = [r for r in comm._buckets if r() is not None]
+        comm._buckets.append(weakref.ref(self))  # closed before the communicator, as buckets
+
+    # -- lifetime --
+    def _handle(self):
+        if not self._h:
+            raise ValueError(f"gradcomp.mpi: outer step {self.name} is closed")
+        return self._h
+
+    def close(self):
+        """Frees the object and its fragments' buckets (local).  A sync in flight on a
+        healthy communicator is waited for first (bounded by the communicator's timeout),
+        so close on every rank at the same step, or flush() first."""
+        h = getattr(self, "_h", None)
+        if not h:
+            return
+        self._h = None
+        if not MPI.Is_finalized():
+            _lib.gcomp_mpi_outer_free(h)
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __len__(self):
+        return self.count
+
+    def __repr__(self):
+        if not self._h:
+            return "gradcomp.mpi.Outer(closed)"
+        return (f"gradcomp.mpi.Outer({self.name!r}, {self.count} tensor(s), H={self.local_steps} "
+                f"{self.optimizer} lr={self.lr:g} momentum={self.momentum:g}, {self.fragments} fragment(s), "
+                f"delay {self.delay})")
+
+    def _tensor(self, i):
+        i = operator.index(i)
+        if not 0 <= i < len(self._ns):
+            raise IndexError(f"tensor index {i} out of range (0..{len(self._ns) - 1})")
+        return i
+
+    def _fragment(self, f):
+        f = operator.index(f)
+        nf = self.fragments
+        if not 0 <= f < nf:
+            raise IndexError(f"fragment index {f} out of range (0..{nf - 1})")
+        return f
+
+    # -- the outer step --
+    def step(self, weights, timeout=None):
+        """Call after every inner optimizer step, with the live weights (float32
+        C-contiguous NumPy arrays or CPU tensors, one per tensor; read and written in
+        place, never copied).  Counts the step; completes the syncs due (their outer
+        update is written into the weights), moves the others forward and starts the
+        fragments due.  Between syncs it only counts.  Returns the number of fragments
+        whose sync completed in this call (0 between syncs).  Raises the status of a
+        failed exchange (that sync is dropped, as include/gradcomp_mpi.h says):
+        NonFiniteError on every rank for a NaN weight, CollectiveTimeout / MPIError when
+        a peer is gone.  timeout: None for the communicator's default."""
+        h = self._handle()
+        ptrs = _float_ptrs(weights, self._ns, "Outer.step", of="outer step")
+        before = self._syncs_total(h)
+        err = _native.ErrorInfo()
+        st = _lib.gcomp_mpi_outer_step(h, ptrs, float(timeout or 0), ctypes.byref(err))
+        _check(st, f"gradcomp.mpi outer step of {self.name}", err)
+        return self._syncs_total(h) - before
+
+    def _syncs_total(self, h):
+        return sum(_lib.gcomp_mpi_outer_syncs(h, f) for f in range(_lib.gcomp_mpi_outer_fragments(h)))
+
+    def progress(self):
+        """Moves the exchanges in flight forward without blocking: call it now and then
+        during the inner steps when streaming (MPI progresses only inside MPI calls).  A
+        failed exchange is raised by the step() that completes it, not here."""
+        err = _native.ErrorInfo()
+        _check(_lib.gcomp_mpi_outer_progress(self._handle(), ctypes.byref(err)),
+               f"gradcomp.mpi outer progress of {self.name}", err)
+
+    def flush(self, weights, timeout=None):
+        """Synchronises every fragment now (collective; mix ignored): every rank ends with
+        the same weights, written into `weights`.  For the end of training or an
+        evaluation that must see all of it.  Raises as step()."""
+        ptrs = _float_ptrs(weights, self._ns, "Outer.flush", of="outer step")
+        err = _native.ErrorInfo()
+        st = _lib.gcomp_mpi_outer_flush(self._handle(), ptrs, float(timeout or 0), ctypes.byref(err))
+        _check(st, f"gradcomp.mpi outer flush of {self.name}", err)
+
+    # -- what it holds --
+    def _copy_out(self, p, i, out, what):
+        import numpy as np
+
+        n = self._ns[i]
+        if out is None:
+            return np.ctypeslib.as_array(p, shape=(n,)).copy()
+        ptr, _ = _core.float_buffer(out, n, writable=True, what=what)
+        ctypes.memmove(ptr, p, 4 * n)
+        return out
+
+    def global_weights(self, i, out=None):
+        """w_sync of tensor i: the weights of its fragment's last sync, bit-identical on
+        every rank (the model to evaluate between syncs).  A copy: a new float32 array of
+        n elements, or written into `out` (a float32 C-contiguous array of n) and returned."""
+        i = self._tensor(i)
+        p = _lib.gcomp_mpi_outer_global(self._handle(), i)
+        return self._copy_out(p, i, out, "global_weights out")
+
+    def average(self, i, out=None):
+        """d of tensor i from its fragment's last completed sync (the ranks' averaged
+        pseudo-gradient before the outer optimizer; zeros before the first sync), as a copy
+        (or into `out`); None while its fragment's exchange is in flight.  For tests and
+        diagnostics."""
+        i = self._tensor(i)
+        p = _lib.gcomp_mpi_outer_average(self._handle(), i)
+        if not p:
+            return None
+        return self._copy_out(p, i, out, "average out")
+
+    @property
+    def count(self):
+        """Number of tensors."""
+        return _lib.gcomp_mpi_outer_count(self._handle())
+
+    @property
+    def fragments(self):
+        """Number of fragments F."""
+        return _lib.gcomp_mpi_outer_fragments(self._handle())
+
+    @property
+    def local_steps(self):
+        """H, as resolved at creation."""
+        return _lib.gcomp_mpi_outer_local_steps(self._handle())
+
+    @property
+    def delay(self):
+        """The inner steps between a fragment's start and its completion, as resolved."""
+        return _lib.gcomp_mpi_outer_delay(self._handle())
+
+    @property
+    def steps(self):
+        """Inner steps counted so far (by step(); a loaded state sets it)."""
+        return _lib.gcomp_mpi_outer_steps(self._handle())
+
+    def offset(self, f):
+        """Fragment f's offset: it starts after the inner steps t >= 1 with
+        t mod H = offset mod H."""
+        return _lib.gcomp_mpi_outer_offset(self._handle(), self._fragment(f))
+
+    def syncs(self, f):
+        """Syncs of fragment f completed and applied (flush included)."""
+        return _lib.gcomp_mpi_outer_syncs(self._handle(), self._fragment(f))
+
+    def in_flight(self, f=None):
+        """True while fragment f (None: any fragment) has a sync started and not yet
+        applied."""
+        h = self._handle()
+        fs = range(_lib.gcomp_mpi_outer_fragments(h)) if f is None else [self._fragment(f)]
+        return any(_lib.gcomp_mpi_outer_in_flight(h, k) for k in fs)
+
+    def locate(self, i):
+        """(fragment, index in that fragment's bucket) of tensor i."""
+        fr, idx = _S(), _S()
+        _check(_lib.gcomp_mpi_outer_locate(self._handle(), self._tensor(i), ctypes.byref(fr), ctypes.byref(idx)),
+               "gradcomp.mpi outer locate")
+        return fr.value, idx.value
+
+    def compressor(self, i):
+        """The worker compressor of tensor i in its fragment's bucket (its error-feedback
+        residual, stats, step), or None where the strategy keeps none per tensor (rsag).
+        Read it, never encode with it; valid while this object is open."""
+        h = self._handle()
+        f, idx = self.locate(i)
+        c = _lib.gcomp_mpi_compressor(_lib.gcomp_mpi_outer_bucket(h, f), idx)
+        if not c:
+            return None
+        t = self.tensors[self._tensor(i)]
+        return _BorrowedCompressor(_P(c), t.n, t.shape, self)
+
+    def stats(self):
+        """The fragments' bucket counters summed (gcomp_mpi_outer_stats) as a dict, as
+        Bucket.stats(): bytes_sent is what this rank sent over the run."""
+        s = Stats()
+        _check(_lib.gcomp_mpi_outer_stats(self._handle(), ctypes.byref(s)), "gradcomp.mpi outer stats")
+        return {name: getattr(s, name) for name, _ in Stats._fields_}
+
+    # -- checkpoints --
+    def state_bytes(self, timeout=None):
+        """This rank's state (step count, per tensor w_sync and the outer momentum, per
+        fragment its syncs and an average not applied yet, the buckets' residuals) as a
+        versioned, CRC-checked blob (gcomp_mpi_outer_save_state).  Exchanges in flight are
+        waited for first (at most `timeout`; None: the communicator's default) and their
+        averages saved, so every rank must save at the same step.  Save it with the live
+        weights and the inner optimizer's state."""
+        h = self._handle()
+        cap = _lib.gcomp_mpi_outer_state_size(h)
+        buf = ctypes.create_string_buffer(max(cap, 1))
+        ln = _S()
+        err = _native.ErrorInfo()
+        _check(_lib.gcomp_mpi_outer_save_state(h, buf, cap, ctypes.byref(ln), float(timeout or 0), ctypes.byref(err)),
+               f"gradcomp.mpi state of outer step {self.name}", err)
+        return ctypes.string_at(buf, ln.value)
+
+    def load_state(self, blob):
+        """Loads a blob saved by state_bytes() on this rank into an object created with the
+        same tensors, options and communicator shape (local; untrusted: checked, and on any
+        error nothing changes: CorruptMessage, StateError, MismatchError, ProtocolError
+        while a sync is in flight).  It then continues bit for bit, given the live weights
+        saved with the blob."""
+        bp, bl = _core.byte_buffer(blob, what="state")
+        err = _native.ErrorInfo()
+        _check(_lib.gcomp_mpi_outer_load_state(self._handle(), bp, bl, ctypes.byref(err)),
+               f"gradcomp.mpi load_state of outer step {self.name}", err)
