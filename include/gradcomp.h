@@ -355,7 +355,8 @@ GCOMP_API size_t gcomp_encode_bound(const gcomp_compressor *c);
  *  dst      caller's buffer of `dst_cap` bytes; *dst_len receives the message size.
  * With feedback, the residual (and momentum) are updated; they change only when the
  * call returns GCOMP_OK.  A NaN or Inf in `grad` gives GCOMP_E_NONFINITE and leaves the
- * state as it was (nothing held back is lost).
+ * state as it was (nothing held back is lost); so does a finite step whose residual or
+ * scaled values would leave float (e.g. powersgd with residual + gradient above FLT_MAX/4).
  * Returns GCOMP_OK, GCOMP_E_ARG, GCOMP_E_DST_SIZE, GCOMP_E_NONFINITE, GCOMP_E_NOMEM.
  */
 GCOMP_API gcomp_status gcomp_encode(gcomp_compressor *c, const float *grad, void *dst,

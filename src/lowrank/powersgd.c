@@ -281,7 +281,8 @@ static uint32_t fused_any(size_t r, const float *wi, const float *gi, float *xi,
 
 /* First pass (Alg. 1 "P <- M Q" with E applied lazily).  For each row i:
  *     x_j = (w_j - sum_k pp_ik qp_kj) + g_j;  wn_j = x_j;  p_ik = sum_j x_j qn_kj
- * `dots` false: P is left to sgemm.  Returns true when some x_j is not finite. */
+ * `dots` false: P is left to sgemm.  Returns true when some |x_j| is above FLT_MAX/4 or
+ * not finite. */
 static bool pass_first(psgd *s, const float *g, bool dots) {
     const size_t rows = s->rows, cols = s->cols, r = s->r, bc = block_cols(r, cols);
     const float *w = s->w, *qp = s->qp, *qn = s->qn;
@@ -341,7 +342,11 @@ static bool pass_first(psgd *s, const float *g, bool dots) {
                 mx = m > mx ? m : mx;
             }
         }
-        bad |= mx >= 0x7f800000u;
+        /* Above FLT_MAX/4 (or not finite) is refused, not only Inf/NaN: the residual
+         * E = W' - P^ Ql^T must stay finite too, and with |W'| <= FLT_MAX/4 and the
+         * product bounded by FLT_MAX/2 (step_after_p) it does (fuzz_roundtrip: a W' of
+         * -FLT_MAX minus a product of 3e34 left E = -Inf after an OK encode). */
+        bad |= mx > 0x7e7fffffu;
         if (dots)
             for (size_t a = 0; a < nr; a++) dot_finish(acc + a * r * LANES, r, p + (i0 + a) * r);
     }
@@ -638,6 +643,9 @@ static gcomp_status psgd_init(gcomp_compressor *c, gcomp_error *err) {
     return GCOMP_OK;
 }
 
+static bool product_bounded(const float *P, const float *qt, size_t rows, size_t cols, size_t r,
+                            float scale);
+
 /* ---- the step, shared by the protocol and the one-rank encode ---------------------------- */
 
 static bool step_is_dense(const gcomp_compressor *c, const psgd *s) {
@@ -674,7 +682,8 @@ static gcomp_status step_after_p(gcomp_compressor *c) {
     /* One rank: P^ itself travels, so E must be formed with the P^ the receiver sees. */
     if (s->values == VAL_F16 && s->local && s->round + 1 == s->iters) round_f16(s->p, rows * r);
     pass_qt(s->wn, rows, cols, r, s->p, s->ql, s->nthreads);
-    if (!finite_all(s->ql, r * cols)) return GCOMP_E_NONFINITE;
+    if (!finite_all(s->ql, r * cols) || !product_bounded(s->p, s->ql, rows, cols, r, 1.0f))
+        return GCOMP_E_NONFINITE;
     if (s->values == VAL_F16) round_f16(s->ql, r * cols);
     memcpy(s->q, s->ql, r * cols * sizeof(float));
     s->round++;
