@@ -437,7 +437,24 @@ def _matrix_shape(shape, n):
     return shape[0], n // shape[0] if shape[0] else 0
 
 
-class Compressor:
+class _Closable:
+    """close() on exit from a `with` block and at garbage collection (errors there are
+    swallowed: the interpreter may be shutting down).  Subclasses define close()."""
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+class Compressor(_Closable):
     """One tensor's compressor: its spec, its state between steps, its statistics.
 
     Compressor(spec, n, shape=None): `n` float32 elements; `shape` (optional) is the
@@ -498,18 +515,6 @@ class Compressor:
         h, self._h = getattr(self, "_h", None), None
         if h:
             _lib.gcomp_compressor_free(h)
-
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:
-            pass
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
 
     def _handle(self):
         if not self._h:

@@ -439,7 +439,7 @@ def _float_ptrs(arrays, ns, what, of="bucket", writable=True):
 # ---- the communicator ---------------------------------------------------------------------
 
 
-class Communicator:
+class Communicator(_core._Closable):
     """A gradcomp communicator (gcomp_mpi_comm) over an MPI communicator.
 
     Communicator(comm=None, timeout=None, ranks_per_node=0, setup_timeout=None): collective
@@ -566,18 +566,6 @@ class Communicator:
                 self.control.Free()  # not with a request abandoned on it
         self.control = None
 
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:
-            pass
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
     def __repr__(self):
         if not self._h:
             return "gradcomp.mpi.Communicator(closed)"
@@ -635,7 +623,7 @@ class _BorrowedCompressor(_core.Compressor):
         raise TypeError("a bucket's compressor cannot be pickled; save the bucket's state_bytes()")
 
 
-class Bucket:
+class Bucket(_core._Closable):
     """A fixed list of tensors exchanged together (gcomp_mpi_bucket).
 
     Bucket(comm, tensors, bucket_bytes=None, timeout=None): collective over the
@@ -703,18 +691,6 @@ class Bucket:
         self._inflight = None
         if not MPI.Is_finalized():
             _lib.gcomp_mpi_bucket_free(h)
-
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:
-            pass
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
 
     def __len__(self):
         return len(self.tensors)
@@ -914,7 +890,7 @@ def _outer_optimizer(optimizer):
     return _c_int_option(optimizer, "optimizer", -(1 << 31), (1 << 31) - 1)  # C refuses unknown values
 
 
-class Outer:
+class Outer(_core._Closable):
     """The outer step of local SGD / DiLoCo over a fixed list of tensors (gcomp_mpi_outer).
 
     Outer(comm, tensors, weights, local_steps=None, optimizer=None, lr=None, momentum=None,
@@ -1049,18 +1025,6 @@ class Outer:
         self._h = None
         if not MPI.Is_finalized():
             _lib.gcomp_mpi_outer_free(h)
-
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:
-            pass
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
 
     def __len__(self):
         return self.count
