@@ -92,7 +92,8 @@ typedef struct gtrain_result {
     double traffic_ratio;        /* dense f32 ring allreduce bytes / bytes this method sent */
     double step_ms, codec_ms, comm_ms, compute_ms; /* per step, means over ranks */
     /* The first step alone and the mean of the steps after it (means over ranks; 0 when
-     * the run had one step): the first pays one-time costs (the first touch of every
+     * the run had one step, and in parameter-server runs, which time per worker step
+     * otherwise): the first pays one-time costs (the first touch of every
      * compressor's state and workspace), the others are what the cost model predicts. */
     double first_step_ms, steady_step_ms;
     /* The cost model's prediction for this run (predicted = 0: none could be made): step
