@@ -28,6 +28,31 @@ TIMEOUT = 30.0  # library collectives in these tests
 VERDICT_TIMEOUT = 360.0  # longer than any set-up bound (300 s by default)
 
 
+def c_layout(body):
+    """Compiles `body` (statements of main, with F(T, m) printing offsetof and S(T) sizeof)
+    against gradcomp_mpi.h with mpicc and returns the lines it prints; skips without mpicc."""
+    import shutil
+    import subprocess
+    import tempfile
+
+    cc = shutil.which("mpicc")
+    if not cc:
+        pytest.skip("no mpicc to read the header's layout")
+    prog = (
+        "#include <stddef.h>\n#include <stdio.h>\n#include \"gradcomp_mpi.h\"\n"
+        '#define F(T, m) printf(#T "." #m " %zu\\n", offsetof(T, m))\n'
+        '#define S(T) printf(#T " %zu\\n", sizeof(T))\n'
+        "int main(void) {\n" + body + "\n  return 0;\n}\n"
+    )
+    with tempfile.TemporaryDirectory() as d:
+        src, exe = os.path.join(d, "layout.c"), os.path.join(d, "layout")
+        with open(src, "w") as f:
+            f.write(prog)
+        subprocess.run([cc, "-I", os.path.join(REPO, "include"), src, "-o", exe], check=True)
+        out = subprocess.run([exe], check=True, capture_output=True, text=True).stdout
+    return [line for line in out.split("\n") if line]
+
+
 
 def pytest_collection_modifyitems(config, items):
     if not UNDER_MPIRUN:

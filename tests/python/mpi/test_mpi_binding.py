@@ -15,17 +15,13 @@ link to the core API in this same process:
 
 import ctypes
 import hashlib
-import os
-import shutil
-import subprocess
-import tempfile
 
 import numpy as np
 import pytest
 
 import gradcomp
 import gradcomp.mpi as gm
-from conftest import REPO, TIMEOUT  # noqa: E402
+from conftest import TIMEOUT, c_layout  # noqa: E402
 from mpi4py import MPI
 
 torch = pytest.importorskip("torch")
@@ -312,16 +308,7 @@ def test_bounded_helpers():
 
 
 def test_struct_layout_matches_header():
-    cc = shutil.which("mpicc")
-    if not cc:
-        pytest.skip("no mpicc to read the header's layout")
-    prog = r"""
-#include <stddef.h>
-#include <stdio.h>
-#include "gradcomp_mpi.h"
-#define F(T, m) printf(#T "." #m " %zu\n", offsetof(T, m))
-#define S(T) printf(#T " %zu\n", sizeof(T))
-int main(void) {
+    lines = c_layout(r"""
   S(gcomp_mpi_options); F(gcomp_mpi_options, timeout_s); F(gcomp_mpi_options, ranks_per_node);
   S(gcomp_mpi_tensor); F(gcomp_mpi_tensor, spec); F(gcomp_mpi_tensor, n); F(gcomp_mpi_tensor, rows);
   F(gcomp_mpi_tensor, cols); F(gcomp_mpi_tensor, strategy);
@@ -331,15 +318,7 @@ int main(void) {
   S(MPI_Comm);
   printf("E %d %d %d %d %d %d %d %d\n", GCOMP_MPI_AUTO, GCOMP_MPI_ALLGATHER, GCOMP_MPI_SPARSE,
          GCOMP_MPI_ALLREDUCE, GCOMP_MPI_RSAG, GCOMP_MPI_HIERARCHICAL, GCOMP_MPI_SUM, GCOMP_MPI_AVERAGE);
-  return 0;
-}
-"""
-    with tempfile.TemporaryDirectory() as d:
-        src, exe = os.path.join(d, "layout.c"), os.path.join(d, "layout")
-        with open(src, "w") as f:
-            f.write(prog)
-        subprocess.run([cc, "-I", os.path.join(REPO, "include"), src, "-o", exe], check=True)
-        lines = subprocess.run([exe], check=True, capture_output=True, text=True).stdout.split("\n")
+""")
     types = {"gcomp_mpi_options": gm.Options, "gcomp_mpi_tensor": gm.TensorDesc,
              "gcomp_mpi_bucket_options": gm.BucketOptions, "gcomp_mpi_stats": gm.Stats, "MPI_Comm": gm._COMM_T}
     checked = 0
