@@ -38,6 +38,20 @@ size_t gcomp__sparse_payload_bound(const gcomp_compressor *c) {
     return SECTION + ix + vc->bound(&c->vp, c->max_values);
 }
 
+/* The residual x - decoded of a sent element, where the coder gave v - decoded(v) = r for
+ * the value v the selector sent: r itself when v is x unscaled (exact; re-forming decoded =
+ * v - r first could round past FLT_MAX and leave an infinite residual behind a finite
+ * message: fuzz, regress/roundtrip/ternary-clip-residual-inf), else x - (v - r) (random-k,
+ * bernoulli and importance send x scaled).  Keeps the largest |residual| bits in *mx. */
+static inline float sent_residual(float x, float v, float r, uint32_t *mx) {
+    float e = v == x ? r : x - (v - r);
+    uint32_t b;
+    memcpy(&b, &e, 4);
+    b &= 0x7fffffffu;
+    *mx = b > *mx ? b : *mx;
+    return e;
+}
+
 /* Calls fn(j, pos) for the j-th value of a selection: its element position. */
 #define FOR_EACH_POS(sel, n, BODY)                                                                 \
     do {                                                                                           \
@@ -113,9 +127,10 @@ gcomp_status gcomp__sparse_encode(gcomp_compressor *c, const float *x, float *re
         st = vc->encode(&c->vp, sel.val, sel.nvals, vres, key, p, room, &vlen);
     if (st != GCOMP_OK) return st;
     if (res && !dense) {
-        /* residual = x - decoded = x - (val - vres); for unscaled values that is vres. */
         const float *val = sel.val;
-        FOR_EACH_POS(&sel, c->n, res[pos] = x[pos] - (val[j] - vres[j]));
+        uint32_t mx = 0;
+        FOR_EACH_POS(&sel, c->n, res[pos] = sent_residual(x[pos], val[j], vres[j], &mx));
+        if (mx >= 0x7f800000u) return GCOMP_E_NONFINITE; /* nothing committed */
     }
 
     gcomp__put32(payload, (uint32_t)sel.k);
