@@ -35,9 +35,11 @@ OUT=${1:-$ROOT/out/validate-cost}
 METHODS=${METHODS:-"dense dense-f16 dgc:density=0.001,values=f16 powersgd:rank=4 sign:feedback=ef twobit:threshold=0.5"}
 STEPS=${STEPS:-4}             # training steps per method (the first is left out)
 RUNS=${RUNS:-3}               # allreduce-bench timed runs (after one warm-up)
-# Codec calibration at the size of mlp-large's largest tensor (fc2, 4096x4096): rates taken
-# on a smaller tensor hold while its buffers fit the caches and underestimate the big ones.
-CAL_SIZE=${CAL_SIZE:-16777216}
+# Codec calibration at the sizes of mlp-large's tensors (fc2 4096x4096, fc1 4096x784, fc3
+# 4096x10; the biases take the smallest): per-element cost changes as a tensor outgrows the
+# caches, and the model interpolates between the sizes measured (one size at 16.8 M
+# over-predicted fc1's 3.2 M by 1.2-2.8x).
+CAL_SIZE=${CAL_SIZE:-16777216,3211264,40960}
 # The cases, in the order they run (the most telling first: a short session may get only a
 # few turns of the netsim lock): hH-RATE for H hosts at RATE.
 CASES=${CASES-"h2-1gbit h4-100mbit h2-none h2-100mbit h4-1gbit h4-none"}

@@ -649,8 +649,9 @@ typedef enum gcomp_cost_strategy {
 /** Or'ed into a strategy: dense reduce inside each node, the strategy between nodes. */
 #define GCOMP_COST_HIERARCHICAL 0x100
 
-/** Version of the calibration text format gcomp_cost_calibration_format writes. */
-#define GCOMP_COST_CALIBRATION_VERSION 1
+/** Version of the calibration text format gcomp_cost_calibration_format writes (2: codec
+ *  lines may carry elements=; version 1 files are read). */
+#define GCOMP_COST_CALIBRATION_VERSION 2
 
 /** One link: latency (alpha) and payload bandwidth (1 / beta). */
 typedef struct gcomp_cost_link {
@@ -683,13 +684,19 @@ typedef struct gcomp_cost_compute {
                              thread; 0: they move only while the worker waits) */
 } gcomp_cost_compute;
 
-/** Measured codec speed for one spec: t(n) = fixed + per_elem * n. */
+/** Measured codec speed for one spec: t(n) = fixed + per_elem * n, near `elements`.
+ *  A codec's cost per element is not one number: a tensor that stays in cache runs faster
+ *  per element than one that streams from memory.  A calibration may hold one rate per
+ *  size for a spec; a tensor's time is interpolated between the two sizes around it (in
+ *  log n), the nearest one's outside them.  elements = 0: one rate for every size (it
+ *  replaces the spec's sized rates). */
 typedef struct gcomp_cost_codec_rate {
     char spec[512];         /**< canonical spec it was measured with (seed= removed) */
     double encode_fixed_s;  /**< per encode */
     double encode_per_elem; /**< seconds per element of the tensor */
     double decode_fixed_s;  /**< per decode-add of one message */
     double decode_per_elem; /**< seconds per element of the tensor */
+    size_t elements;        /**< tensor size it was measured at; 0: any size */
 } gcomp_cost_codec_rate;
 
 /** Measured network: alpha and beta of the links the calibration ran on. */
@@ -713,7 +720,8 @@ GCOMP_API void gcomp_cost_calibration_free(gcomp_cost_calibration *cal);
 /**
  * Parses the text form (written by gcomp_cost_calibration_format; docs/COST_MODEL.md):
  * a first line `gradcomp-calibration VERSION`, then `#` comments, `codec SPEC KEY=VALUE...`
- * lines (encode_fixed_s, encode_per_elem, decode_fixed_s, decode_per_elem), `net LABEL
+ * lines (encode_fixed_s, encode_per_elem, decode_fixed_s, decode_per_elem, and optionally
+ * elements), `net LABEL
  * KEY=VALUE...` lines (ranks, latency, bandwidth, ring_bandwidth) and `info KEY VALUE`
  * lines (kept, not interpreted).  Unknown keys are errors (a typo must not go unnoticed).
  * Returns GCOMP_OK; GCOMP_E_ARG (NULL); GCOMP_E_BAD_MAGIC (not a calibration);
@@ -733,7 +741,8 @@ GCOMP_API gcomp_status gcomp_cost_calibration_format(const gcomp_cost_calibratio
                                                      size_t cap, size_t *len);
 
 /**
- * Adds a codec rate, replacing one for the same (seedless canonical) spec.  The spec is
+ * Adds a codec rate, replacing one for the same (seedless canonical) spec and the same
+ * `elements` (a rate for any size, elements = 0, replaces all of the spec's).  The spec is
  * canonicalised here.  Returns GCOMP_OK, GCOMP_E_ARG (negative or non-finite times),
  * GCOMP_E_SPEC, GCOMP_E_UNKNOWN_CODEC, GCOMP_E_NOMEM.
  */
@@ -755,7 +764,9 @@ GCOMP_API const gcomp_cost_net_rate *gcomp_cost_calibration_net(const gcomp_cost
  * Measures one spec's encode and decode-add speed on this machine: a tensor of `n`
  * elements (shape rows x cols, or 0 x 0), a synthetic gradient, buffers touched (and
  * asked for huge pages) before timing, `runs` timed encodes and decodes after one
- * untimed; the median, then fitted with a second size of n/8 into fixed + per_elem * n.
+ * untimed; the median, then fitted with a second size of n/8 into fixed + per_elem * n;
+ * out->elements = n.  Calibrate at the sizes of the model's tensors (or around them): the
+ * model interpolates between sizes.
  * PowerSGD's encode is its whole local protocol (both products, the orthogonalisation
  * and the reconstruction).  Takes about runs x 2 x (encode + decode) of n elements.
  * Returns GCOMP_OK or the compressor's status (GCOMP_E_SPEC, GCOMP_E_ARG, GCOMP_E_NOMEM).
@@ -780,16 +791,15 @@ typedef struct gcomp_cost_model gcomp_cost_model;
 /**
  * Creates a model: validates every tensor, estimates its message bytes
  * (gcomp_spec_bytes_estimate) and, for rsag, the chunk messages, and looks up its codec
- * rate in `cal` (may be NULL): the rate of the same seedless canonical spec, else of the
- * same codec with its other parameters (scaled by density or rank where they set the
- * work), else a default of 1 ns per element (marked uncalibrated in the result).  The
- * bytes depend on P (chunks, regions) and the nodes (hierarchical), so `workers` and
- * `nodes` (1..workers) are fixed here; gcomp_cost_eval takes the links.  `cal` is not
- * kept.
- * Returns GCOMP_OK; GCOMP_E_ARG (count 0, n 0, a shape that does not hold n, strategy 0
- * or unknown, workers < 1, nodes outside 1..workers: *err names the tensor); the spec's status
- * (GCOMP_E_SPEC, GCOMP_E_UNKNOWN_CODEC, GCOMP_E_LIMIT); GCOMP_E_UNSUPPORTED (allreduce for a codec
- * that does not sum linearly); GCOMP_E_NOMEM.  On failure *out is NULL.
+ * rate in `cal` (may be NULL): the rate of the same seedless canonical spec (interpolated
+ * to the tensor's size between sized rates), else of the same codec with its other
+ * parameters (scaled by density or rank where they set the work), else a default of 1 ns per
+ * element (marked uncalibrated in the result).  The bytes depend on P (chunks, regions) and the
+ * nodes (hierarchical), so `workers` and `nodes` (1..workers) are fixed here; gcomp_cost_eval takes
+ * the links.  `cal` is not kept. Returns GCOMP_OK; GCOMP_E_ARG (count 0, n 0, a shape that does not
+ * hold n, strategy 0 or unknown, workers < 1, nodes outside 1..workers: *err names the tensor); the
+ * spec's status (GCOMP_E_SPEC, GCOMP_E_UNKNOWN_CODEC, GCOMP_E_LIMIT); GCOMP_E_UNSUPPORTED
+ * (allreduce for a codec that does not sum linearly); GCOMP_E_NOMEM.  On failure *out is NULL.
  */
 GCOMP_API gcomp_status gcomp_cost_model_create(gcomp_cost_model **out,
                                                const gcomp_cost_tensor *tensors, size_t count,

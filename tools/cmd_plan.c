@@ -65,7 +65,8 @@ typedef struct popts {
     int nmethods;
     int workers[MAX_WORKERS], nworkers;
     int nodes, json, per_tensor, calibrate, strategy, servers;
-    size_t min_elements, batch, calib_n;
+    size_t min_elements, batch;
+    size_t calib_n[8], ncalib; /* --size: the sizes codecs are calibrated at */
     double link_bps, latency, intra_bps, intra_latency, efficiency;
     double compute_ms, forward_ms, backward_ms, optimizer_ms, overlap;
     bool have_link, have_compute;
@@ -80,7 +81,7 @@ static const char *usage_text =
     "                     [--overlap X] [--batch B] [--min-elements N] [--dense-spec SPEC]\n"
     "                     [--strategy S] [--servers S] [--calibration FILE] [--per-tensor]\n"
     "                     [--json] [--plot FILE.png]\n"
-    "       gradcomp plan --calibrate [--compare M1,...] [--calibration FILE] [--size N]\n"
+    "       gradcomp plan --calibrate [--compare M1,...] [--calibration FILE] [--size N,...]\n"
     "                     (under mpirun with >= 2 ranks it also measures the network)\n"
     "FILE: one tensor a line, `name d0 [d1 ...]` (# comments); d0 x d1*d2*... is its matrix.\n"
     "RATE: 100mbit, 1gbit, 10gbit, 100gbit, 25gbit, ...; the model uses RATE/8 x E bytes/s\n"
@@ -167,7 +168,8 @@ static int parse_args(int argc, char **argv, popts *o) {
     o->min_elements = 8192;
     o->dense_spec = "none:values=f16";
     o->batch = 32;
-    o->calib_n = (size_t)1 << 22;
+    o->calib_n[0] = (size_t)1 << 22;
+    o->ncalib = 1;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
@@ -259,8 +261,18 @@ static int parse_args(int argc, char **argv, popts *o) {
         else if (!strcmp(a, "--plot"))
             o->plot = v;
         else if (!strcmp(a, "--size")) {
-            if (cli_parse_count(v, &o->calib_n) || o->calib_n < 4096 || o->calib_n > 1u << 28)
-                return cli_fail(CMD, 2, "--size %s: 4096..2^28 elements", v);
+            char buf[256];
+            snprintf(buf, sizeof buf, "%s", v);
+            o->ncalib = 0;
+            for (char *tok = strtok(buf, ","); tok; tok = strtok(NULL, ",")) {
+                size_t *n = &o->calib_n[o->ncalib];
+                if (o->ncalib == sizeof o->calib_n / sizeof o->calib_n[0] ||
+                    cli_parse_count(tok, n) || *n < 4096 || *n > 1u << 28)
+                    return cli_fail(CMD, 2, "--size %s: up to 8 sizes, each 4096..2^28 elements",
+                                    v);
+                o->ncalib++;
+            }
+            if (!o->ncalib) return cli_fail(CMD, 2, "--size: no size given");
         } else
             return cli_fail(CMD, 2, "unknown option '%s'\n%s", a, usage_text);
     }
@@ -563,26 +575,28 @@ static int calibrate(popts *o, const char *path) {
         snprintf(name, sizeof name, "%.*s", (int)strcspn(spec, ":"), spec);
         const gcomp_codec_info *ci = gcomp_codec_find(name);
         /* Shaped codecs are measured on a square-ish matrix of about --size elements. */
-        size_t n = o->calib_n, rows = 0, cols = 0;
-        if (ci && (ci->flags & GCOMP_CODEC_NEEDS_SHAPE)) {
-            rows = (size_t)sqrt((double)n);
-            cols = rows;
-            n = rows * cols;
+        for (size_t k = 0; k < o->ncalib && !rc; k++) {
+            size_t n = o->calib_n[k], rows = 0, cols = 0;
+            if (ci && (ci->flags & GCOMP_CODEC_NEEDS_SHAPE)) {
+                rows = (size_t)sqrt((double)n);
+                cols = rows;
+                n = rows * cols;
+            }
+            gcomp_cost_codec_rate r;
+            gcomp_error e = {0};
+            double t0 = cli_now();
+            if (gcomp_cost_calibrate_codec(spec, n, rows, cols, 5, &r, &e) != GCOMP_OK) {
+                rc = cli_fail(CMD, 2, "--calibrate: %s", e.message);
+                break;
+            }
+            gcomp_cost_calibration_add_codec(cal, &r, NULL);
+            if (rank == 0)
+                fprintf(stderr,
+                        "calibrated %-40s at %9zu: encode %.3f ns/elem + %.1f us, decode %.3f "
+                        "ns/elem + %.1f us (%.1f s)\n",
+                        r.spec, n, 1e9 * r.encode_per_elem, 1e6 * r.encode_fixed_s,
+                        1e9 * r.decode_per_elem, 1e6 * r.decode_fixed_s, cli_now() - t0);
         }
-        gcomp_cost_codec_rate r;
-        gcomp_error e = {0};
-        double t0 = cli_now();
-        if (gcomp_cost_calibrate_codec(spec, n, rows, cols, 5, &r, &e) != GCOMP_OK) {
-            rc = cli_fail(CMD, 2, "--calibrate: %s", e.message);
-            break;
-        }
-        gcomp_cost_calibration_add_codec(cal, &r, NULL);
-        if (rank == 0)
-            fprintf(stderr,
-                    "calibrated %-40s encode %.3f ns/elem + %.1f us, decode %.3f ns/elem + %.1f "
-                    "us (%.1f s)\n",
-                    r.spec, 1e9 * r.encode_per_elem, 1e6 * r.encode_fixed_s,
-                    1e9 * r.decode_per_elem, 1e6 * r.decode_fixed_s, cli_now() - t0);
     }
     if (!rc && rank == 0) {
         size_t len = 0;

@@ -15,7 +15,9 @@
  * (the library has no JSON reader, and a line format needs none); a binary blob (users
  * edit calibrations and diff them between machines).
  *
- * Lookup: the exact seedless spec; else the same codec measured with other parameters,
+ * Lookup: the exact seedless spec, interpolated in log n between the sizes it was measured
+ * at (per-element cost changes as a tensor outgrows the caches); else the same codec
+ * measured with other parameters,
  * scaled where a parameter sets the work (decode of a sparse message is proportional to
  * the kept elements: density; PowerSGD's products to the rank); else 1 ns per element,
  * marked uncalibrated.
@@ -91,8 +93,16 @@ gcomp_status gcomp_cost_calibration_add_codec(gcomp_cost_calibration *cal,
     gcomp_status st = gcomp_spec_canonical(rate->spec, canon, sizeof canon, NULL, err);
     if (st != GCOMP_OK) return st;
     gcomp__cost_seedless(canon, key, sizeof key);
+    if (rate->elements == 0) { /* one rate for every size: the spec's sized ones go */
+        size_t k = 0;
+        for (size_t j = 0; j < cal->ncodec; j++)
+            if (strcmp(cal->codec[j].spec, key)) cal->codec[k++] = cal->codec[j];
+        cal->ncodec = k;
+    }
     size_t i = 0;
-    while (i < cal->ncodec && strcmp(cal->codec[i].spec, key)) i++;
+    while (i < cal->ncodec &&
+           (strcmp(cal->codec[i].spec, key) || cal->codec[i].elements != rate->elements))
+        i++;
     if (i == cal->capcodec) {
         size_t cap = cal->capcodec ? 2 * cal->capcodec : 16;
         gcomp_cost_codec_rate *p = gcomp__alloc(cap * sizeof *p);
@@ -168,16 +178,19 @@ gcomp_status gcomp_cost_calibration_format(const gcomp_cost_calibration *cal, ch
     if (!cal) return GCOMP_E_ARG;
     sbuf b = {out, out ? cap : 0, 0};
     put(&b, "gradcomp-calibration %d\n", GCOMP_COST_CALIBRATION_VERSION);
-    put(&b, "# codec SPEC: seconds per encode / decode-add = fixed + per_elem * elements\n"
+    put(&b, "# codec SPEC [elements=N]: seconds per encode / decode-add = fixed + per_elem * "
+            "elements, measured at N elements (none: any size)\n"
             "# net LABEL: latency (s, half a ping-pong round trip), bandwidth (bytes/s one "
             "way), ring_bandwidth (bytes/s of a ring allreduce: 2(P-1)/P n / time)\n");
     if (cal->info) put(&b, "%s", cal->info);
     for (size_t i = 0; i < cal->ncodec; i++) {
         const gcomp_cost_codec_rate *r = &cal->codec[i];
+        put(&b, "codec %s", r->spec);
+        if (r->elements) put(&b, " elements=%zu", r->elements);
         put(&b,
-            "codec %s encode_fixed_s=%.17g encode_per_elem=%.17g decode_fixed_s=%.17g "
+            " encode_fixed_s=%.17g encode_per_elem=%.17g decode_fixed_s=%.17g "
             "decode_per_elem=%.17g\n",
-            r->spec, r->encode_fixed_s, r->encode_per_elem, r->decode_fixed_s, r->decode_per_elem);
+            r->encode_fixed_s, r->encode_per_elem, r->decode_fixed_s, r->decode_per_elem);
     }
     for (size_t i = 0; i < cal->nnet; i++) {
         const gcomp_cost_net_rate *r = &cal->net[i];
@@ -273,16 +286,17 @@ gcomp_status gcomp_cost_calibration_parse(gcomp_cost_calibration **out, const ch
         }
         if (name && rest && !strcmp(kind, "codec")) {
             static const char *const keys[] = {"encode_fixed_s", "encode_per_elem",
-                                               "decode_fixed_s", "decode_per_elem"};
-            double v[4] = {-1, -1, -1, -1};
+                                               "decode_fixed_s", "decode_per_elem", "elements"};
+            double v[5] = {-1, -1, -1, -1, 0};
             gcomp_cost_codec_rate r = {0};
-            if (read_items(rest, keys, v, 4, &bad) == 0 && v[0] >= 0 && v[1] >= 0 && v[2] >= 0 &&
-                v[3] >= 0 && strlen(name) < sizeof r.spec) {
+            if (read_items(rest, keys, v, 5, &bad) == 0 && v[0] >= 0 && v[1] >= 0 && v[2] >= 0 &&
+                v[3] >= 0 && v[4] == floor(v[4]) && v[4] < 0x1p53 && strlen(name) < sizeof r.spec) {
                 snprintf(r.spec, sizeof r.spec, "%s", name);
                 r.encode_fixed_s = v[0];
                 r.encode_per_elem = v[1];
                 r.decode_fixed_s = v[2];
                 r.decode_per_elem = v[3];
+                r.elements = (size_t)v[4];
                 gcomp_error e2;
                 st = gcomp_cost_calibration_add_codec(cal, &r, &e2);
                 if (st != GCOMP_OK)
@@ -309,7 +323,7 @@ gcomp_status gcomp_cost_calibration_parse(gcomp_cost_calibration **out, const ch
         }
         st = gcomp__fail(err, GCOMP_E_CORRUPT,
                          "calibration: line %zu: cannot read '%s' (expected `codec SPEC "
-                         "encode_fixed_s=.. encode_per_elem=.. decode_fixed_s=.. "
+                         "[elements=..] encode_fixed_s=.. encode_per_elem=.. decode_fixed_s=.. "
                          "decode_per_elem=..`, `net LABEL ranks=.. latency=.. bandwidth=.. "
                          "[ring_bandwidth=..]` or `info ...`)",
                          lineno, bad ? bad : "");
@@ -328,7 +342,41 @@ static size_t name_len(const char *canon) {
     return strcspn(canon, ":");
 }
 
-int gcomp__cost_rate(const gcomp_cost_calibration *cal, const char *canon,
+/* The rate of exactly `spec` for a tensor of n elements, from its records: one for any
+ * size (elements 0) if there is one; else the sized ones around n, blended in log n (the
+ * blend of two linear laws is the linear law of the blended coefficients); else the nearest
+ * size's.  0 when the calibration has no record of the spec. */
+static int rate_at(const gcomp_cost_calibration *cal, const char *spec, size_t n,
+                   gcomp_cost_codec_rate *out) {
+    const gcomp_cost_codec_rate *lo = NULL, *hi = NULL, *any = NULL;
+    for (size_t i = 0; i < cal->ncodec; i++) {
+        const gcomp_cost_codec_rate *r = &cal->codec[i];
+        if (strcmp(r->spec, spec)) continue;
+        if (r->elements == 0)
+            any = r;
+        else if (r->elements <= n && (!lo || r->elements > lo->elements))
+            lo = r;
+        else if (r->elements > n && (!hi || r->elements < hi->elements))
+            hi = r;
+    }
+    if (any || !lo || !hi) {
+        const gcomp_cost_codec_rate *r = any ? any : lo ? lo : hi;
+        if (!r) return 0;
+        *out = *r;
+        return 1;
+    }
+    double w =
+        log((double)n / (double)lo->elements) / log((double)hi->elements / (double)lo->elements);
+    *out = *lo;
+    out->encode_fixed_s = (1 - w) * lo->encode_fixed_s + w * hi->encode_fixed_s;
+    out->encode_per_elem = (1 - w) * lo->encode_per_elem + w * hi->encode_per_elem;
+    out->decode_fixed_s = (1 - w) * lo->decode_fixed_s + w * hi->decode_fixed_s;
+    out->decode_per_elem = (1 - w) * lo->decode_per_elem + w * hi->decode_per_elem;
+    out->elements = n;
+    return 1;
+}
+
+int gcomp__cost_rate(const gcomp_cost_calibration *cal, const char *canon, size_t n,
                      gcomp_cost_codec_rate *out) {
     char key[GCOMP__SPEC_MAX];
     gcomp__cost_seedless(canon, key, sizeof key);
@@ -337,11 +385,7 @@ int gcomp__cost_rate(const gcomp_cost_calibration *cal, const char *canon,
     out->encode_per_elem = DEFAULT_PER_ELEM;
     out->decode_per_elem = DEFAULT_PER_ELEM;
     if (!cal) return 0;
-    for (size_t i = 0; i < cal->ncodec; i++)
-        if (!strcmp(cal->codec[i].spec, key)) {
-            *out = cal->codec[i];
-            return 2;
-        }
+    if (rate_at(cal, key, n, out)) return 2;
     /* Same codec, other parameters: prefer the one with the same value coder. */
     const gcomp_cost_codec_rate *best = NULL;
     int best_score = -1;
@@ -359,14 +403,16 @@ int gcomp__cost_rate(const gcomp_cost_calibration *cal, const char *canon,
         }
     }
     if (!best) return 0;
-    *out = *best;
+    char have[sizeof best->spec];
+    snprintf(have, sizeof have, "%s", best->spec);
+    rate_at(cal, have, n, out);
     snprintf(out->spec, sizeof out->spec, "%s", key);
     /* Decoding a sparse message touches the kept elements: scale by density.  PowerSGD's
      * products are linear in the rank. */
-    double d_have = gcomp__cost_spec_num(best->spec, "density", -1),
+    double d_have = gcomp__cost_spec_num(have, "density", -1),
            d_want = gcomp__cost_spec_num(key, "density", -1);
     if (d_have > 0 && d_want > 0) out->decode_per_elem *= d_want / d_have;
-    double r_have = gcomp__cost_spec_num(best->spec, "rank", -1),
+    double r_have = gcomp__cost_spec_num(have, "rank", -1),
            r_want = gcomp__cost_spec_num(key, "rank", -1);
     if (r_have > 0 && r_want > 0) out->encode_per_elem *= r_want / r_have;
     return 1;
@@ -463,6 +509,7 @@ gcomp_status gcomp_cost_calibrate_codec(const char *spec, size_t n, size_t rows,
     out->decode_per_elem = dn > 0 ? fmax(0, (d1 - d2) / dn) : d1 / (double)n;
     out->encode_fixed_s = fmax(0, e1 - out->encode_per_elem * (double)n);
     out->decode_fixed_s = fmax(0, d1 - out->decode_per_elem * (double)n);
+    out->elements = n;
     gcomp__cost_seedless(canon, out->spec, sizeof out->spec);
     return GCOMP_OK;
 }

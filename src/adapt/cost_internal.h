@@ -42,9 +42,10 @@ struct gcomp_cost_model {
     cost_tensor *t;
 };
 
-/* The rate for a spec and how close the match is (2 exact, 1 same codec, 0 none); the
- * rate is scaled to the spec (cost_calib.c). */
-int gcomp__cost_rate(const gcomp_cost_calibration *cal, const char *canon,
+/* The rate for a spec on a tensor of n elements and how close the match is (2 exact, 1
+ * same codec, 0 none); the rate is scaled to the spec and interpolated to n
+ * (cost_calib.c). */
+int gcomp__cost_rate(const gcomp_cost_calibration *cal, const char *canon, size_t n,
                      gcomp_cost_codec_rate *out);
 /* The value of `key` in a canonical spec, or `dflt`. */
 double gcomp__cost_spec_num(const char *canon, const char *key, double dflt);

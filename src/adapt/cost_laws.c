@@ -333,12 +333,12 @@ static gcomp_status build_tensor(cost_tensor *ct, const gcomp_cost_tensor *t, si
     if (st != GCOMP_OK)
         return gcomp__fail(err, st, "cost model: tensor '%s': %s", ct->name, local.message);
     in.m = (double)m;
-    ct->calibrated = gcomp__cost_rate(cal, canon, &in.rate);
+    ct->calibrated = gcomp__cost_rate(cal, canon, t->n, &in.rate);
     /* A pass of the strategy's own over the dense output (zeroing, a finiteness check)
      * moves one stream of 4-byte values; a dense decode-add moves three (message in,
      * accumulator in and out), so a stream costs a third of none:values=f32's decode. */
     gcomp_cost_codec_rate none;
-    gcomp__cost_rate(cal, "none:values=f32", &none);
+    gcomp__cost_rate(cal, "none:values=f32", t->n, &none);
     in.stream_s = none.decode_per_elem / 3;
 
     bool hier = (t->strategy & GCOMP_COST_HIERARCHICAL) != 0;

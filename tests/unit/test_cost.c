@@ -155,7 +155,7 @@ static void test_overlap(void) {
                               {"b", "none", 1 << 20, 0, 0, GCOMP_COST_ALLREDUCE}};
     gcomp_cost_calibration *cal;
     CHECK_OK(gcomp_cost_calibration_create(&cal));
-    gcomp_cost_codec_rate zero = {"none", 0, 0, 0, 0};
+    gcomp_cost_codec_rate zero = {"none", 0, 0, 0, 0, 0};
     CHECK_OK(gcomp_cost_calibration_add_codec(cal, &zero, NULL));
     gcomp_cost_model *m;
     CHECK_OK(gcomp_cost_model_create(&m, t, 2, 2, 2, cal, NULL));
@@ -194,7 +194,7 @@ static void test_break_even(void) {
     const char *tk = "topk:density=0.001";
     gcomp_cost_calibration *cal;
     CHECK_OK(gcomp_cost_calibration_create(&cal));
-    gcomp_cost_codec_rate zero = {"none", 0, 0, 0, 0}, topk = {"", 0, 1e-9, 0, 0};
+    gcomp_cost_codec_rate zero = {"none", 0, 0, 0, 0, 0}, topk = {"", 0, 1e-9, 0, 0, 0};
     snprintf(topk.spec, sizeof topk.spec, "%s", tk);
     CHECK_OK(gcomp_cost_calibration_add_codec(cal, &zero, NULL));
     CHECK_OK(gcomp_cost_calibration_add_codec(cal, &topk, NULL));
@@ -224,7 +224,7 @@ static void test_break_even(void) {
 static void test_calibration_text(void) {
     gcomp_cost_calibration *cal, *back;
     CHECK_OK(gcomp_cost_calibration_create(&cal));
-    gcomp_cost_codec_rate r = {"topk:density=0.01,seed=5", 1.5e-6, 3.25e-9, 2e-7, 1.0 / 3e9};
+    gcomp_cost_codec_rate r = {"topk:density=0.01,seed=5", 1.5e-6, 3.25e-9, 2e-7, 1.0 / 3e9, 0};
     CHECK_OK(gcomp_cost_calibration_add_codec(cal, &r, NULL));
     gcomp_cost_net_rate nr = {"inter", 4, 24.5e-6, 119e6, 110e6};
     CHECK_OK(gcomp_cost_calibration_add_net(cal, &nr));
@@ -271,6 +271,63 @@ static void test_calibration_text(void) {
     CHECK_MSG(strstr(e.message, "line 3") != NULL, "%s", e.message);
     CHECK(gcomp_cost_calibration_parse(&back, bad4, strlen(bad4), &e) == GCOMP_E_CORRUPT);
     CHECK_MSG(strstr(e.message, "line 2") && strstr(e.message, "bandwith"), "%s", e.message);
+    gcomp_cost_calibration_free(cal);
+}
+
+/* Rates at several sizes: a tensor between two is blended in log n, one outside takes the
+ * nearest; the sizes survive the text form; a rate for any size replaces the sized ones. */
+static double encode_at(const gcomp_cost_calibration *cal, size_t n) {
+    gcomp_cost_tensor t = {"t", "topk:density=0.01", n, 0, 0, GCOMP_COST_ALLGATHER};
+    gcomp_cost_model *m;
+    gcomp_cost_net net;
+    gcomp_cost_net_default(&net);
+    gcomp_cost_compute c = {0, 0, 0, 1};
+    gcomp_cost_result res;
+    gcomp_cost_tensor_result tr = {0};
+    CHECK_OK(gcomp_cost_model_create(&m, &t, 1, 1, 1, cal, NULL));
+    CHECK_OK(gcomp_cost_eval(m, &net, &c, &res, &tr));
+    CHECK(tr.calibrated == 2);
+    gcomp_cost_model_free(m);
+    return tr.encode_s;
+}
+
+static void test_calibration_sizes(void) {
+    gcomp_cost_calibration *cal, *back;
+    CHECK_OK(gcomp_cost_calibration_create(&cal));
+    gcomp_cost_codec_rate small = {"topk:density=0.01", 0, 1e-9, 0, 0, 1 << 20},
+                          big = {"topk:density=0.01", 1e-3, 2e-9, 0, 0, 1 << 24};
+    CHECK_OK(gcomp_cost_calibration_add_codec(cal, &big, NULL));
+    CHECK_OK(gcomp_cost_calibration_add_codec(cal, &small, NULL));
+    CHECK(gcomp_cost_calibration_codecs(cal) == 2);
+    /* 4M is halfway in log n: (0 + 1e-3)/2 + (1e-9 + 2e-9)/2 * n */
+    double n = 1 << 22;
+    CHECK_MSG(rel(encode_at(cal, 1 << 22), 0.5e-3 + 1.5e-9 * n) < 1e-12, "%.17g",
+              encode_at(cal, 1 << 22));
+    CHECK(rel(encode_at(cal, 1 << 20), 1e-9 * (1 << 20)) < 1e-12);
+    CHECK(rel(encode_at(cal, 1 << 16), 1e-9 * (1 << 16)) < 1e-12);
+    CHECK(rel(encode_at(cal, 1 << 26), 1e-3 + 2e-9 * (1 << 26)) < 1e-12);
+    char a[4096], b[4096];
+    size_t la, lb;
+    CHECK_OK(gcomp_cost_calibration_format(cal, a, sizeof a, &la));
+    CHECK_MSG(strstr(a, "elements=1048576") && strstr(a, "elements=16777216"), "%s", a);
+    CHECK_OK(gcomp_cost_calibration_parse(&back, a, la, NULL));
+    CHECK_OK(gcomp_cost_calibration_format(back, b, sizeof b, &lb));
+    CHECK(la == lb && memcmp(a, b, la) == 0);
+    CHECK(encode_at(back, 1 << 22) == encode_at(cal, 1 << 22));
+    gcomp_cost_calibration_free(back);
+    /* The same size again replaces; a rate for any size replaces both. */
+    small.encode_per_elem = 4e-9;
+    CHECK_OK(gcomp_cost_calibration_add_codec(cal, &small, NULL));
+    CHECK(gcomp_cost_calibration_codecs(cal) == 2);
+    CHECK(rel(encode_at(cal, 1 << 16), 4e-9 * (1 << 16)) < 1e-12);
+    gcomp_cost_codec_rate any = {"topk:density=0.01", 0, 3e-9, 0, 0, 0};
+    CHECK_OK(gcomp_cost_calibration_add_codec(cal, &any, NULL));
+    CHECK(gcomp_cost_calibration_codecs(cal) == 1);
+    CHECK(rel(encode_at(cal, 1 << 22), 3e-9 * n) < 1e-12);
+    /* A size that is no whole number is a bad line. */
+    const char *bad = "gradcomp-calibration 2\ncodec none elements=1.5 encode_fixed_s=0 "
+                      "encode_per_elem=0 decode_fixed_s=0 decode_per_elem=0\n";
+    CHECK(gcomp_cost_calibration_parse(&back, bad, strlen(bad), NULL) == GCOMP_E_CORRUPT);
     gcomp_cost_calibration_free(cal);
 }
 
@@ -321,6 +378,7 @@ int main(void) {
     test_overlap();
     test_break_even();
     test_calibration_text();
+    test_calibration_sizes();
     test_errors();
     return CHECK_DONE();
 }
