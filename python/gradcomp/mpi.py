@@ -9,9 +9,10 @@
     bucket.allreduce([w_grad, b_grad])           # numpy arrays or CPU tensors, averaged in place
     bucket.start([w_grad, b_grad]); ...; bucket.wait()     # or non-blocking, with test()
     outer = comm.outer(tensors, weights, local_steps=32)     # local SGD / DiLoCo (Outer)
+    ps = comm.parameter_server(servers=1)        # MXNet kvstore / BytePS (ParameterServer)
 
 include/gradcomp_mpi.h is the manual of what runs underneath: the strategies (allgather,
-sparse, allreduce, rsag, hierarchical), the pipelined sub-buckets, the set-up check that
+sparse, allreduce, rsag, ps, hierarchical), the pipelined sub-buckets, the set-up check that
 turns ranks with different settings into MismatchError on every rank, the timeouts that turn
 a dead or stalled peer into CollectiveTimeout / MPIError instead of a hang, and the state
 blobs that checkpoints carry.  This module adds no algorithm of its own: it marshals buffers
@@ -81,11 +82,13 @@ _EP = ctypes.POINTER(_native.ErrorInfo)
 _COMM_T = _P if MPI._sizeof(MPI.Comm) == ctypes.sizeof(_P) else ctypes.c_int
 
 # Strategy values and the op, from include/gradcomp_mpi.h.
-AUTO, ALLGATHER, SPARSE, ALLREDUCE, RSAG = 0, 1, 2, 3, 4
+AUTO, ALLGATHER, SPARSE, ALLREDUCE, RSAG, PS = 0, 1, 2, 3, 4, 5
 HIERARCHICAL = 0x100
 SUM, AVERAGE = 0, 1
 # gcomp_mpi_outer_optimizer.
 OUTER_SGD, OUTER_NESTEROV = 0, 1
+# gcomp_mpi_ps_mode.
+PS_SYNC, PS_ASYNC = 0, 1
 
 
 class Options(ctypes.Structure):
@@ -110,7 +113,7 @@ class TensorDesc(ctypes.Structure):
 class BucketOptions(ctypes.Structure):
     """gcomp_mpi_bucket_options."""
 
-    _fields_ = [("bucket_bytes", _S), ("ps", ctypes.c_void_p)]  # ps: a gcomp_mpi_ps *, NULL here
+    _fields_ = [("bucket_bytes", _S), ("ps", ctypes.c_void_p)]  # ps: a gcomp_mpi_ps * (ParameterServer)
 
 
 class Stats(ctypes.Structure):
@@ -142,6 +145,54 @@ class OuterOptions(ctypes.Structure):
         ("ef_decay", ctypes.c_double),
         ("fragment_of", ctypes.POINTER(ctypes.c_uint)),
         ("bucket_bytes", _S),
+    ]
+
+
+class PSOptimizer(ctypes.Structure):
+    """gcomp_mpi_ps_optimizer."""
+
+    _fields_ = [
+        ("lr", ctypes.c_float),
+        ("momentum", ctypes.c_float),
+        ("weight_decay", ctypes.c_float),
+        ("rescale", ctypes.c_float),
+        ("nesterov", ctypes.c_int),
+    ]
+
+
+class PSOptions(ctypes.Structure):
+    """gcomp_mpi_ps_options."""
+
+    _fields_ = [
+        ("servers", ctypes.c_int),
+        ("server_ranks", ctypes.POINTER(ctypes.c_int)),
+        ("mode", ctypes.c_int),
+        ("update", ctypes.c_int),
+        ("optimizer", PSOptimizer),
+        ("pull", ctypes.c_char_p),
+        ("part_bytes", _S),
+        ("max_staleness", ctypes.c_uint64),
+    ]
+
+
+class PSStats(ctypes.Structure):
+    """gcomp_mpi_ps_stats."""
+
+    _fields_ = [
+        ("pushes", ctypes.c_uint64),
+        ("applied", ctypes.c_uint64),
+        ("pulls", ctypes.c_uint64),
+        ("bytes_pushed", ctypes.c_uint64),
+        ("bytes_pulled", ctypes.c_uint64),
+        ("busy_ns", ctypes.c_uint64),
+        ("queue_max", ctypes.c_uint64),
+        ("queue_sum", ctypes.c_uint64),
+        ("stale_max", ctypes.c_uint64),
+        ("stale_sum", ctypes.c_uint64),
+        ("dropped", ctypes.c_uint64),
+        ("refused", ctypes.c_uint64),
+        ("workers_lost", ctypes.c_uint32),
+        ("reserved", ctypes.c_uint32),
     ]
 
 
@@ -208,11 +259,40 @@ PROTOTYPES = {
     "gcomp_mpi_outer_state_size": (_S, [_P]),
     "gcomp_mpi_outer_save_state": (_I, [_P, _P, _S, _SP, ctypes.c_double, _EP]),
     "gcomp_mpi_outer_load_state": (_I, [_P, _P, _S, _EP]),
+    # the parameter server (src/mpi/mpi_ps*.c)
+    "gcomp_mpi_ps_options_default": (None, [ctypes.POINTER(PSOptions)]),
+    "gcomp_mpi_ps_create": (_I, [ctypes.POINTER(_P), _P, ctypes.POINTER(PSOptions), ctypes.c_double, _EP]),
+    "gcomp_mpi_ps_free": (_I, [_P]),
+    "gcomp_mpi_ps_is_server": (_I, [_P]),
+    "gcomp_mpi_ps_index": (_I, [_P]),
+    "gcomp_mpi_ps_workers": (_I, [_P]),
+    "gcomp_mpi_ps_servers": (_I, [_P]),
+    "gcomp_mpi_ps_serve": (_I, [_P, ctypes.c_double, _EP]),
+    "gcomp_mpi_ps_shutdown": (_I, [_P, ctypes.c_double, _EP]),
+    "gcomp_mpi_ps_init": (_I, [_P, ctypes.POINTER(_P), ctypes.c_double, _EP]),
+    "gcomp_mpi_ps_pull": (_I, [_P, ctypes.POINTER(_P), ctypes.c_double, _EP]),
+    "gcomp_mpi_ps_set_lr": (_I, [_P, ctypes.c_float]),
+    "gcomp_mpi_ps_set_optimizer": (_I, [_P, _S, ctypes.POINTER(PSOptimizer)]),
+    "gcomp_mpi_ps_part_count": (_S, [_P, _S]),
+    "gcomp_mpi_ps_part": (_I, [_P, _S, _S, _SP, _SP, ctypes.POINTER(_I)]),
+    "gcomp_mpi_ps_server_rank": (_I, [_P, _I]),
+    "gcomp_mpi_ps_worker_rank": (_I, [_P, _I]),
+    "gcomp_mpi_ps_compressor": (_P, [_P, _S, _S]),
+    "gcomp_mpi_ps_residual": (_I, [_P, _S, _P]),
+    "gcomp_mpi_ps_stored": (_I, [_P, _S, _P, _SP]),
+    "gcomp_mpi_ps_version": (ctypes.c_uint64, [_P, _S]),
+    "gcomp_mpi_ps_stats_get": (_I, [_P, _I, ctypes.POINTER(PSStats)]),
+    "gcomp_mpi_ps_key_stats": (_I, [_P, _S, ctypes.POINTER(PSStats)]),
+    "gcomp_mpi_ps_stats_reset": (None, [_P]),
+    "gcomp_mpi_ps_state_size": (_S, [_P]),
+    "gcomp_mpi_ps_save_state": (_I, [_P, _P, _S, _SP, _EP]),
+    "gcomp_mpi_ps_load_state": (_I, [_P, _P, _S, _EP]),
 }
-# Functions that came after the first binding (the outer step, issue 18) are optional as a
-# group, as in _native.OPTIONAL: the module loads without them, and Outer raises
-# UnsupportedError naming the missing function when the library lacks it.
-OPTIONAL = {name for name in PROTOTYPES if name.startswith("gcomp_mpi_outer_")}
+# Functions that came after the first binding (the outer step, issue 18; the parameter
+# server) are optional as groups, as in _native.OPTIONAL: the module loads without them,
+# and Outer / ParameterServer raise UnsupportedError naming the missing function when the
+# library lacks it.
+OPTIONAL = {name for name in PROTOTYPES if name.startswith(("gcomp_mpi_outer_", "gcomp_mpi_ps_"))}
 
 
 def _candidates():
@@ -309,8 +389,8 @@ def _need(name):
 
 def strategy_value(strategy):
     """A strategy as the C enum value: an int is returned as is, a name ("auto",
-    "allgather", "sparse", "allreduce", "rsag", "hierarchical", "hierarchical:rsag", ...)
-    is parsed by the library.  Raises ArgumentError for an unknown name."""
+    "allgather", "sparse", "allreduce", "rsag", "ps", "hierarchical", "hierarchical:rsag",
+    ...) is parsed by the library.  Raises ArgumentError for an unknown name."""
     if isinstance(strategy, int):
         return strategy
     if strategy is None:
@@ -319,7 +399,7 @@ def strategy_value(strategy):
     st = _lib.gcomp_mpi_strategy_parse(str(strategy).encode(), ctypes.byref(out))
     if st:
         _core._raise(st, f"strategy {strategy!r}",
-                     "unknown strategy; use auto, allgather, sparse, allreduce, rsag, "
+                     "unknown strategy; use auto, allgather, sparse, allreduce, rsag, ps, "
                      "hierarchical or hierarchical:NAME")
     return out.value
 
@@ -540,16 +620,21 @@ class Communicator(_core._Closable):
         st = _lib.gcomp_mpi_comm_reset(self._handle(), float(timeout or 0), ctypes.byref(err))
         _check(st, "gradcomp.mpi.Communicator.reset", err)
 
-    def bucket(self, tensors, bucket_bytes=None, timeout=None):
+    def bucket(self, tensors, bucket_bytes=None, timeout=None, ps=None):
         """Bucket(self, tensors, ...): see Bucket."""
-        return Bucket(self, tensors, bucket_bytes=bucket_bytes, timeout=timeout)
+        return Bucket(self, tensors, bucket_bytes=bucket_bytes, timeout=timeout, ps=ps)
+
+    def parameter_server(self, **options):
+        """ParameterServer(self, ...): the parameter server; see ParameterServer."""
+        return ParameterServer(self, **options)
 
     def outer(self, tensors, weights, **options):
         """Outer(self, tensors, weights, ...): the outer step of local SGD / DiLoCo; see Outer."""
         return Outer(self, tensors, weights, **options)
 
     def close(self):
-        """Frees the communicator and the buckets and outer steps still open on it (local)."""
+        """Frees the communicator and the buckets, outer steps and parameter servers still
+        open on it (local)."""
         h = getattr(self, "_h", None)
         if not h:
             return
@@ -626,7 +711,7 @@ class _BorrowedCompressor(_core.Compressor):
 class Bucket(_core._Closable):
     """A fixed list of tensors exchanged together (gcomp_mpi_bucket).
 
-    Bucket(comm, tensors, bucket_bytes=None, timeout=None): collective over the
+    Bucket(comm, tensors, bucket_bytes=None, timeout=None, ps=None): collective over the
     communicator; creates each tensor's compressors from its spec and runs the set-up
     check: ranks whose tensors differ in spec, size, shape, strategy or name all raise
     MismatchError naming the first tensor that differs.  tensors: Tensor objects or
@@ -636,17 +721,35 @@ class Bucket(_core._Closable):
     Each rank must start the allreduces of one bucket in the same order; different
     buckets are independent (each has its own MPI communicator) and may be in flight
     together.  Used by one thread at a time.
+
+    ps: a ParameterServer of this communicator (None: the collectives).  Every tensor is
+    then a key of the server (tensors left at strategy "auto" get "ps", "hierarchical"
+    gets "hierarchical:ps"; other strategies are refused by the library), and every rank,
+    servers included, creates the same buckets in the same order.  On workers,
+    allreduce / start / wait are MXNet's kv.pushpull (push the compressed gradient, pull
+    the sum, or the weights the servers updated), init() is kv.init and pull() kv.pull; a
+    server only serves them (ParameterServer.serve).  The bucket keeps its server alive;
+    closing the server closes its buckets first.
     """
 
-    def __init__(self, comm, tensors, bucket_bytes=None, timeout=None):
+    def __init__(self, comm, tensors, bucket_bytes=None, timeout=None, ps=None):
+        self._h = None
+        self.ps = None
         if not isinstance(comm, Communicator):
             raise TypeError("Bucket needs a gradcomp.mpi.Communicator")
+        if ps is not None:
+            if not isinstance(ps, ParameterServer):
+                raise TypeError(f"ps must be a gradcomp.mpi.ParameterServer, got {type(ps).__name__}")
+            if ps.comm is not comm:
+                raise ValueError("Bucket: the parameter server belongs to another communicator; create the "
+                                 "bucket on the server's own (ps.comm)")
+            ps_h = ps._handle()
         ts = [t if isinstance(t, Tensor) else Tensor(*t) for t in tensors]
         if not ts:
             raise ValueError("a bucket needs at least one tensor")
         self.comm = comm
+        self.ps = ps
         self.tensors = ts
-        self._h = None
         self._inflight = None
         self.name = ts[0].name if len(ts) == 1 else f"{ts[0].name}..{ts[-1].name}"
         self._ns = [t.n for t in ts]
@@ -654,11 +757,16 @@ class Bucket(_core._Closable):
         self._names = [t.name.encode("utf-8") for t in ts]
         desc = (TensorDesc * len(ts))()
         for i, t in enumerate(ts):
-            desc[i] = TensorDesc(self._names[i], self._specs[i], t.n, t.rows, t.cols, t.strategy)
+            strategy = t.strategy
+            if ps is not None and strategy & 0xFF == AUTO:
+                strategy |= PS  # a server's bucket carries keys only: "auto" means through it
+            desc[i] = TensorDesc(self._names[i], self._specs[i], t.n, t.rows, t.cols, strategy)
         opt = BucketOptions()
         _lib.gcomp_mpi_bucket_options_default(ctypes.byref(opt))
         if bucket_bytes is not None:
             opt.bucket_bytes = int(bucket_bytes)
+        if ps is not None:
+            opt.ps = ps_h
         self.bucket_bytes = opt.bucket_bytes
         h = _P()
         err = _native.ErrorInfo()
@@ -668,6 +776,10 @@ class Bucket(_core._Closable):
         self._h = h
         comm._buckets = [r for r in comm._buckets if r() is not None]
         comm._buckets.append(weakref.ref(self))
+        if ps is not None:
+            # Freed before the server (gcomp_mpi_ps_free refuses a server with live buckets).
+            ps._buckets = [r for r in ps._buckets if r() is not None]
+            ps._buckets.append(weakref.ref(self))
         self._state_size = _lib.gcomp_mpi_bucket_state_size(h)
 
     # -- lifetime --
@@ -696,7 +808,8 @@ class Bucket(_core._Closable):
         return len(self.tensors)
 
     def __repr__(self):
-        return f"gradcomp.mpi.Bucket({self.name!r}, {len(self.tensors)} tensor(s))"
+        via = "" if self.ps is None else ", through a parameter server"
+        return f"gradcomp.mpi.Bucket({self.name!r}, {len(self.tensors)} tensor(s){via})"
 
     # -- the exchange --
     def _op(self, op):
@@ -730,6 +843,33 @@ class Bucket(_core._Closable):
     @property
     def in_flight(self):
         return self._inflight is not None
+
+    # -- the parameter server's own calls (workers) --
+    def init(self, arrays, timeout=None):
+        """kv.init (parameter-server buckets, workers; gcomp_mpi_ps_init): worker 0's arrays
+        become what the servers store for the tensors (the weights in update and async
+        modes), and every worker's arrays are overwritten with them; the servers' update
+        counts and momentum restart at 0.  Every worker of the bucket calls it; blocking,
+        bounded by `timeout` (None: the communicator's default).  Raises ArgumentError on a
+        server or for a bucket without one, NonFiniteError on every worker for a NaN or Inf
+        in worker 0's values (nothing stored)."""
+        fn = _need("gcomp_mpi_ps_init")
+        ptrs = _float_ptrs(arrays, self._ns, "init")
+        err = _native.ErrorInfo()
+        st = fn(self._handle(), ptrs, float(timeout or 0), ctypes.byref(err))
+        _check(st, f"gradcomp.mpi init of bucket {self.name}", err)
+
+    def pull(self, arrays, timeout=None):
+        """kv.pull (parameter-server buckets, workers; gcomp_mpi_ps_pull): each array
+        receives what the servers store for its tensor now, dense float32: the weights
+        (update and async modes) or the last round's sum (aggregate).  Any worker alone;
+        blocking, bounded by `timeout`.  Raises ArgumentError on a server, ProtocolError in
+        update mode before init()."""
+        fn = _need("gcomp_mpi_ps_pull")
+        ptrs = _float_ptrs(arrays, self._ns, "pull")
+        err = _native.ErrorInfo()
+        st = fn(self._handle(), ptrs, float(timeout or 0), ctypes.byref(err))
+        _check(st, f"gradcomp.mpi pull of bucket {self.name}", err)
 
     def test(self):
         """Makes progress without blocking; True once the allreduce has finished (an idle
@@ -817,12 +957,16 @@ class Bucket(_core._Closable):
 
     def set_epoch(self, epoch):
         """Fractional epoch for the schedules (DGC warm-up) of every compressor that has
-        one (gcomp_compressor_set_epoch)."""
+        one (gcomp_compressor_set_epoch; on a parameter-server worker, every part's)."""
         h = self._handle()
         for i in range(len(self.tensors)):
-            c = _lib.gcomp_mpi_compressor(h, i)
-            if c:
-                _check(_core._lib.gcomp_compressor_set_epoch(c, float(epoch)), "set_epoch")
+            if self.ps is not None:
+                cs = [_lib.gcomp_mpi_ps_compressor(h, i, j) for j in range(_lib.gcomp_mpi_ps_part_count(h, i))]
+            else:
+                cs = [_lib.gcomp_mpi_compressor(h, i)]
+            for c in cs:
+                if c:
+                    _check(_core._lib.gcomp_compressor_set_epoch(c, float(epoch)), "set_epoch")
 
     def stats(self, i=None):
         """Counters since creation or reset_stats() (gcomp_mpi_stats) as a dict: calls,
@@ -866,7 +1010,7 @@ _UINT_MAX = (1 << 32) - 1
 _OPTIMIZERS = {"sgd": OUTER_SGD, "nesterov": OUTER_NESTEROV}
 
 
-def _c_int_option(value, what, lo, hi):
+def _c_int_option(value, what, lo, hi, owner="gradcomp.mpi.Outer"):
     """An integer option for a C field of range lo..hi.  Only what C cannot see is checked
     here: ctypes would wrap -1 into a huge unsigned value (and 2**32 into 0) without a
     word; the library judges every value that reaches it intact (H = 0, a delay >= H)."""
@@ -875,7 +1019,7 @@ def _c_int_option(value, what, lo, hi):
     except TypeError:
         raise TypeError(f"{what} must be an int, got {type(value).__name__}") from None
     if not lo <= v <= hi:
-        raise _err.ArgumentError(f"gradcomp.mpi.Outer: {what} = {v} does not fit the C field ({lo}..{hi})",
+        raise _err.ArgumentError(f"{owner}: {what} = {v} does not fit the C field ({lo}..{hi})",
                                  status=_err.E_ARG, status_name=_core.status_name(_err.E_ARG))
     return v
 
@@ -1212,3 +1356,454 @@ class Outer(_core._Closable):
         err = _native.ErrorInfo()
         _check(_lib.gcomp_mpi_outer_load_state(self._handle(), bp, bl, ctypes.byref(err)),
                f"gradcomp.mpi load_state of outer step {self.name}", err)
+
+
+# ---- the parameter server: MXNet's kvstore, BytePS -------------------------------------------
+
+
+_PS_MODES = {"sync": PS_SYNC, "async": PS_ASYNC}
+_PS_OPTIMIZER_KEYS = ("lr", "momentum", "weight_decay", "rescale", "nesterov")
+_INT_MIN, _INT_MAX = -(1 << 31), (1 << 31) - 1
+
+
+def _ps_arg_error(msg):
+    return _err.ArgumentError(f"gradcomp.mpi.ParameterServer: {msg}", status=_err.E_ARG,
+                              status_name=_core.status_name(_err.E_ARG))
+
+
+def _ps_mode(mode):
+    if isinstance(mode, str):
+        v = _PS_MODES.get(mode.lower())
+        if v is None:
+            raise _ps_arg_error(f"mode {mode!r}: use 'sync' or 'async'")
+        return v
+    return _c_int_option(mode, "mode", _INT_MIN, _INT_MAX, "gradcomp.mpi.ParameterServer")  # C judges it
+
+
+def _ps_optimizer(base, optimizer, given, what):
+    """A gcomp_mpi_ps_optimizer: `base` (a PSOptimizer) with the entries of the `optimizer`
+    dict or the keywords in `given` (not both) replaced.  The library judges the values."""
+    given = {k: v for k, v in given.items() if v is not None}
+    if optimizer is not None:
+        if given:
+            raise TypeError(f"{what}: give the optimizer as a dict or as keywords "
+                            f"({', '.join(sorted(given))}), not both")
+        if not isinstance(optimizer, dict):
+            raise TypeError(f"{what}: optimizer must be a dict of {', '.join(_PS_OPTIMIZER_KEYS)}, "
+                            f"got {type(optimizer).__name__}")
+        unknown = sorted(set(optimizer) - set(_PS_OPTIMIZER_KEYS))
+        if unknown:
+            raise TypeError(f"{what}: unknown optimizer setting(s) {unknown}; the servers' SGD has "
+                            f"{', '.join(_PS_OPTIMIZER_KEYS)}")
+        given = {k: v for k, v in optimizer.items() if v is not None}
+    out = PSOptimizer(base.lr, base.momentum, base.weight_decay, base.rescale, base.nesterov)
+    for k, v in given.items():
+        if k == "nesterov":
+            out.nesterov = _c_int_option(int(v) if isinstance(v, bool) else v, "nesterov", _INT_MIN, _INT_MAX,
+                                         what)
+        else:
+            try:
+                setattr(out, k, float(v))
+            except (TypeError, ValueError):
+                raise TypeError(f"{what}: optimizer {k} must be a number, got {type(v).__name__}") from None
+    return out
+
+
+def _ps_optimizer_dict(o):
+    return {"lr": o.lr, "momentum": o.momentum, "weight_decay": o.weight_decay, "rescale": o.rescale,
+            "nesterov": bool(o.nesterov)}
+
+
+class ParameterServer(_core._Closable):
+    """A parameter server over a communicator (gcomp_mpi_ps): MXNet's kvstore (dist_sync,
+    dist_async, dist_sync_device) and BytePS on one MPI job.
+
+    ParameterServer(comm, servers=None, server_ranks=None, mode="sync", update=False,
+    optimizer=None, lr=None, momentum=None, weight_decay=None, rescale=None, nesterov=None,
+    pull=None, part_bytes=None, max_staleness=None, timeout=None), or
+    comm.parameter_server(...): collective over the communicator, every rank with the same
+    options.  Of its P ranks, S serve (by default the last S) and W = P - S are workers;
+    every rank runs the same program and asks its role (is_server, index).  Buckets made
+    with ps=this server (comm.bucket(tensors, ps=ps)) carry its keys; every rank, servers
+    included, creates the same buckets in the same order (their set-up check compares the
+    servers' tensors too).  Then servers call serve(), which answers the workers until
+    every one of them has called shutdown(); workers call the buckets' allreduce (or
+    start / wait: kv.pushpull), init (kv.init) and pull (kv.pull).
+    include/gradcomp_mpi.h ("Parameter server") and docs/PARAMETER_SERVER.md describe the
+    modes, partitioning, compression, faults and checkpoints.
+
+    Options, None for the library's default (gcomp_mpi_ps_options_default):
+      servers        S, 1 <= S < P (1; len(server_ranks) when those are given)
+      server_ranks   S distinct ranks that serve (None: the last S)
+      mode           "sync" (dist_sync: every worker's push, decoded in worker order, per
+                     round) or "async" (dist_async: each push applied on arrival), or
+                     PS_SYNC / PS_ASYNC ("sync")
+      update         True: the servers hold the weights and apply their SGD step (kv.set_
+                     optimizer; implied by async), and pushpull returns the new weights;
+                     False (default): they aggregate, and pushpull returns the sum (times
+                     1/W for "average") - BytePS, the optimizer on the workers
+      optimizer      the servers' SGD for every key, a dict with any of lr (0.01), momentum
+                     (0), weight_decay (0), rescale (1: MXNet's rescale_grad), nesterov
+                     (False); or the same as keywords lr=, momentum=, ... (not both)
+      pull           None (dense pulls, MXNet), "same" (each key's own spec) or a spec for
+                     every key: compressed pulls with the servers' own error feedback
+                     (BytePS; sync aggregate mode only)
+      part_bytes     the largest part of a key, in dense bytes (4 MiB, BytePS's)
+      max_staleness  async: pushes staler than this are dropped (0: never)
+    timeout: the bound of this creation (None: the communicator's setup_timeout).
+    The library judges the values: a bad one raises its status with its reason on every
+    rank that was given it (ArgumentError for S >= P, a compressed pull with update, ...;
+    SpecError for a bad pull spec), and MismatchError on every rank when the ranks'
+    options differ or another rank's are bad.  What only Python can get wrong (a type, an
+    int that does not fit its C field, an unknown mode name) raises TypeError /
+    ArgumentError on that rank, which still takes part in the library's set-up check, so
+    the other ranks raise MismatchError instead of waiting for it.
+
+    Lifetime: a server must outlive its buckets (the C library refuses to free one with
+    live buckets).  Each bucket keeps a reference to its server, and close() closes the
+    server's buckets still open first (an exchange in flight is waited for, as
+    Bucket.close does), then the server; the communicator's close() closes both.  So
+    `with comm.parameter_server() as ps:` around the buckets' use is always safe.
+    Used by one thread at a time, with its buckets.
+    """
+
+    def __init__(self, comm, servers=None, server_ranks=None, mode="sync", update=False, optimizer=None,
+                 lr=None, momentum=None, weight_decay=None, rescale=None, nesterov=None, pull=None,
+                 part_bytes=None, max_staleness=None, timeout=None):
+        if not isinstance(comm, Communicator):
+            raise TypeError("ParameterServer needs a gradcomp.mpi.Communicator")
+        self._h = None
+        self._buckets = []
+        create = _need("gcomp_mpi_ps_create")
+        ch = comm._handle()
+        self.comm = comm
+        setup_timeout = float(timeout or comm.setup_timeout)
+        what = "gradcomp.mpi.ParameterServer"
+        opt = PSOptions()
+        _lib.gcomp_mpi_ps_options_default(ctypes.byref(opt))
+        try:
+            self._server_ranks = None
+            if server_ranks is not None:
+                sr = [_c_int_option(r, f"server_ranks[{i}]", _INT_MIN, _INT_MAX, what)
+                      for i, r in enumerate(server_ranks)]
+                if servers is None:
+                    servers = len(sr)
+                elif _c_int_option(servers, "servers", _INT_MIN, _INT_MAX, what) != len(sr):
+                    raise _ps_arg_error(f"servers = {servers} but {len(sr)} server_ranks given")
+                self._server_ranks = (ctypes.c_int * max(len(sr), 1))(*sr)
+                opt.server_ranks = self._server_ranks
+            if servers is not None:
+                opt.servers = _c_int_option(servers, "servers", _INT_MIN, _INT_MAX, what)
+            opt.mode = _ps_mode(mode)
+            opt.update = 1 if update else 0
+            opt.optimizer = _ps_optimizer(opt.optimizer, optimizer, dict(lr=lr, momentum=momentum,
+                                          weight_decay=weight_decay, rescale=rescale, nesterov=nesterov), what)
+            self._pull = None
+            if pull is not None and pull != "":
+                self._pull = _core._spec_bytes(pull)
+                opt.pull = self._pull
+            if part_bytes is not None:
+                opt.part_bytes = _c_int_option(part_bytes, "part_bytes", 0, _core._SIZE_MAX, what)
+            if max_staleness is not None:
+                opt.max_staleness = _c_int_option(max_staleness, "max_staleness", 0, (1 << 64) - 1, what)
+        except (TypeError, ValueError, OverflowError):
+            # This rank's own arguments are bad: it still takes part in the set-up check with
+            # options the library refuses locally (0 servers) and shares as a failure, so the
+            # other ranks raise MismatchError now instead of CollectiveTimeout later.
+            bad = PSOptions()
+            _lib.gcomp_mpi_ps_options_default(ctypes.byref(bad))
+            bad.servers = 0
+            h = _P()
+            create(ctypes.byref(h), ch, ctypes.byref(bad), setup_timeout, None)
+            if h:  # pragma: no cover - the library refuses 0 servers
+                _lib.gcomp_mpi_ps_free(h)
+            raise
+        h = _P()
+        err = _native.ErrorInfo()
+        st = create(ctypes.byref(h), ch, ctypes.byref(opt), setup_timeout, ctypes.byref(err))
+        _check(st, what, err)
+        self._h = h
+        self.mode = "async" if opt.mode == PS_ASYNC else "sync"
+        self.update = bool(opt.update) or opt.mode == PS_ASYNC
+        self.pull_spec = _s(self._pull)
+        self.part_bytes = opt.part_bytes
+        self.max_staleness = opt.max_staleness
+        self._opt = opt.optimizer
+        comm._buckets = [r for r in comm._buckets if r() is not None]
+        comm._buckets.append(weakref.ref(self))  # closed before the communicator, as buckets
+
+    # -- lifetime --
+    def _handle(self):
+        if not self._h:
+            raise ValueError("gradcomp.mpi: parameter server is closed")
+        return self._h
+
+    def close(self):
+        """Closes the server's buckets still open (an exchange in flight is waited for
+        first, as Bucket.close does), then frees the server (local).  A worker that has not
+        called shutdown() leaves the servers serving until their timeout: shut down first."""
+        h = getattr(self, "_h", None)
+        if not h:
+            return
+        for ref in list(self._buckets):
+            b = ref()
+            if b is not None:
+                b.close()
+        self._buckets = []
+        if MPI.Is_finalized() or not self.comm._h:
+            self._h = None  # the communicator went first (the interpreter's exit): leak it
+            return
+        st = _lib.gcomp_mpi_ps_free(h)
+        if st:  # pragma: no cover - every bucket of it was closed above
+            _core._raise(st, "gradcomp.mpi.ParameterServer.close",
+                         "a bucket created on this server outside this object is still open")
+        self._h = None
+
+    def _live_buckets(self):
+        self._buckets = [r for r in self._buckets if r() is not None and r()._h]
+        return [r() for r in self._buckets]
+
+    def __repr__(self):
+        if not self._h:
+            return "gradcomp.mpi.ParameterServer(closed)"
+        role = f"server {self.index}" if self.is_server else f"worker {self.index}"
+        kind = "update" if self.update else "aggregate"
+        pull = f", pull {self.pull_spec!r}" if self.pull_spec else ""
+        return (f"gradcomp.mpi.ParameterServer({self.workers} worker(s) + {self.servers} server(s), "
+                f"{self.mode} {kind}{pull}; this rank: {role})")
+
+    # -- roles --
+    @property
+    def is_server(self):
+        """True on the ranks that serve."""
+        return _lib.gcomp_mpi_ps_is_server(self._handle()) == 1
+
+    @property
+    def index(self):
+        """This rank's index among the workers, or among the servers (kv.rank)."""
+        return _lib.gcomp_mpi_ps_index(self._handle())
+
+    @property
+    def workers(self):
+        """W, the number of workers (kv.num_workers)."""
+        return _lib.gcomp_mpi_ps_workers(self._handle())
+
+    @property
+    def servers(self):
+        """S, the number of servers."""
+        return _lib.gcomp_mpi_ps_servers(self._handle())
+
+    @property
+    def server_ranks(self):
+        """The communicator ranks of the servers, by server index."""
+        h = self._handle()
+        return [_lib.gcomp_mpi_ps_server_rank(h, s) for s in range(_lib.gcomp_mpi_ps_servers(h))]
+
+    @property
+    def worker_ranks(self):
+        """The communicator ranks of the workers, by worker index."""
+        h = self._handle()
+        return [_lib.gcomp_mpi_ps_worker_rank(h, w) for w in range(_lib.gcomp_mpi_ps_workers(h))]
+
+    @property
+    def optimizer(self):
+        """The servers' SGD settings given at creation, as a dict (per key:
+        set_optimizer)."""
+        return _ps_optimizer_dict(self._opt)
+
+    # -- the session --
+    def serve(self, timeout=None):
+        """Servers: serves every bucket of this server until every worker has called
+        shutdown() (async: or was declared lost), then returns.  Create the buckets first.
+        `timeout` (None: the communicator's default) bounds a sync round, the silence of
+        the whole job, and in async mode the silence of one worker.  Call it again for the
+        next session.  Raises ArgumentError on a worker, CollectiveTimeout when a worker did
+        not push in sync mode (the communicator is then failed), ProtocolError when already
+        serving.  A refused push is not an error of serve: see stats()["refused"]."""
+        err = _native.ErrorInfo()
+        st = _lib.gcomp_mpi_ps_serve(self._handle(), float(timeout or 0), ctypes.byref(err))
+        _check(st, "gradcomp.mpi ParameterServer.serve", err)
+
+    def shutdown(self, timeout=None):
+        """Workers: tells every server this worker is done with the session (its buckets
+        must be idle).  serve() returns on the servers once every worker has.  Raises
+        ArgumentError on a server, ProtocolError with a bucket in flight."""
+        err = _native.ErrorInfo()
+        st = _lib.gcomp_mpi_ps_shutdown(self._handle(), float(timeout or 0), ctypes.byref(err))
+        _check(st, "gradcomp.mpi ParameterServer.shutdown", err)
+
+    def set_lr(self, lr):
+        """Workers: the learning rate this worker's next pushes carry (a schedule; the
+        servers' update modes use it).  None: the servers' own optimizer lr.  In sync mode
+        every worker of a round must send the same value (MismatchError otherwise)."""
+        v = math.nan if lr is None else float(lr)
+        if _lib.gcomp_mpi_ps_set_lr(self._handle(), v):
+            raise _ps_arg_error(f"set_lr({lr!r}): the learning rate must be finite and >= 0 (None: the "
+                                "servers' own)")
+
+    # -- keys --
+    def _key(self, bucket, i, what):
+        if not isinstance(bucket, Bucket):
+            raise TypeError(f"{what}: expected a gradcomp.mpi.Bucket, got {type(bucket).__name__}")
+        if bucket.ps is not self:
+            raise ValueError(f"{what}: bucket {bucket.name} is not a bucket of this parameter server")
+        h = bucket._handle()
+        if i is None:
+            return h, None
+        i = operator.index(i)
+        if not 0 <= i < len(bucket.tensors):
+            raise IndexError(f"{what}: tensor index {i} out of range (0..{len(bucket.tensors) - 1})")
+        return h, i
+
+    def set_optimizer(self, bucket, i=None, optimizer=None, lr=None, momentum=None, weight_decay=None,
+                      rescale=None, nesterov=None):
+        """Servers: the SGD of tensor i of `bucket` (None: every tensor), e.g. no weight
+        decay for biases (MXNet's wd_mult).  Settings not given keep the server's options
+        (ParameterServer.optimizer); a dict or keywords, as at creation.  Local; call it
+        before serve(), on every server.  Raises ArgumentError on a worker or for values
+        the library refuses."""
+        what = "gradcomp.mpi ParameterServer.set_optimizer"
+        h, i = self._key(bucket, i, what)
+        o = _ps_optimizer(self._opt, optimizer, dict(lr=lr, momentum=momentum, weight_decay=weight_decay,
+                                                     rescale=rescale, nesterov=nesterov), what)
+        idx = ctypes.c_size_t(-1).value if i is None else i
+        if _lib.gcomp_mpi_ps_set_optimizer(h, idx, ctypes.byref(o)):
+            if not self.is_server:
+                raise _ps_arg_error(f"set_optimizer: rank {self.comm.rank} is a worker; the servers' "
+                                    "optimizer is set on the servers")
+            raise _ps_arg_error(f"set_optimizer: refused {_ps_optimizer_dict(o)}: lr finite and >= 0, momentum "
+                                "in [0, 1), weight_decay finite and >= 0, rescale finite")
+
+    def parts(self, bucket, i):
+        """The partition of tensor i of `bucket` (gcomp_mpi_ps_part): a list of
+        (offset, n, server) - part j covers elements [offset, offset + n) and lives on
+        server index `server` (server_ranks[server] is its rank).  The same on every rank;
+        empty on hierarchical non-leaders."""
+        h, i = self._key(bucket, i, "gradcomp.mpi ParameterServer.parts")
+        out = []
+        off, n, srv = _S(), _S(), _I()
+        for j in range(_lib.gcomp_mpi_ps_part_count(h, i)):
+            _check(_lib.gcomp_mpi_ps_part(h, i, j, ctypes.byref(off), ctypes.byref(n), ctypes.byref(srv)),
+                   "gradcomp.mpi ParameterServer.parts")
+            out.append((off.value, n.value, srv.value))
+        return out
+
+    def compressor(self, bucket, i, j=0):
+        """Workers: the compressor of part j of tensor i (its residual, statistics, or
+        set_epoch), or None on servers.  Read it, never encode with it; valid while the
+        bucket is open."""
+        h, i = self._key(bucket, i, "gradcomp.mpi ParameterServer.compressor")
+        parts = self.parts(bucket, i)
+        j = operator.index(j)
+        c = _lib.gcomp_mpi_ps_compressor(h, i, j) if 0 <= j < len(parts) else None
+        if not c:
+            return None
+        return _BorrowedCompressor(_P(c), parts[j][1], None, bucket)
+
+    def residual(self, bucket, i):
+        """Workers: a copy of this worker's error-feedback residual of tensor i (its parts'
+        residuals at their offsets; zeros where a part keeps none), a float32 array."""
+        import numpy as np
+
+        h, i = self._key(bucket, i, "gradcomp.mpi ParameterServer.residual")
+        out = np.zeros(bucket._ns[i], np.float32)
+        if _lib.gcomp_mpi_ps_residual(h, i, out.ctypes.data):
+            raise _ps_arg_error(f"residual: rank {self.comm.rank} keeps no worker residual of tensor {i} "
+                                "(a server, or a hierarchical non-leader)")
+        return out
+
+    def stored(self, bucket, i):
+        """Servers: (a copy of what this server stores for tensor i - the weights, or the
+        last round's sum - at the parts it owns, zeros elsewhere; the number of parts it
+        owns).  For tests and checks."""
+        import numpy as np
+
+        h, i = self._key(bucket, i, "gradcomp.mpi ParameterServer.stored")
+        out = np.zeros(bucket._ns[i], np.float32)
+        parts = _S()
+        if _lib.gcomp_mpi_ps_stored(h, i, out.ctypes.data, ctypes.byref(parts)):
+            raise _ps_arg_error(f"stored: rank {self.comm.rank} is a worker; only servers store keys")
+        return out, parts.value
+
+    def version(self, bucket, i):
+        """Workers: the servers' update count of tensor i as of this worker's last reply
+        (sync rounds, or async pushes applied; the smallest over its parts)."""
+        h, i = self._key(bucket, i, "gradcomp.mpi ParameterServer.version")
+        return _lib.gcomp_mpi_ps_version(h, i)
+
+    # -- statistics --
+    @staticmethod
+    def _stats_dict(s):
+        return {name: getattr(s, name) for name, _ in PSStats._fields_ if name != "reserved"}
+
+    def stats(self, peer=None):
+        """This rank's counters since creation or reset_stats() (gcomp_mpi_ps_stats) as a
+        dict: pushes, applied, pulls, bytes_pushed, bytes_pulled, busy_ns, queue_max,
+        queue_sum, stale_max, stale_sum, dropped, refused, workers_lost.  A worker's own
+        traffic, or a server's with every worker; peer=RANK restricts it to that rank."""
+        s = PSStats()
+        p = -1 if peer is None else operator.index(peer)
+        if _lib.gcomp_mpi_ps_stats_get(self._handle(), p, ctypes.byref(s)):
+            raise _ps_arg_error(f"stats: peer {peer!r} is not a rank of the communicator (0..{self.comm.size - 1})")
+        return self._stats_dict(s)
+
+    def key_stats(self, bucket, i):
+        """This rank's counters of tensor i of `bucket` (its parts), as stats()."""
+        h, i = self._key(bucket, i, "gradcomp.mpi ParameterServer.key_stats")
+        s = PSStats()
+        _check(_lib.gcomp_mpi_ps_key_stats(h, i, ctypes.byref(s)), "gradcomp.mpi ParameterServer.key_stats")
+        return self._stats_dict(s)
+
+    def reset_stats(self):
+        _lib.gcomp_mpi_ps_stats_reset(self._handle())
+
+    # -- checkpoints --
+    def save_state(self, bucket=None):
+        """What this rank keeps as a server for a bucket's keys beyond its compressors
+        (weights, momentum, last sums, update counts, per-key optimizers;
+        gcomp_mpi_ps_save_state: versioned, CRC-checked, local), as bytes; a worker's is a
+        small header.  bucket=None: a list with one blob per open bucket of this server, in
+        creation order.  The compressors (worker residuals, the servers' pull residuals)
+        are in each bucket's own Bucket.state_bytes(): save both.  Not while serving or
+        with an exchange in flight (ProtocolError): servers save between sessions."""
+        if bucket is None:
+            return [self.save_state(b) for b in self._live_buckets()]
+        h, _ = self._key(bucket, None, "gradcomp.mpi ParameterServer.save_state")
+        cap = _lib.gcomp_mpi_ps_state_size(h)
+        buf = ctypes.create_string_buffer(max(cap, 1))
+        ln = _S()
+        err = _native.ErrorInfo()
+        _check(_lib.gcomp_mpi_ps_save_state(h, buf, cap, ctypes.byref(ln), ctypes.byref(err)),
+               f"gradcomp.mpi parameter-server state of bucket {bucket.name}", err)
+        return ctypes.string_at(buf, ln.value)
+
+    def load_state(self, state, bucket=None):
+        """Loads what save_state() saved on this rank: a blob into `bucket`, or (bucket=None)
+        the list of blobs into this server's open buckets, in creation order, all or
+        nothing.  Untrusted: CorruptMessage, StateError (a non-finite weight), MismatchError
+        (another rank, layout, tensor or partition) and nothing changes; ProtocolError
+        while serving.  Load each bucket's Bucket.load_state() too; fresh objects on the
+        same layout then resume bit for bit."""
+        if bucket is None:
+            buckets = self._live_buckets()
+            blobs = list(state)
+            if len(blobs) != len(buckets):
+                raise _err.MismatchError(
+                    f"gradcomp.mpi ParameterServer.load_state: {len(blobs)} blob(s) for {len(buckets)} open "
+                    "bucket(s) of this server", status=_err.E_MISMATCH, status_name="GCOMP_E_MISMATCH")
+            before = [self.save_state(b) for b in buckets]
+            done = 0
+            try:
+                for b, blob in zip(buckets, blobs):
+                    self.load_state(blob, b)
+                    done += 1
+            except BaseException:
+                for b, blob in zip(buckets[:done], before):
+                    self.load_state(blob, b)
+                raise
+            return
+        h, _ = self._key(bucket, None, "gradcomp.mpi ParameterServer.load_state")
+        bp, bl = _core.byte_buffer(state, what="state")
+        err = _native.ErrorInfo()
+        _check(_lib.gcomp_mpi_ps_load_state(h, bp, bl, ctypes.byref(err)),
+               f"gradcomp.mpi parameter-server load_state of bucket {bucket.name}", err)
