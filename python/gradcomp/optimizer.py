@@ -54,6 +54,10 @@ key random draws).  It is per rank: save one file per rank, load each rank's own
 load_state_dict() into an optimizer built the same way on the same number of ranks
 resumes bit for bit.
 
+Parameter server: strategy="ps" with ps=gradcomp.mpi.ParameterServer(...) in sync aggregate
+mode (BytePS): the workers push and pull through S server ranks, which call opt.serve()
+instead of training (see DistributedOptimizer).
+
 Errors: every rank raises, never hangs.  A rank with another model (parameter names, count,
 shapes) or another spec raises MismatchError on every rank at construction, naming the
 first parameter that differs and what each rank has; a dead or stalled peer raises
@@ -62,6 +66,7 @@ Inf gradient anywhere raises NonFiniteError on every rank (skip the step and go 
 """
 
 import contextlib
+import functools
 import io
 import math
 import time
@@ -166,18 +171,20 @@ class _DistributedMixin:
     optimizer's class (see DistributedOptimizer)."""
 
     def __init__(self, optimizer, named_parameters, compression, strategy, backward_passes_per_step,
-                 timeout, setup_timeout, bucket_bytes, pipeline_bytes, comm, op):
+                 timeout, setup_timeout, bucket_bytes, pipeline_bytes, comm, op, ps):
         if backward_passes_per_step < 1:
             raise ValueError(f"backward_passes_per_step must be >= 1, got {backward_passes_per_step}")
         self._gc_closed = True  # until fully built: close() and __del__ do nothing
         self._gc_hooks = []
         self._gc_buckets = []
+        comm = self._gc_check_ps(ps, strategy, comm)
         owns_comm = not isinstance(comm, _gm.Communicator)
         gcomm = comm if not owns_comm else _gm.Communicator(comm, timeout=timeout, setup_timeout=setup_timeout)
         try:
             plan, policy = self._gc_plan(optimizer, named_parameters, compression, strategy, gcomm,
                                          gcomm.setup_timeout)
-            buckets = self._gc_make_buckets(plan, bucket_bytes, pipeline_bytes, gcomm, gcomm.setup_timeout)
+            buckets = self._gc_make_buckets(plan, bucket_bytes, pipeline_bytes, gcomm, gcomm.setup_timeout,
+                                            server=ps)
         except BaseException:
             if owns_comm:
                 gcomm.close()
@@ -188,6 +195,8 @@ class _DistributedMixin:
         for p, s in optimizer.state.items():
             self.state[p] = s
         self._gc_comm, self._gc_owns_comm = gcomm, owns_comm
+        self._gc_ps = ps
+        self._gc_session = ps is not None and not ps.is_server  # a worker that has not shut down
         self._gc_policy = policy
         self._gc_params = plan
         self._gc_buckets = buckets
@@ -209,6 +218,29 @@ class _DistributedMixin:
             self._gc_hooks.append(self._gc_hook(wself, e))
 
     # -- construction --
+    @staticmethod
+    def _gc_check_ps(ps, strategy, comm):
+        """The communicator to use; refuses a parameter server the optimizer cannot use."""
+        try:
+            via_ps = _gm.strategy_value(strategy) & 0xFF == _gm.PS
+        except _err.Error:
+            via_ps = False  # an unknown name: _gc_plan reports it on every rank
+        if ps is None:
+            if via_ps:
+                raise ValueError(f"gradcomp: strategy={strategy!r} needs ps=gradcomp.mpi.ParameterServer(...)")
+            return comm
+        if not isinstance(ps, _gm.ParameterServer):
+            raise TypeError(f"gradcomp: ps must be a gradcomp.mpi.ParameterServer, got {type(ps).__name__}")
+        if not via_ps:
+            raise ValueError(f"gradcomp: with ps=, strategy must be 'ps' (or 'hierarchical:ps'), got {strategy!r}")
+        if ps.mode != "sync" or ps.update:
+            raise ValueError(f"gradcomp: the DistributedOptimizer keeps the optimizer on the workers and needs a "
+                             f"parameter server in sync aggregate mode (mode='sync', update=False), not "
+                             f"{ps.mode}{' update' if ps.update else ''}: its pulls would be weights, not gradients")
+        if comm is not None and comm is not ps.comm:
+            raise ValueError("gradcomp: with ps=, comm must be None or the server's own communicator (ps.comm)")
+        return ps.comm
+
     def _gc_plan(self, optimizer, named_parameters, compression, strategy, gcomm, timeout):
         """Names, specs and strategies of every parameter; collective check of the layout."""
         local_error = None
@@ -271,7 +303,7 @@ class _DistributedMixin:
             raise _err.MismatchError(msg, status=_err.E_MISMATCH, status_name="GCOMP_E_MISMATCH")
         return plan, policy
 
-    def _gc_make_buckets(self, plan, bucket_bytes, pipeline_bytes, gcomm, timeout):
+    def _gc_make_buckets(self, plan, bucket_bytes, pipeline_bytes, gcomm, timeout, server=None):
         limit = 4 << 20 if bucket_bytes is None else int(bucket_bytes)
         groups, cur, size = [], [], 0
         for e in reversed(plan):
@@ -290,7 +322,7 @@ class _DistributedMixin:
                     e.bucket = b
                 tensors = [_gm.Tensor(e.key, e.spec, e.shape, e.strategy) for e in ps]
                 try:
-                    b.mpi = _gm.Bucket(gcomm, tensors, bucket_bytes=pipeline_bytes, timeout=timeout)
+                    b.mpi = _gm.Bucket(gcomm, tensors, bucket_bytes=pipeline_bytes, timeout=timeout, ps=server)
                 except _err.MismatchError as err:
                     # Every rank got MISMATCH from the same set-up check: all are here.
                     mine = [(e.key, e.shape, e.spec, _gm.strategy_name(e.strategy)) for e in ps]
@@ -381,6 +413,8 @@ class _DistributedMixin:
                     raise TypeError(f"gradcomp: gradient of {e.key!r} must be a contiguous float32 tensor, got "
                                     f"{g.dtype} {g.layout}{'' if g.is_contiguous() else ' (not contiguous)'}")
                 grads.append(g)
+            if self._gc_ps is not None:
+                self._gc_session = True
             b.mpi.start(grads, self._gc_op)
         except (_err.Error, TypeError, ValueError) as err:
             b.error = err
@@ -510,6 +544,37 @@ class _DistributedMixin:
     def communicator(self):
         return self._gc_comm
 
+    # -- the parameter server (strategy="ps") --
+    @property
+    def parameter_server(self):
+        """The ParameterServer given as ps=, or None."""
+        return self._gc_ps
+
+    def _gc_need_ps(self, what):
+        self._gc_check_open()
+        if self._gc_ps is None:
+            raise ValueError(f"gradcomp: {what}() is for a DistributedOptimizer with ps=ParameterServer(...)")
+        return self._gc_ps
+
+    def serve(self, timeout=None):
+        """Server ranks (strategy="ps"): answers the workers' pushes of every bucket until
+        every worker has called shutdown() or close(), then returns (ParameterServer.serve).
+        timeout: None for the optimizer's.  Raises ArgumentError on a worker,
+        CollectiveTimeout when a worker stops pushing in the middle of a round."""
+        self._gc_need_ps("serve").serve(timeout or self._gc_timeout)
+
+    def shutdown(self, timeout=None):
+        """Worker ranks (strategy="ps"): ends this worker's session with the servers (call
+        it after the last step; close() does when it was not called).  A step after it
+        starts the next session, which the servers serve with another serve().  Raises
+        ArgumentError on a server, ProtocolError between backward() and step()."""
+        ps = self._gc_need_ps("shutdown")
+        if self._gc_pending():
+            raise _err.ProtocolError("gradcomp: shutdown() between backward() and step(): the exchange is still "
+                                     "in flight", status=_err.E_PROTOCOL, status_name="GCOMP_E_PROTOCOL")
+        ps.shutdown(timeout or self._gc_timeout)
+        self._gc_session = False
+
     # -- checkpoints --
     def _wrapped_state_dict(self):
         return super().state_dict()
@@ -535,6 +600,8 @@ class _DistributedMixin:
             "epoch": self._gc_epoch,
             "steps": self._gc_steps,
         }
+        if self._gc_ps is not None:  # what a server keeps beyond compressors (its last sums)
+            sd["gradcomp"]["ps"] = [self._gc_ps.save_state(b.mpi) for b in self._gc_buckets]
         return sd
 
     def load_state_dict(self, state_dict):
@@ -563,15 +630,24 @@ class _DistributedMixin:
                  _err.MismatchError, _err.E_MISMATCH)
         if self._gc_pending():
             fail("called between backward() and step()", _err.ProtocolError, _err.E_PROTOCOL)
-        before = [b.mpi.state_bytes() for b in self._gc_buckets]
+        ps = self._gc_ps
+        if (ps is not None) != ("ps" in g):
+            fail("saved with a parameter server, loaded without one" if "ps" in g else
+                 "saved without a parameter server, loaded with one", _err.MismatchError, _err.E_MISMATCH)
+        # Each bucket's compressors, then (strategy="ps") what its server keeps beyond them;
+        # on any error, what was loaded already is put back.
+        steps = [(b.mpi.load_state, blob, b.mpi.state_bytes()) for b, blob in zip(self._gc_buckets, g["buckets"])]
+        if ps is not None:
+            steps += [(functools.partial(ps.load_state, bucket=b.mpi), blob, ps.save_state(b.mpi))
+                      for b, blob in zip(self._gc_buckets, g["ps"])]
         done = 0
         try:
-            for b, blob in zip(self._gc_buckets, g["buckets"]):
-                b.mpi.load_state(blob)
+            for load, blob, _ in steps:
+                load(blob)
                 done += 1
         except BaseException:
-            for b, blob in zip(self._gc_buckets[:done], before):
-                b.mpi.load_state(blob)
+            for load, _, old in steps[:done]:
+                load(old)
             raise
         self._gc_steps = g.get("steps", 0)
         if g.get("epoch") is not None:
@@ -584,13 +660,24 @@ class _DistributedMixin:
 
     def close(self):
         """Removes the hooks and frees the buckets (and the communicator it made).  An
-        exchange still in flight is waited for first."""
+        exchange still in flight is waited for first.  A parameter-server worker that has
+        not called shutdown() shuts down here (errors ignored: the servers' serve() then
+        reports them); the ParameterServer itself is the caller's to close."""
         if getattr(self, "_gc_closed", True):
             return
         self._gc_closed = True
         for _, h in self._gc_hooks:
             h.remove()
         self._gc_hooks = []
+        if self._gc_session and self._gc_ps._h and not self._gc_comm.failed:
+            try:
+                for b in self._gc_buckets:
+                    if b.mpi.in_flight:
+                        b.mpi.wait(self._gc_timeout)
+                self._gc_ps.shutdown(self._gc_timeout)
+            except _err.Error:
+                pass
+            self._gc_session = False
         for b in self._gc_buckets:
             b.mpi.close()
         if self._gc_owns_comm:
@@ -605,7 +692,7 @@ class _DistributedMixin:
 
 def DistributedOptimizer(optimizer, named_parameters=None, compression="none", strategy="auto",
                          backward_passes_per_step=1, timeout=None, setup_timeout=None, bucket_bytes=None,
-                         pipeline_bytes=None, comm=None, op="average"):
+                         pipeline_bytes=None, comm=None, op="average", ps=None):
     """Wraps `optimizer` so that step() uses gradients averaged over MPI ranks, compressed.
 
     Collective: every rank builds it with the same model, settings and order.
@@ -629,8 +716,35 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression="none", s
       comm           an mpi4py communicator (None: COMM_WORLD) or a gradcomp.mpi.Communicator
                      (e.g. with ranks_per_node for hierarchical tests).
       op             "average" (default) or "sum" over ranks.
+      ps             a gradcomp.mpi.ParameterServer, with strategy="ps" (or
+                     "hierarchical:ps"): see below.  comm is then the server's (None or
+                     ps.comm).
     Raises MismatchError (ranks differ), SpecError, TypeError (not float32/CPU),
     CollectiveTimeout / MPIError (a peer is gone).
+
+    Through a parameter server (strategy="ps", ps=ParameterServer(comm) in sync aggregate
+    mode: BytePS, the optimizer stays on the workers): every parameter is a key of the
+    server (the compressed ones with their spec, the others dense), each worker pushes its
+    compressed gradient and pulls the servers' average - the same floats as the allgather
+    strategy on the workers alone.  Every rank, servers included, builds the optimizer with
+    the same model (the buckets' set-up check covers the servers).  Workers then train as
+    usual and call shutdown() after the last step (close() does it otherwise); server ranks
+    call serve(), which returns once every worker has shut down:
+
+        ps = gradcomp.mpi.ParameterServer(comm, servers=1)     # the last rank serves
+        opt = DistributedOptimizer(opt, model.named_parameters(), compression=spec,
+                                   strategy="ps", ps=ps)
+        if ps.is_server:
+            opt.serve()
+        else:
+            ...train: zero_grad, backward, opt.step()...
+            opt.shutdown()
+        opt.close(); ps.close()
+
+    ParameterServers in update or async mode are refused (ValueError): their pulls are
+    weights, which this optimizer would take for gradients.  state_dict() then also holds
+    the server's part of each bucket (ParameterServer.save_state), so servers save theirs
+    between serve() sessions.
     """
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise TypeError(f"expected a torch.optim.Optimizer, got {type(optimizer).__name__}")
@@ -639,7 +753,7 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression="none", s
     base = optimizer.__class__
     cls = type(base.__name__, (_DistributedMixin, base), {"__module__": __name__})
     return cls(optimizer, named_parameters, compression, strategy, backward_passes_per_step, timeout,
-               setup_timeout, bucket_bytes, pipeline_bytes, comm, op)
+               setup_timeout, bucket_bytes, pipeline_bytes, comm, op, ps)
 
 
 # ---- making every rank start equal -------------------------------------------------------------
