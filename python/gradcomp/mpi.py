@@ -9,6 +9,8 @@
     bucket.allreduce([w_grad, b_grad])           # numpy arrays or CPU tensors, averaged in place
     bucket.start([w_grad, b_grad]); ...; bucket.wait()     # or non-blocking, with test()
     outer = comm.outer(tensors, weights, local_steps=32)     # local SGD / DiLoCo (Outer)
+    for i in comm.adapt_decide(adapt):           # adaptive methods (gradcomp.Adapt): one decision
+        bucket.retune(i, adapt.spec(i))          # with every rank, applied between two allreduces
 
 include/gradcomp_mpi.h is the manual of what runs underneath: the strategies (allgather,
 sparse, allreduce, rsag, hierarchical), the pipelined sub-buckets, the set-up check that

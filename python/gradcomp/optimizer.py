@@ -167,6 +167,12 @@ def _describe(p):
     return f"shape {tuple(p[1])}, spec {p[2]!r}, strategy {p[3]}"
 
 
+def _describe_adapt(how):
+    if how is None:
+        return "no adaptive method"
+    return f"adaptive method {how[0]!r} (total_steps {how[1]}, interval {how[2]}, measure {how[3]})"
+
+
 def _first_difference(gathered, what):
     """A message naming the first entry where some rank differs from rank 0, or None."""
     ref = gathered[0]
@@ -335,13 +341,9 @@ class _DistributedMixin:
             raise _err.MismatchError(msg, status=_err.E_MISMATCH, status_name="GCOMP_E_MISMATCH")
         for r, (_, _, other) in enumerate(gathered):
             if other != gathered[0][2]:
-                def say(h):
-                    if h is None:
-                        return "no adaptive method"
-                    return f"adaptive method {h[0]!r} (total_steps {h[1]}, interval {h[2]}, measure {h[3]})"
-                raise _err.MismatchError(f"gradcomp: the ranks' compression differs: rank 0 runs {say(gathered[0][2])}, "
-                                         f"rank {r} runs {say(other)}", status=_err.E_MISMATCH,
-                                         status_name="GCOMP_E_MISMATCH")
+                raise _err.MismatchError(f"gradcomp: the ranks' compression differs: rank 0 runs "
+                                         f"{_describe_adapt(gathered[0][2])}, rank {r} runs {_describe_adapt(other)}",
+                                         status=_err.E_MISMATCH, status_name="GCOMP_E_MISMATCH")
         return plan, policy
 
     @staticmethod
@@ -550,6 +552,7 @@ class _DistributedMixin:
         self._gc_fired = 0
         observe_error, self._gc_adapt_error = self._gc_adapt_error, None
         if first is not None:
+            self._gc_mark = None  # this step's time is no measure of compute
             raise first
         self._gc_steps += 1
         self._gc_count_messages()
@@ -573,6 +576,7 @@ class _DistributedMixin:
             t_end, c_end = self._gc_mark
             codec = max(codec0 - c_end, 0)
             self._gc_fb_s = max((t0 - t_end - codec) * 1e-9, 0.0)
+            self._gc_mark = None  # once: synchronize() without step() measures nothing
         self._gc_adapt_step += 1
         self._gc_due = self._gc_adapt.end_step()
 
