@@ -121,6 +121,11 @@ class Adapt:
         return _lib.gcomp_adapt_interval(self._handle())
 
     @property
+    def measure_interval(self):
+        """Steps between measurements of every candidate, as resolved (auto included)."""
+        return _lib.gcomp_adapt_measure_interval(self._handle())
+
+    @property
     def measuring(self):
         """True when this step measures every candidate (pass observe the residual)."""
         return bool(_lib.gcomp_adapt_measuring(self._handle()))

@@ -9,6 +9,8 @@
     bucket.allreduce([w_grad, b_grad])           # numpy arrays or CPU tensors, averaged in place
     bucket.start([w_grad, b_grad]); ...; bucket.wait()     # or non-blocking, with test()
     outer = comm.outer(tensors, weights, local_steps=32)     # local SGD / DiLoCo (Outer)
+    for i in comm.adapt_decide(adapt):           # adaptive methods (gradcomp.Adapt): one decision
+        bucket.retune(i, adapt.spec(i))          # with every rank, applied between two allreduces
     ps = comm.parameter_server(servers=1)        # MXNet kvstore / BytePS (ParameterServer)
 
 include/gradcomp_mpi.h is the manual of what runs underneath: the strategies (allgather,
@@ -287,12 +289,20 @@ PROTOTYPES = {
     "gcomp_mpi_ps_state_size": (_S, [_P]),
     "gcomp_mpi_ps_save_state": (_I, [_P, _P, _S, _SP, _EP]),
     "gcomp_mpi_ps_load_state": (_I, [_P, _P, _S, _EP]),
+    # adaptive compression (src/mpi/mpi_retune.c, src/mpi/mpi_adapt.c)
+    "gcomp_mpi_bucket_retune": (_I, [_P, _S, ctypes.c_char_p, ctypes.c_double, _EP]),
+    "gcomp_mpi_adapt_decide": (_I, [_P, _P, ctypes.c_double, _SP, _EP]),
+    "gcomp_mpi_link_probe": (
+        _I, [_P, _S, ctypes.c_double, ctypes.POINTER(ctypes.c_double), ctypes.POINTER(ctypes.c_double), _EP]),
 }
 # Functions that came after the first binding (the outer step, issue 18; the parameter
-# server) are optional as groups, as in _native.OPTIONAL: the module loads without them,
-# and Outer / ParameterServer raise UnsupportedError naming the missing function when the
-# library lacks it.
-OPTIONAL = {name for name in PROTOTYPES if name.startswith(("gcomp_mpi_outer_", "gcomp_mpi_ps_"))}
+# server; adaptive compression, issue 17) are optional as groups, as in _native.OPTIONAL:
+# the module loads without them, and Outer / ParameterServer and the methods that need an
+# adaptive function raise UnsupportedError naming the missing function when the library
+# lacks it.
+_ADAPTIVE = ("gcomp_mpi_bucket_retune", "gcomp_mpi_adapt_decide", "gcomp_mpi_link_probe")
+OPTIONAL = {name for name in PROTOTYPES
+            if name.startswith(("gcomp_mpi_outer_", "gcomp_mpi_ps_")) or name in _ADAPTIVE}
 
 
 def _candidates():
@@ -411,11 +421,26 @@ def strategy_name(value):
 
 def strategy_auto(spec, nranks=0):
     """The strategy the library picks for `spec` when asked for "auto" (a name)."""
+    return strategy_name(_strategy_auto_value(spec, nranks))
+
+
+def _strategy_auto_value(spec, nranks=0):
     out = ctypes.c_int()
-    err_ctx = f"spec {spec!r}"
     st = _lib.gcomp_mpi_strategy_auto(_core._spec_bytes(spec), int(nranks), ctypes.byref(out))
-    _check(st, err_ctx)
-    return strategy_name(out.value)
+    _check(st, f"spec {spec!r}")
+    return out.value
+
+
+def cost_strategy(requested, spec):
+    """The strategy a tensor of `spec` runs with when `requested` (a name or value) is asked
+    for, as a value the cost model takes (gcomp_adapt_options.strategy, gcomp_cost_strategy:
+    the MPI values): "auto" resolved by the library (gcomp_mpi_strategy_auto), the
+    hierarchical bit kept."""
+    v = strategy_value(requested)
+    base = v & 0xFF
+    if base == AUTO:
+        base = _strategy_auto_value(spec, 0)
+    return base | (v & HIERARCHICAL)
 
 
 # ---- bounded helpers on the caller's MPI communicator ---------------------------------
@@ -631,6 +656,47 @@ class Communicator(_core._Closable):
     def outer(self, tensors, weights, **options):
         """Outer(self, tensors, weights, ...): the outer step of local SGD / DiLoCo; see Outer."""
         return Outer(self, tensors, weights, **options)
+
+    # -- adaptive compression (include/gradcomp_mpi.h, "adaptive compression") --
+    def adapt_decide(self, adapt, timeout=None):
+        """One adaptive decision with every rank (collective; gcomp_mpi_adapt_decide):
+        allgathers every rank's statistics of `adapt` (a gradcomp.Adapt, whose end_step()
+        said a decision is due) on the communicator's own duplicate and decides on them in
+        rank order, so every rank takes the same decision whatever it observed itself.
+        Returns the indices of the tensors whose spec changed (apply each with
+        Bucket.retune(..., adapt.spec(i)), in this order, on every rank).  timeout: None for
+        the communicator's default.  Raises MismatchError on every rank when the ranks run
+        different adaptive methods or models, CollectiveTimeout / MPIError when a peer is
+        gone, LimitError, OutOfMemory."""
+        from . import adapt as _adapt
+
+        if not isinstance(adapt, _adapt.Adapt):
+            raise TypeError(f"adapt_decide needs a gradcomp.Adapt, got {type(adapt).__name__}")
+        fn = _need("gcomp_mpi_adapt_decide")
+        ah = adapt._handle()
+        changed = _S()
+        err = _native.ErrorInfo()
+        _check(fn(self._handle(), ah, float(timeout or 0), ctypes.byref(changed), ctypes.byref(err)),
+               "gradcomp.mpi adaptive decision", err)
+        return [i for i in range(len(adapt)) if _core._lib.gcomp_adapt_changed(ah, i)]
+
+    def link_probe(self, nbytes=512 << 10, timeout=None):
+        """Measures this rank's link (collective; gcomp_mpi_link_probe): after a barrier,
+        one timed ring step of 8 bytes and one of `nbytes` (1 KiB..1 GiB; the C trainer
+        probes 512 KiB), the median of three each.  Returns (bandwidth, latency): payload
+        bytes per second in each direction and one-way latency in seconds, both 0 on one
+        rank; feed them to Adapt.observe_link.  Raises ArgumentError for nbytes out of
+        range, CollectiveTimeout / MPIError when a peer is gone."""
+        fn = _need("gcomp_mpi_link_probe")
+        n = operator.index(nbytes)
+        if n < 0:
+            raise _err.ArgumentError(f"gradcomp.mpi link_probe: nbytes = {n}: probe 1 KiB..1 GiB",
+                                     status=_err.E_ARG, status_name=_core.status_name(_err.E_ARG))
+        bw, lat = ctypes.c_double(), ctypes.c_double()
+        err = _native.ErrorInfo()
+        _check(fn(self._handle(), n, float(timeout or 0), ctypes.byref(bw), ctypes.byref(lat), ctypes.byref(err)),
+               "gradcomp.mpi link probe", err)
+        return bw.value, lat.value
 
     def close(self):
         """Frees the communicator and the buckets, outer steps and parameter servers still
@@ -890,6 +956,59 @@ class Bucket(_core._Closable):
         st = _lib.gcomp_mpi_wait(self._handle(), float(timeout or 0), ctypes.byref(err))
         self._inflight = None
         _check(st, f"gradcomp.mpi wait of bucket {self.name}", err)
+
+    # -- adaptive compression --
+    def retune(self, i, spec, timeout=None):
+        """Changes tensor i's spec between two allreduces, keeping what its compressors hold
+        back (gcomp_mpi_bucket_retune): the residual moves to the new spec's feedback, or,
+        for a spec that keeps none (dense "none"), goes out with the next message.  The
+        tensor keeps its strategy request ("auto": the new spec's own strategy).  Every
+        rank must retune the same tensor to the same spec before the same allreduce (an
+        adaptive decision, Communicator.adapt_decide, gives every rank the same one).  A
+        switch that keeps the strategy and sub-bucket plan is local, and a rank that made
+        it alone fails the next allreduce with MismatchError on every rank; any other
+        switch is collective (one small allreduce on the communicator's own duplicate,
+        bounded by `timeout`, None: the communicator's default): ranks that asked for
+        different specs all raise MismatchError, and a rank that does not call retune
+        makes the others raise CollectiveTimeout.  A retune to the spec the tensor has
+        does nothing.  Raises ProtocolError while an allreduce is in flight; SpecError;
+        ArgumentError (index out of range); UnsupportedError (the strategy request cannot
+        carry the spec, or a switch between sparse/rsag and another strategy, which would
+        drop the owners' residuals; any switch of a bucket created with ps=, refused here
+        before any communication: a server's keys keep their spec); MismatchError,
+        CollectiveTimeout, MPIError.  On any error the bucket is as before.  state_bytes() changes size with the specs: a
+        bucket that loads a state must have the specs in force when it was saved."""
+        fn = _need("gcomp_mpi_bucket_retune")
+        h = self._handle()
+        i = operator.index(i)
+        if not 0 <= i < len(self.tensors):
+            # ctypes would wrap a negative index into a huge size_t: the library would say
+            # E_ARG too, but without the range.
+            raise _err.ArgumentError(f"gradcomp.mpi retune of bucket {self.name}: tensor index {i} out of range "
+                                     f"(0..{len(self.tensors) - 1})", status=_err.E_ARG,
+                                     status_name=_core.status_name(_err.E_ARG))
+        if self.ps is not None and _core.canonical(spec) != self.spec(i):
+            # Refused here, alike on every rank and before any communication: the library
+            # plans no retune of a server's keys (the header's parameter-server section has
+            # none; its sub-bucket set-up fails with GCOMP_E_LIMIT), and a structural retune
+            # is a collective of the whole communicator that serving servers never join.
+            raise _err.UnsupportedError(f"gradcomp.mpi retune of tensor {self.tensors[i].name!r} to {spec!r}: "
+                                        f"bucket {self.name} goes through a parameter server, whose keys keep "
+                                        "the spec they were created with", status=_err.E_UNSUPPORTED,
+                                        status_name=_core.status_name(_err.E_UNSUPPORTED))
+        sb = _core._spec_bytes(spec)
+        err = _native.ErrorInfo()
+        st = fn(h, i, sb, float(timeout or 0), ctypes.byref(err))
+        _check(st, f"gradcomp.mpi retune of tensor {self.tensors[i].name!r} to {spec!r}", err)
+        old = self.tensors[i]
+        t = Tensor(old.name, _core.canonical(spec), old.shape, old.strategy)
+        self.tensors[i] = t
+        self._specs[i] = _core._spec_bytes(t.spec)
+        self._state_size = _lib.gcomp_mpi_bucket_state_size(h)
+
+    def spec(self, i):
+        """Tensor i's spec now, canonical: as created, or as last retuned."""
+        return _core.canonical(self.tensors[operator.index(i)].spec)
 
     # -- what it is and what it did --
     def strategy(self, i):

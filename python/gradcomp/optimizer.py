@@ -41,6 +41,22 @@ callable (name, shape) -> spec or None (None: dense f32).  A spec means LayerPol
 tensors under 1024 elements and 1-D tensors (biases, norms) go dense.  `strategy` applies
 to the tensors that get the method's spec; dense ones keep "auto" (allreduce).
 
+Adaptive methods: compression="adapt:CONTROLLER[+...][;KEY=VALUE...]" (gradcomp.h,
+"Adaptive compression"; docs/ADAPTIVE.md) builds a gradcomp.Adapt over the parameters (the
+library parses the method and applies its layer policy, min_elements 1024 and biases dense
+unless the method says otherwise).  Each step, before a bucket's exchange starts, the
+controllers observe each managed gradient with what its compressor holds back; after a
+successful exchange synchronize() ends their step; when a decision is due it is taken after
+the wrapped optimizer's step, between two exchanges: a link probe when the bandwidth
+controller is in the method (gcomp_mpi_link_probe), one collective decision
+(gcomp_mpi_adapt_decide: every rank decides alike on every rank's statistics) and a retune
+of each tensor that changes (gcomp_mpi_bucket_retune: what it holds back is kept), in
+tensor order.  Forward + backward time (from the end of one step() to the next
+synchronize(), less the codec time) and the optimizer's are observed as `gradcomp train`
+does.  specs() and adapt_history() show the settings; a tensor switched into or out of a
+spec that keeps momentum (DGC) changes parameter group, and its optimizer momentum starts
+afresh, as in `gradcomp train`.
+
 DGC keeps its momentum inside the compressor (momentum correction, Lin et al. 2018): for
 the parameters whose spec does, the wrapped optimizer must not apply momentum a second
 time.  Those parameters move to a sibling parameter group with momentum 0 (and nesterov
@@ -52,11 +68,15 @@ Checkpoints: state_dict() holds the wrapped optimizer's state and, under "gradco
 rank's state of every bucket (residuals, DGC momentum, PowerSGD's Q, the step counters that
 key random draws).  It is per rank: save one file per rank, load each rank's own.
 load_state_dict() into an optimizer built the same way on the same number of ranks
-resumes bit for bit.
+resumes bit for bit.  For an adaptive method the state also holds every tensor's spec (the
+buckets are retuned to them before their states load) but not the controllers' own state,
+which the library cannot save: they restart from their first decision, so a resumed run
+follows the uninterrupted one bit for bit only until its next decision.
 
 Parameter server: strategy="ps" with ps=gradcomp.mpi.ParameterServer(...) in sync aggregate
 mode (BytePS): the workers push and pull through S server ranks, which call opt.serve()
-instead of training (see DistributedOptimizer).
+instead of training (see DistributedOptimizer).  Its keys keep their specs: an adaptive
+method with strategy="ps" is refused at construction (UnsupportedError).
 
 Errors: every rank raises, never hangs.  A rank with another model (parameter names, count,
 shapes) or another spec raises MismatchError on every rank at construction, naming the
@@ -66,20 +86,25 @@ Inf gradient anywhere raises NonFiniteError on every rank (skip the step and go 
 """
 
 import contextlib
+import ctypes
 import functools
 import io
 import math
+import operator
 import time
 import weakref
 
 import torch
 
+from . import adapt as _adapt
 from . import core as _core
 from . import errors as _err
 from . import mpi as _gm
 
 _F32 = torch.float32
 _RULE_METHOD = (0, 3)  # GCOMP_RULE_OVERRIDE, GCOMP_RULE_DEFAULT: the method's own spec
+_PROBE_BYTES = 512 << 10  # the link probe of an adaptive decision, as the C trainer's
+_ADAPT_MIN_ELEMENTS = 1024  # the layer policy's default here (LayerPolicy, AdaptivePolicy)
 
 
 def _spec_keeps_momentum(canonical_spec):
@@ -92,11 +117,13 @@ def _spec_keeps_momentum(canonical_spec):
 
 
 class _Param:
-    __slots__ = ("index", "key", "param", "shape", "spec", "strategy", "rule", "bucket")
+    __slots__ = ("index", "key", "param", "shape", "spec", "strategy", "rule", "bucket", "slot", "adapt")
 
     def __init__(self, index, key, param):
         self.index, self.key, self.param = index, key, param
         self.shape = tuple(param.shape)
+        self.slot = None  # index in its bucket
+        self.adapt = False  # managed by the adaptive controllers (index = the Adapt's index)
 
 
 class _Bucket:
@@ -109,6 +136,10 @@ class _Bucket:
         self.started = False
         self.error = None  # found during backward, raised by synchronize
         self.nbytes = 4 * sum(math.prod(p.shape) for p in params)
+
+
+def _is_adaptive(compression):
+    return isinstance(compression, str) and compression.startswith("adapt:")
 
 
 def _policy_of(compression):
@@ -142,6 +173,12 @@ def _describe(p):
     return f"shape {tuple(p[1])}, spec {p[2]!r}, strategy {p[3]}"
 
 
+def _describe_adapt(how):
+    if how is None:
+        return "no adaptive method"
+    return f"adaptive method {how[0]!r} (total_steps {how[1]}, interval {how[2]}, measure {how[3]})"
+
+
 def _first_difference(gathered, what):
     """A message naming the first entry where some rank differs from rank 0, or None."""
     ref = gathered[0]
@@ -171,9 +208,16 @@ class _DistributedMixin:
     optimizer's class (see DistributedOptimizer)."""
 
     def __init__(self, optimizer, named_parameters, compression, strategy, backward_passes_per_step,
-                 timeout, setup_timeout, bucket_bytes, pipeline_bytes, comm, op, ps):
+                 timeout, setup_timeout, bucket_bytes, pipeline_bytes, comm, op, total_steps, probe_bytes,
+                 ps):
         if backward_passes_per_step < 1:
             raise ValueError(f"backward_passes_per_step must be >= 1, got {backward_passes_per_step}")
+        total_steps = 0 if total_steps is None else operator.index(total_steps)
+        if total_steps < 0:
+            raise ValueError(f"total_steps must be >= 0 (0: unknown), got {total_steps}")
+        probe_bytes = _PROBE_BYTES if probe_bytes is None else operator.index(probe_bytes)
+        if probe_bytes != 0 and not 1024 <= probe_bytes <= 1 << 30:
+            raise ValueError(f"probe_bytes must be 0 (no probe) or 1 KiB..1 GiB, got {probe_bytes}")
         self._gc_closed = True  # until fully built: close() and __del__ do nothing
         self._gc_hooks = []
         self._gc_buckets = []
@@ -182,14 +226,15 @@ class _DistributedMixin:
         gcomm = comm if not owns_comm else _gm.Communicator(comm, timeout=timeout, setup_timeout=setup_timeout)
         try:
             plan, policy = self._gc_plan(optimizer, named_parameters, compression, strategy, gcomm,
-                                         gcomm.setup_timeout)
+                                         gcomm.setup_timeout, total_steps)
             buckets = self._gc_make_buckets(plan, bucket_bytes, pipeline_bytes, gcomm, gcomm.setup_timeout,
                                             server=ps)
         except BaseException:
             if owns_comm:
                 gcomm.close()
             raise
-        groups = self._gc_groups(optimizer, plan)
+        adapt = policy if isinstance(policy, _adapt.Adapt) else None
+        groups, pairs = self._gc_groups(optimizer, plan, self._gc_movable(adapt, plan))
         super().__init__(groups)
         self.defaults = dict(optimizer.defaults)
         for p, s in optimizer.state.items():
@@ -198,6 +243,17 @@ class _DistributedMixin:
         self._gc_ps = ps
         self._gc_session = ps is not None and not ps.is_server  # a worker that has not shut down
         self._gc_policy = policy
+        # Adaptive methods: the controllers, momentum moves, the record of settings.
+        self._gc_adapt = adapt
+        self._gc_pairs = pairs  # id(param) -> (group with momentum, group without)
+        self._gc_order = {id(e.param): n for n, e in enumerate(plan)}
+        self._gc_probe = probe_bytes
+        self._gc_adapt_step = 0  # steps the controllers have counted
+        self._gc_due = False  # a decision is due after this step's optimizer step
+        self._gc_adapt_error = None  # an observation that failed this step (this rank)
+        self._gc_fb_s = None  # this step's forward + backward less codec time, seconds
+        self._gc_mark = None  # (time, codec ns) at the end of the last step()
+        self._gc_history = [(0, e.key, e.spec) for e in plan if e.adapt]
         self._gc_params = plan
         self._gc_buckets = buckets
         self._gc_timeout = timeout
@@ -241,8 +297,9 @@ class _DistributedMixin:
             raise ValueError("gradcomp: with ps=, comm must be None or the server's own communicator (ps.comm)")
         return ps.comm
 
-    def _gc_plan(self, optimizer, named_parameters, compression, strategy, gcomm, timeout):
-        """Names, specs and strategies of every parameter; collective check of the layout."""
+    def _gc_plan(self, optimizer, named_parameters, compression, strategy, gcomm, timeout, total_steps=0):
+        """Names, specs and strategies of every parameter; collective check of the layout.
+        For an adaptive method the policy returned is its gradcomp.Adapt."""
         local_error = None
         plan, policy = [], None
         try:
@@ -277,31 +334,85 @@ class _DistributedMixin:
                     continue
                 todo.append(p)
             todo.sort(key=lambda p: order[id(p)])
-            policy = _policy_of(compression)
             strat = _gm.strategy_value(strategy)
+            if _is_adaptive(compression):
+                if strat & 0xFF == _gm.PS:
+                    raise _err.UnsupportedError(
+                        f"gradcomp: adaptive method {compression!r} with strategy={strategy!r}: adaptive "
+                        "methods do not run through a parameter server.  A decision (gcomp_mpi_adapt_decide, "
+                        "the link probe) and a structural retune (gcomp_mpi_bucket_retune: a 'ps' tensor "
+                        "always is one) are collectives of the whole communicator, servers included, while "
+                        "the servers sit in serve(), and include/gradcomp_mpi.h defines no retune of a "
+                        "server's keys.  Use a fixed spec with strategy='ps', or an adaptive method with "
+                        "another strategy (no ps=)",
+                        status=_err.E_UNSUPPORTED, status_name="GCOMP_E_UNSUPPORTED")
+                policy = self._gc_make_adapt(compression, [(names[id(p)], tuple(p.shape)) for p in todo],
+                                             strat, gcomm, total_steps)
+            else:
+                policy = _policy_of(compression)
             for i, p in enumerate(todo):
                 e = _Param(i, names[id(p)], p)
-                e.spec, e.rule = _plan_spec(policy, e.key, e.shape)
+                if isinstance(policy, _adapt.Adapt):
+                    # The controllers' layer policy: managed tensors get a ladder entry and
+                    # the strategy; the others their fixed spec (dense, a glob's) and auto.
+                    e.adapt = policy.managed(i)
+                    e.spec, e.rule = _core.canonical(policy.spec(i)), 3 if e.adapt else 2
+                else:
+                    e.spec, e.rule = _plan_spec(policy, e.key, e.shape)
                 e.strategy = strat if e.rule in _RULE_METHOD else _gm.AUTO
                 plan.append(e)
         except Exception as e:  # reported to every rank below, raised here
             local_error = e
         mine = None if local_error else [(e.key, e.shape, e.spec, _gm.strategy_name(e.strategy)) for e in plan]
-        gathered = _gm.allgather_object((repr(local_error) if local_error else None, mine), gcomm, timeout)
+        # An adaptive method's configuration: ranks that decide at other steps would meet a
+        # decision's collective with a data collective (timeouts), so it is compared here.
+        how = None
+        if isinstance(policy, _adapt.Adapt) and local_error is None:
+            how = (policy.method, int(total_steps), policy.interval, policy.measure_interval)
+        gathered = _gm.allgather_object((repr(local_error) if local_error else None, mine, how), gcomm, timeout)
         if local_error is not None:
             raise local_error
-        bad = [(r, msg) for r, (msg, _) in enumerate(gathered) if msg]
+        bad = [(r, msg) for r, (msg, _, _) in enumerate(gathered) if msg]
         if bad:
             raise _err.Error(f"gradcomp: DistributedOptimizer could not be set up on rank {bad[0][0]}: "
                              f"{bad[0][1]}")
         # Names and order here; sizes and specs are the library's set-up check's (each
         # bucket's), but a different parameter count would give ranks different numbers of
         # buckets, which no single bucket can see.
-        layouts = [[x[0] for x in plan_r] for _, plan_r in gathered]
+        layouts = [[x[0] for x in plan_r] for _, plan_r, _ in gathered]
         if any(lay != layouts[0] for lay in layouts):
             msg = _first_difference([g[1] for g in gathered], "gradcomp: the ranks' models differ")
             raise _err.MismatchError(msg, status=_err.E_MISMATCH, status_name="GCOMP_E_MISMATCH")
+        for r, (_, _, other) in enumerate(gathered):
+            if other != gathered[0][2]:
+                raise _err.MismatchError(f"gradcomp: the ranks' compression differs: rank 0 runs "
+                                         f"{_describe_adapt(gathered[0][2])}, rank {r} runs {_describe_adapt(other)}",
+                                         status=_err.E_MISMATCH, status_name="GCOMP_E_MISMATCH")
         return plan, policy
+
+    @staticmethod
+    def _gc_make_adapt(method, tensors, strat, gcomm, total_steps):
+        """The controllers of an adaptive method over every exchanged parameter (the library
+        parses the method: a bad one is SpecError here, on every rank alike)."""
+        if not tensors:
+            raise ValueError(f"gradcomp: adaptive method {method!r}: the optimizer has no trainable parameter")
+
+        def cost_strategy(spec):  # the strategy each candidate would run with, for the cost model
+            return _gm.cost_strategy(strat, spec)
+
+        return _adapt.Adapt(method, tensors, total_steps=total_steps, workers=gcomm.size, nodes=gcomm.nodes,
+                            min_elements=_ADAPT_MIN_ELEMENTS, strategy=cost_strategy)
+
+    @staticmethod
+    def _gc_movable(adapt, plan):
+        """Parameters whose momentum can move between the optimizer and the compressor: the
+        managed ones when the ladder mixes specs that keep the momentum (DGC) with others."""
+        if adapt is None:
+            return set()
+        keeps = {_spec_keeps_momentum(_core.canonical(c)) for c in adapt.ladder}
+        if len(keeps) < 2:
+            return set()
+        return {id(e.param) for e in plan if e.adapt}
 
     def _gc_make_buckets(self, plan, bucket_bytes, pipeline_bytes, gcomm, timeout, server=None):
         limit = 4 << 20 if bucket_bytes is None else int(bucket_bytes)
@@ -318,8 +429,8 @@ class _DistributedMixin:
         try:
             for bi, ps in enumerate(groups):
                 b = _Bucket(bi, ps)
-                for e in ps:
-                    e.bucket = b
+                for slot, e in enumerate(ps):
+                    e.bucket, e.slot = b, slot
                 tensors = [_gm.Tensor(e.key, e.spec, e.shape, e.strategy) for e in ps]
                 try:
                     b.mpi = _gm.Bucket(gcomm, tensors, bucket_bytes=pipeline_bytes, timeout=timeout, ps=server)
@@ -338,28 +449,37 @@ class _DistributedMixin:
         return buckets
 
     @staticmethod
-    def _gc_groups(optimizer, plan):
+    def _gc_groups(optimizer, plan, movable=()):
         """The wrapped optimizer's groups, copied; parameters whose compressor keeps the
-        momentum (DGC) go to a sibling group without momentum."""
+        momentum (DGC) go to a sibling group without momentum.  For `movable` parameters
+        (ids; an adaptive method may switch them between DGC and other specs) both groups
+        exist from the start, even empty, so that a switch moves the parameter without
+        changing the groups a scheduler knows.  Returns (groups, {id(param): (index of the
+        group with momentum, index of the one without)} for the movable ones)."""
         dgc = {id(e.param) for e in plan if _spec_keeps_momentum(e.spec)}
-        groups = []
+        groups, pairs = [], {}
         for g in optimizer.param_groups:
             opts = {k: v for k, v in g.items() if k != "params"}
             ps = list(g["params"])
             own = [p for p in ps if id(p) in dgc]
-            if own and opts.get("momentum", 0):
+            mov = [p for p in ps if id(p) in movable]
+            if (own or mov) and opts.get("momentum", 0):
                 rest = [p for p in ps if id(p) not in dgc]
-                if rest:
+                with_mom = None
+                if rest or mov:
                     groups.append(dict(opts, params=rest))
+                    with_mom = len(groups) - 1
                 no_mom = dict(opts, params=own, momentum=0.0)
                 if "nesterov" in no_mom:
                     no_mom["nesterov"] = False
                 if "dampening" in no_mom:
                     no_mom["dampening"] = 0.0
                 groups.append(no_mom)
+                for p in mov:
+                    pairs[id(p)] = (with_mom, len(groups) - 1)
             else:
                 groups.append(dict(opts, params=ps))
-        return groups
+        return groups, pairs
 
     @staticmethod
     def _gc_hook(wself, e):
@@ -415,11 +535,35 @@ class _DistributedMixin:
                 grads.append(g)
             if self._gc_ps is not None:
                 self._gc_session = True
+            if self._gc_adapt is not None:
+                self._gc_observe(b, grads)
             b.mpi.start(grads, self._gc_op)
         except (_err.Error, TypeError, ValueError) as err:
             b.error = err
             return
         self._gc_inflight.append(b)
+
+    def _gc_observe(self, b, grads):
+        """The controllers see each managed gradient, with what its compressor holds back,
+        before the exchange compresses it (the vector the codec will see).  A failure is
+        kept for synchronize(): raised here it would leave this bucket unstarted."""
+        ad = self._gc_adapt
+        h = ad._handle()
+        bh = b.mpi._handle()
+        lib = _core._lib
+        for e, g in zip(b.params, grads):
+            if not e.adapt:
+                continue
+            if not bool(torch.isfinite(g).all()):
+                continue  # the exchange raises NonFiniteError on every rank; keep NaN out of the controllers
+            c = _gm._lib.gcomp_mpi_compressor(bh, e.slot)
+            rp = lib.gcomp_compressor_residual(c) if c else None
+            st = lib.gcomp_adapt_observe(h, e.index, g.data_ptr(), ctypes.cast(rp, ctypes.c_void_p) if rp else None)
+            if st and self._gc_adapt_error is None:
+                try:
+                    _core._raise(st, f"gradcomp: adaptive controllers observing {e.key!r}")
+                except _err.Error as err:
+                    self._gc_adapt_error = err
 
     def synchronize(self):
         """Finishes this step's exchange: starts the buckets not started yet (gradients
@@ -427,11 +571,13 @@ class _DistributedMixin:
         the average over ranks.  Called by step(); call it yourself to clip or inspect
         the averaged gradients, then step() inside skip_synchronize().  Idempotent until
         the next backward.  Raises the exchange's error on every rank (the pending ones are
-        still waited for, so the next step starts clean)."""
+        still waited for, so the next step starts clean).  With an adaptive method it also
+        ends the controllers' step (a failed exchange does not count)."""
         self._gc_check_open()
         if self._gc_fired == 0 and not any(b.started for b in self._gc_buckets):
             return
         t0 = time.perf_counter_ns()
+        codec0 = self._gc_codec_ns() if self._gc_adapt is not None else 0
         for b in self._gc_buckets:
             if not b.started:
                 self._gc_start(b)
@@ -450,10 +596,128 @@ class _DistributedMixin:
             b.pending = len(b.params)
         self._gc_delay = [self._gc_passes] * len(self._gc_params)
         self._gc_fired = 0
+        observe_error, self._gc_adapt_error = self._gc_adapt_error, None
         if first is not None:
+            self._gc_mark = None  # this step's time is no measure of compute
             raise first
         self._gc_steps += 1
         self._gc_count_messages()
+        if self._gc_adapt is not None:
+            self._gc_end_step(t0, codec0)
+            if observe_error is not None:
+                raise observe_error
+
+    # -- adaptive methods --
+    def _gc_codec_ns(self):
+        return sum(b.mpi.stats()["codec_ns"] for b in self._gc_buckets)
+
+    def _gc_end_step(self, t0, codec0):
+        """After a successful exchange: the controllers' step ends (every rank alike)."""
+        if self._gc_due:  # step() never ran after the last due step: decide now, between steps
+            self._gc_decide()
+        self._gc_fb_s = None
+        if self._gc_mark is not None:
+            # forward + backward: from the end of the last step() to this synchronize, less
+            # the compression the buckets did meanwhile (the cost model counts it apart)
+            t_end, c_end = self._gc_mark
+            codec = max(codec0 - c_end, 0)
+            self._gc_fb_s = max((t0 - t_end - codec) * 1e-9, 0.0)
+            self._gc_mark = None  # once: synchronize() without step() measures nothing
+        self._gc_adapt_step += 1
+        self._gc_due = self._gc_adapt.end_step()
+
+    def _gc_after_step(self, opt_s):
+        """After the wrapped optimizer's step: this step's compute, and the decision when
+        one is due (so a tensor's momentum moves between two optimizer steps)."""
+        ad = self._gc_adapt
+        if self._gc_fb_s is not None:
+            fb = self._gc_fb_s
+            ad.observe_compute(fb / 3, fb - fb / 3, opt_s)  # the split `gradcomp plan` uses
+            self._gc_fb_s = None
+        if self._gc_due:
+            self._gc_decide()
+        self._gc_mark = (time.perf_counter_ns(), self._gc_codec_ns())
+
+    def _gc_decide(self):
+        """One decision with every rank: the link probe when the bandwidth controller is in
+        the method, the collective decision, then the retunes, in tensor order."""
+        self._gc_due = False
+        ad = self._gc_adapt
+        if self._gc_probe and ad.uses("bandwidth"):
+            bw, lat = self._gc_comm.link_probe(self._gc_probe, self._gc_timeout)
+            ad.observe_link(bw, lat)  # one rank: 0, ignored
+        self._gc_comm.adapt_decide(ad, self._gc_timeout)
+        self._gc_apply_specs()
+
+    def _gc_apply_specs(self):
+        """Retunes every managed tensor whose bucket runs another spec than the controllers
+        chose: those the decision changed, and any a failed retune or a checkpoint left
+        behind.  Same order, same specs on every rank."""
+        ad = self._gc_adapt
+        for e in self._gc_params:
+            if not e.adapt:
+                continue
+            want = _core.canonical(ad.spec(e.index))
+            if want != e.spec:
+                self._gc_retune(e, want)
+                self._gc_history.append((self._gc_adapt_step, e.key, want))
+
+    def _gc_retune(self, e, spec):
+        b = e.bucket
+        keeps_before = _spec_keeps_momentum(e.spec)
+        b.mpi.retune(e.slot, spec, self._gc_timeout)
+        e.spec = spec
+        # the per-tensor byte counter goes on across strategies: count from here
+        self._gc_sent_before[(b.index, e.slot)] = b.mpi.stats(e.slot)["bytes_sent"]
+        keeps = _spec_keeps_momentum(spec)
+        if keeps != keeps_before:
+            self._gc_move_momentum(e, keeps)
+
+    def _gc_move_momentum(self, e, to_compressor):
+        """The tensor's momentum moves between the optimizer and its compressor (DGC): the
+        parameter changes group, and the optimizer's momentum of it starts afresh (the
+        rule of `gradcomp train`)."""
+        pair = self._gc_pairs.get(id(e.param))
+        if pair is None:  # its group has no momentum: nothing to move
+            return
+        src, dst = (pair[0], pair[1]) if to_compressor else (pair[1], pair[0])
+        gs, gd = self.param_groups[src], self.param_groups[dst]
+        if not any(p is e.param for p in gs["params"]):
+            return
+        gs["params"] = [p for p in gs["params"] if p is not e.param]
+        gd["params"] = sorted(gd["params"] + [e.param], key=lambda p: self._gc_order[id(p)])
+        if e.param in self.state:
+            self.state[e.param].pop("momentum_buffer", None)
+
+    @property
+    def adapt(self):
+        """The controllers of an adaptive method (a gradcomp.Adapt: ladder, interval,
+        report, ...), else None.  Read it; the optimizer observes, ends steps and decides."""
+        return self._gc_adapt
+
+    def specs(self):
+        """Every parameter's spec now, {name: canonical spec} (an adaptive method changes
+        them at its decisions)."""
+        return {e.key: e.spec for e in self._gc_params}
+
+    def adapt_history(self):
+        """Every setting of the tensors an adaptive method manages, in order: a list of
+        (step, name, spec), step being the steps the controllers had counted when the spec
+        took effect (0: the first decision).  Empty for other methods."""
+        return list(self._gc_history)
+
+    def observe_metric(self, value):
+        """A validation metric for the accuracy controller (accuracy as a fraction, higher
+        is better; its mean over ranks is what it steers by).  No-op for other methods."""
+        if self._gc_adapt is not None:
+            self._gc_adapt.observe_metric(value)
+
+    def observe_link(self, bandwidth, latency):
+        """This rank's link for the bandwidth controller (payload bytes/s each way, one-way
+        latency in s), when it is measured outside (probe_bytes=0); the latest of an
+        interval counts.  No-op for other methods."""
+        if self._gc_adapt is not None:
+            self._gc_adapt.observe_link(bandwidth, latency)
 
     def _gc_count_messages(self):
         # What this rank's codecs produced this step: message lengths, or for tensors that
@@ -491,7 +755,10 @@ class _DistributedMixin:
                 loss = closure()
         if self._gc_should_sync:
             self.synchronize()
+        t0 = time.perf_counter()
         super().step()
+        if self._gc_adapt is not None:
+            self._gc_after_step(time.perf_counter() - t0)
         return loss
 
     def _gc_pending(self):
@@ -584,7 +851,10 @@ class _DistributedMixin:
 
     def state_dict(self):
         """The wrapped optimizer's state_dict plus, under "gradcomp", this rank's bucket
-        states.  Between steps only (ProtocolError while an exchange is in flight)."""
+        states (and, for an adaptive method, every tensor's spec, the method, the
+        controllers' step count and the settings' history; the controllers' own state is
+        not saved: the library has no save for it).  Between steps only (ProtocolError
+        while an exchange is in flight)."""
         self._gc_check_open()
         if self._gc_pending():
             raise _err.ProtocolError("gradcomp: state_dict() between backward() and step(): save between "
@@ -602,12 +872,19 @@ class _DistributedMixin:
         }
         if self._gc_ps is not None:  # what a server keeps beyond compressors (its last sums)
             sd["gradcomp"]["ps"] = [self._gc_ps.save_state(b.mpi) for b in self._gc_buckets]
+        if self._gc_adapt is not None:
+            sd["gradcomp"]["adapt"] = {"method": self._gc_adapt.method, "step": self._gc_adapt_step,
+                                       "history": list(self._gc_history)}
         return sd
 
     def load_state_dict(self, state_dict):
         """Loads a state_dict() saved by this rank.  The bucket states are checked (layout,
         rank, number of ranks, each blob by the library) and loaded first; on any error
-        nothing changes."""
+        nothing changes.  Adaptive methods: the buckets are first retuned to the specs
+        saved (collective when a switch is structural: every rank loads at the same
+        point), so each tensor goes on with the setting and state it had; the controllers
+        start afresh (their first decision, step count 0) and the next decision retunes
+        whatever they choose differently."""
         self._gc_check_open()
         sd = dict(state_dict)
         g = sd.pop("gradcomp", None)
@@ -628,27 +905,62 @@ class _DistributedMixin:
         if g["layout"] != mine or len(g["buckets"]) != len(self._gc_buckets):
             fail("saved for another bucket layout (model, bucket_bytes or parameter order differ)",
                  _err.MismatchError, _err.E_MISMATCH)
+        saved_adapt = g.get("adapt")
+        ours = self._gc_adapt.method if self._gc_adapt is not None else None
+        theirs = saved_adapt.get("method") if isinstance(saved_adapt, dict) else None
+        if ours != theirs:
+            fail(f"saved with compression {'adaptive method ' + repr(theirs) if theirs else 'not adaptive'}, "
+                 f"this optimizer runs {'adaptive method ' + repr(ours) if ours else 'no adaptive method'}",
+                 _err.MismatchError, _err.E_MISMATCH)
+        specs = None
+        if ours is not None:
+            specs = g.get("specs")
+            if not isinstance(specs, list) or [len(x) for x in specs] != [len(b.params) for b in self._gc_buckets]:
+                fail("the adaptive state has no spec for every tensor")
+            for b, bs in zip(self._gc_buckets, specs):
+                for e, sp in zip(b.params, bs):
+                    if not e.adapt and sp != e.spec:
+                        fail(f"parameter {e.key!r} was saved with spec {sp!r}, this optimizer gives it {e.spec!r} "
+                             "(another layer policy)", _err.MismatchError, _err.E_MISMATCH)
         if self._gc_pending():
             fail("called between backward() and step()", _err.ProtocolError, _err.E_PROTOCOL)
         ps = self._gc_ps
         if (ps is not None) != ("ps" in g):
             fail("saved with a parameter server, loaded without one" if "ps" in g else
                  "saved without a parameter server, loaded with one", _err.MismatchError, _err.E_MISMATCH)
-        # Each bucket's compressors, then (strategy="ps") what its server keeps beyond them;
-        # on any error, what was loaded already is put back.
+        # Adaptive methods: first the specs saved (a bucket loads a state only with the specs
+        # it was saved with); then each bucket's compressors, then (strategy="ps") what its
+        # server keeps beyond them.  On any error, the specs and what was loaded already are
+        # put back (best effort) and the error is raised.
         steps = [(b.mpi.load_state, blob, b.mpi.state_bytes()) for b, blob in zip(self._gc_buckets, g["buckets"])]
         if ps is not None:
             steps += [(functools.partial(ps.load_state, bucket=b.mpi), blob, ps.save_state(b.mpi))
                       for b, blob in zip(self._gc_buckets, g["ps"])]
+        before_specs = [(e, e.spec) for e in self._gc_params]
         done = 0
         try:
+            if specs is not None:
+                for b, bs in zip(self._gc_buckets, specs):
+                    for e, sp in zip(b.params, bs):
+                        if sp != e.spec:
+                            self._gc_retune(e, sp)
             for load, blob, _ in steps:
                 load(blob)
                 done += 1
         except BaseException:
-            for load, _, old in steps[:done]:
-                load(old)
+            try:  # best effort: back to the specs and states before
+                for e, sp in before_specs:
+                    if e.spec != sp:
+                        self._gc_retune(e, sp)
+                for load, _, old in steps[:done]:
+                    load(old)
+            except _err.Error:
+                pass
             raise
+        if ours is not None:
+            self._gc_adapt_step = int(saved_adapt.get("step", 0))
+            self._gc_history = [tuple(x) for x in saved_adapt.get("history", [])]
+            self._gc_due = False
         self._gc_steps = g.get("steps", 0)
         if g.get("epoch") is not None:
             self.set_epoch(g["epoch"])
@@ -680,6 +992,8 @@ class _DistributedMixin:
             self._gc_session = False
         for b in self._gc_buckets:
             b.mpi.close()
+        if self._gc_adapt is not None:
+            self._gc_adapt.close()
         if self._gc_owns_comm:
             self._gc_comm.close()
 
@@ -692,7 +1006,8 @@ class _DistributedMixin:
 
 def DistributedOptimizer(optimizer, named_parameters=None, compression="none", strategy="auto",
                          backward_passes_per_step=1, timeout=None, setup_timeout=None, bucket_bytes=None,
-                         pipeline_bytes=None, comm=None, op="average", ps=None):
+                         pipeline_bytes=None, comm=None, op="average", total_steps=None, probe_bytes=None,
+                         ps=None):
     """Wraps `optimizer` so that step() uses gradients averaged over MPI ranks, compressed.
 
     Collective: every rank builds it with the same model, settings and order.
@@ -703,9 +1018,12 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression="none", s
                      errors, and the registration order buckets follow in reverse.  None:
                      "param.<i>" in the optimizer's order.
       compression    a spec, a C policy string, a LayerPolicy or a callable (name, shape) ->
-                     spec or None (see the module docstring).  Default "none": dense f32.
+                     spec or None (see the module docstring), or an adaptive method
+                     "adapt:..." (docs/ADAPTIVE.md).  Default "none": dense f32.
       strategy       "auto", "allgather", "sparse", "allreduce", "rsag", "hierarchical",
-                     "hierarchical:NAME" for the compressed tensors (include/gradcomp_mpi.h).
+                     "hierarchical:NAME" for the compressed tensors (include/gradcomp_mpi.h);
+                     for an adaptive method, for the tensors its controllers manage; "ps"
+                     or "hierarchical:ps" with ps= (every tensor, then; not adaptive).
       backward_passes_per_step  backward passes accumulated locally (summed in p.grad)
                      before the exchange, as in Horovod.
       timeout        seconds any exchange may take before CollectiveTimeout (None: 300).
@@ -716,11 +1034,17 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression="none", s
       comm           an mpi4py communicator (None: COMM_WORLD) or a gradcomp.mpi.Communicator
                      (e.g. with ranks_per_node for hierarchical tests).
       op             "average" (default) or "sum" over ranks.
+      total_steps    adaptive methods: the run's length in steps, for interval=auto (the
+                     run / 40 in 10..500); None or 0: unknown (100 steps between decisions).
+      probe_bytes    adaptive methods with the bandwidth controller: the link probe at each
+                     decision (gcomp_mpi_link_probe; None: 512 KiB, as `gradcomp train`;
+                     0: no probe, feed opt.observe_link yourself).
       ps             a gradcomp.mpi.ParameterServer, with strategy="ps" (or
                      "hierarchical:ps"): see below.  comm is then the server's (None or
-                     ps.comm).
-    Raises MismatchError (ranks differ), SpecError, TypeError (not float32/CPU),
-    CollectiveTimeout / MPIError (a peer is gone).
+                     ps.comm).  Not with an adaptive method (UnsupportedError).
+    Raises MismatchError (ranks differ), SpecError (a bad spec or adaptive method),
+    TypeError (not float32/CPU), UnsupportedError (an adaptive method through a parameter
+    server), CollectiveTimeout / MPIError (a peer is gone).
 
     Through a parameter server (strategy="ps", ps=ParameterServer(comm) in sync aggregate
     mode: BytePS, the optimizer stays on the workers): every parameter is a key of the
@@ -742,7 +1066,10 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression="none", s
         opt.close(); ps.close()
 
     ParameterServers in update or async mode are refused (ValueError): their pulls are
-    weights, which this optimizer would take for gradients.  state_dict() then also holds
+    weights, which this optimizer would take for gradients.  Adaptive methods
+    (compression="adapt:...") are refused with strategy="ps" (UnsupportedError on every
+    rank): their decisions and retunes are collectives the serving servers cannot join,
+    and the library has no retune of a server's keys.  state_dict() then also holds
     the server's part of each bucket (ParameterServer.save_state), so servers save theirs
     between serve() sessions.
     """
@@ -753,7 +1080,7 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression="none", s
     base = optimizer.__class__
     cls = type(base.__name__, (_DistributedMixin, base), {"__module__": __name__})
     return cls(optimizer, named_parameters, compression, strategy, backward_passes_per_step, timeout,
-               setup_timeout, bucket_bytes, pipeline_bytes, comm, op, ps)
+               setup_timeout, bucket_bytes, pipeline_bytes, comm, op, total_steps, probe_bytes, ps)
 
 
 # ---- making every rank start equal -------------------------------------------------------------

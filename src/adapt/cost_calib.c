@@ -486,6 +486,13 @@ out:
     return st;
 }
 
+void gcomp__cost_fit(size_t n, double t, size_t n2, double t2, double *fixed, double *per_elem) {
+    double dn = (double)n - (double)n2, pe = dn > 0 ? (t - t2) / dn : -1;
+    if (!(pe >= 0) || !(t - pe * (double)n >= 0)) pe = t / (double)n; /* through (n, t) */
+    *per_elem = pe;
+    *fixed = fmax(0, t - pe * (double)n);
+}
+
 gcomp_status gcomp_cost_calibrate_codec(const char *spec, size_t n, size_t rows, size_t cols,
                                         unsigned runs, gcomp_cost_codec_rate *out,
                                         gcomp_error *err) {
@@ -504,11 +511,8 @@ gcomp_status gcomp_cost_calibrate_codec(const char *spec, size_t n, size_t rows,
     st = time_once(canon, n, rows, cols, runs, &e1, &d1, err);
     if (st == GCOMP_OK) st = time_once(canon, n2, r2, c2, runs, &e2, &d2, err);
     if (st != GCOMP_OK) return st;
-    double dn = (double)n - (double)n2;
-    out->encode_per_elem = dn > 0 ? fmax(0, (e1 - e2) / dn) : e1 / (double)n;
-    out->decode_per_elem = dn > 0 ? fmax(0, (d1 - d2) / dn) : d1 / (double)n;
-    out->encode_fixed_s = fmax(0, e1 - out->encode_per_elem * (double)n);
-    out->decode_fixed_s = fmax(0, d1 - out->decode_per_elem * (double)n);
+    gcomp__cost_fit(n, e1, n2, e2, &out->encode_fixed_s, &out->encode_per_elem);
+    gcomp__cost_fit(n, d1, n2, d2, &out->decode_fixed_s, &out->decode_per_elem);
     out->elements = n;
     gcomp__cost_seedless(canon, out->spec, sizeof out->spec);
     return GCOMP_OK;

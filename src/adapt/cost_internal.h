@@ -47,6 +47,12 @@ struct gcomp_cost_model {
  * (cost_calib.c). */
 int gcomp__cost_rate(const gcomp_cost_calibration *cal, const char *canon, size_t n,
                      gcomp_cost_codec_rate *out);
+/* fixed + per_elem x m through the medians t at n and t2 at n2 < n, both >= 0.  Where
+ * the line through them would cross zero above 0 (the small size ran from the caches,
+ * much faster per element), it is the line through (n, t) and the origin instead: the law
+ * must give the measured time at the size it was measured at, which a clamped negative
+ * intercept did not (it over-predicted n itself). */
+void gcomp__cost_fit(size_t n, double t, size_t n2, double t2, double *fixed, double *per_elem);
 /* The value of `key` in a canonical spec, or `dflt`. */
 double gcomp__cost_spec_num(const char *canon, const char *key, double dflt);
 /* `canon` without its seed= item (calibration keys do not depend on the seed). */

@@ -59,7 +59,6 @@ static gcomp_compressor *slot_of(const gm_tensor *t, int k) {
  * new one's spec (the core carries what it holds back) and its state loaded. */
 static gcomp_status transplant(const gm_tensor *old, gm_tensor *nt, gcomp_error *err) {
     int ko = slots_of(old), kn = slots_of(nt);
-    if (getenv("PLANT_NO_TRANSPLANT")) return GCOMP_OK;
     for (int k = 0; k < ko; k++) {
         gcomp_compressor *oc = slot_of(old, k), *nc = k < kn ? slot_of(nt, k) : NULL;
         if (!oc) continue;
@@ -210,7 +209,6 @@ gcomp_status gcomp_mpi_bucket_retune(gcomp_mpi_bucket *b, size_t i, const char *
 
     /* 3. Agreement, where the ranks could otherwise issue different collectives. */
     st = local;
-    if (getenv("PLANT_NO_CHECK")) structural = false;
     if (structural && b->comm->size > 1) {
         b->t[i] = local == GCOMP_OK ? nt : saved; /* hash what this rank would run */
         st = retune_check(b, i, local, timeout_s, local == GCOMP_OK ? err : NULL);

@@ -6,6 +6,7 @@
  */
 #include "check.h"
 
+#include "adapt/cost_internal.h"
 #include "gradcomp.h"
 
 #include <math.h>
@@ -331,6 +332,21 @@ static void test_calibration_sizes(void) {
     gcomp_cost_calibration_free(cal);
 }
 
+/* The fitted law gives the measured time at the size measured, whatever the small size
+ * did: a small size much faster per element (from the caches) must not leave a negative
+ * intercept clamped to 0, which over-predicted n itself. */
+static void test_calibration_fit(void) {
+    double f, pe;
+    gcomp__cost_fit(1000, 2e-3, 125, 5e-4, &f, &pe); /* ordinary: fixed + slope */
+    CHECK(rel(f + pe * 1000, 2e-3) < 1e-12 && rel(f + pe * 125, 5e-4) < 1e-12 && f > 0);
+    gcomp__cost_fit(1000, 1e-3, 125, 1e-5, &f, &pe); /* the line would cross zero at 116 */
+    CHECK_MSG(f == 0 && rel(pe * 1000, 1e-3) < 1e-12, "%.17g %.17g", f, pe);
+    gcomp__cost_fit(1000, 1e-3, 125, 2e-3, &f, &pe); /* the small size slower: no slope < 0 */
+    CHECK(f == 0 && rel(pe * 1000, 1e-3) < 1e-12);
+    gcomp__cost_fit(1000, 1e-3, 1000, 1e-3, &f, &pe); /* one size */
+    CHECK(f == 0 && rel(pe * 1000, 1e-3) < 1e-12);
+}
+
 static void test_errors(void) {
     gcomp_cost_model *m = NULL;
     gcomp_error e = {0};
@@ -379,6 +395,7 @@ int main(void) {
     test_break_even();
     test_calibration_text();
     test_calibration_sizes();
+    test_calibration_fit();
     test_errors();
     return CHECK_DONE();
 }

@@ -581,3 +581,52 @@ def test_distributed_optimizer_through_the_server(comm):
         with pytest.raises(ValueError, match="sync aggregate"):
             gt.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), strategy="ps", ps=ups)
 
+
+
+# ---- adaptive methods and the parameter server (the py-adapt merge) ---------------------------
+
+
+def test_adaptive_methods_are_refused_through_the_server(comm):
+    """An adaptive method with strategy="ps" is UnsupportedError at construction on every
+    rank (its decisions and retunes are collectives the serving servers cannot join, and
+    the library has no retune of a server's keys), and Bucket.retune of a ps bucket is
+    UnsupportedError before any communication: the bucket and its session go on."""
+    torch = pytest.importorskip("torch")
+    import gradcomp.torch as gt
+
+    model = torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
+    method = "adapt:norm;base=topk:density=0.1,feedback=ef;min_elements=64;interval=4"
+    with gm.ParameterServer(comm) as ps:
+        for strategy in ("ps", "hierarchical:ps"):
+            with pytest.raises(ge.UnsupportedError, match="parameter server"):
+                gt.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), model.named_parameters(),
+                                        compression=method, strategy=strategy, ps=ps, total_steps=100,
+                                        probe_bytes=0, timeout=TIMEOUT)
+        # the refusal left nothing behind: the same server takes an optimizer with a fixed spec
+        opt = gt.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), model.named_parameters(),
+                                      compression="topk:density=0.1,feedback=ef", strategy="ps", ps=ps,
+                                      timeout=TIMEOUT)
+        assert opt.adapt is None and opt.specs()["0.weight"].startswith("topk:")
+        if ps.is_server:
+            opt.serve()
+        else:
+            model(torch.ones(2, 64)).sum().backward()
+            opt.step()
+            opt.shutdown()
+        opt.close()
+
+        b = comm.bucket(tensors("topk:density=0.1,feedback=ef"), ps=ps)
+        before = b.spec(0)
+        with pytest.raises(ge.UnsupportedError, match="parameter server"):
+            b.retune(0, "topk:density=0.05,feedback=ef")
+        b.retune(0, before)  # the spec it has: nothing to do, as in the library
+        assert b.spec(0) == before
+
+        def work():
+            g = [grad(0, n, ps.index) for n in sizes()]
+            b.allreduce(g)
+            return digest(g)
+
+        got = session(ps, work)
+        assert len(set(worker_values(comm, got))) == 1
+        b.close()
