@@ -170,6 +170,13 @@ gcomp_status gcomp_mpi_bucket_retune(gcomp_mpi_bucket *b, size_t i, const char *
     st = gm_spec_describe(spec, canon, sizeof canon, &fp, &info, &e2);
     if (st != GCOMP_OK) return gm_fail(err, st, "tensor '%s': %s", old->name, e2.message);
     if (!strcmp(canon, old->spec)) return GCOMP_OK;
+    /* The servers, inside gcomp_mpi_ps_serve, take part in no collective of the bucket: a
+     * switch would leave their keys on the old spec (or wait for them for ever). */
+    if (b->opt.ps)
+        return gm_fail(err, GCOMP_E_UNSUPPORTED,
+                       "tensor '%s': a parameter-server bucket cannot be retuned (its servers "
+                       "take no part in a switch)",
+                       old->name);
     gm_query q = {canon, &info, old->n, old->rows, old->cols, old->xsize};
     const char *why = NULL;
     const gm_strategy *S = gm_strategy_choose(&q, old->req_strategy & 0xff, &why);

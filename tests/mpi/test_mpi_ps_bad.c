@@ -130,12 +130,40 @@ static void async_case(ps_env *E) {
     gcomp_mpi_ps_free(ps);
 }
 
+/* A parameter-server bucket is not retuned: every rank, servers included, is refused at
+ * once with GCOMP_E_UNSUPPORTED (no collective, so nothing waits); the same spec is a no-op,
+ * and the bucket works on. */
+static void retune_case(ps_env *E) {
+    gcomp_mpi_ps *ps;
+    gcomp_mpi_bucket *b = make(E, &ps, GCOMP_MPI_PS_SYNC);
+    gcomp_error err = {0};
+    CHECK(gcomp_mpi_bucket_retune(b, 0, "topk:density=0.1,feedback=ef", TIMEOUT, &err) == GCOMP_OK);
+    CHECK_MSG(gcomp_mpi_bucket_retune(b, 0, "topk:density=0.2,feedback=ef", TIMEOUT, &err) ==
+                      GCOMP_E_UNSUPPORTED &&
+                  strstr(err.message, "parameter-server"),
+              "retune of a ps bucket: %s", err.message);
+    if (E->server) {
+        ps_serve_ok(ps, TIMEOUT, "retune");
+    } else {
+        float *x = calloc(N, sizeof(float)), *d[1] = {x};
+        CHECK_MSG(gcomp_mpi_ps_init(b, d, TIMEOUT, &err) == GCOMP_OK, "init: %s", err.message);
+        for (int i = 0; i < N; i++) x[i] = 1.0f;
+        CHECK_MSG(gcomp_mpi_allreduce(b, d, GCOMP_MPI_AVERAGE, TIMEOUT, &err) == GCOMP_OK,
+                  "after the refused retune: %s", err.message);
+        ps_shutdown_ok(ps, "retune");
+        free(x);
+    }
+    gcomp_mpi_bucket_free(b);
+    gcomp_mpi_ps_free(ps);
+}
+
 int main(int argc, char **argv) {
     mc_init(&argc, &argv);
     ps_env E;
     ps_env_init(&E, 1, 0, TIMEOUT);
     sync_case(&E);
     async_case(&E);
+    retune_case(&E);
     ps_env_free(&E);
     return mc_done("test_mpi_ps_bad");
 }
