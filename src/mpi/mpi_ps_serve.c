@@ -452,13 +452,13 @@ static gcomp_status async_push(srv *v, ps_group *pg, int q) {
 
 /* ---- init and pull requests ---------------------------------------------------------------- */
 
-/* Whether a request comes from a worker already in the next session (it shut down and
- * went on before this server saw its shutdown word: that travels on another
- * communicator, so MPI does not order the two). */
-static bool ahead(const gcomp_mpi_ps *ps, const uint8_t *f, size_t len, size_t max_m) {
+/* Whether a request comes from a worker already past `session` (the server's current
+ * one: it shut down and went on before this server saw its shutdown word, which travels
+ * on another communicator, so MPI does not order the two). */
+static bool ahead(uint16_t session, const uint8_t *f, size_t len, size_t max_m) {
     ps_hdr h;
     if (gm_ps_open(f, len, false, max_m, &h) != GCOMP_OK) return false;
-    uint16_t d = (uint16_t)(h.session - ps->session);
+    uint16_t d = (uint16_t)(h.session - session);
     return d != 0 && d < 0x8000;
 }
 
@@ -612,7 +612,7 @@ static gcomp_status probe_ctrl(srv *v, bool *got) {
         ps_hdr h;
         gcomp_status st = fits ? gm_ps_open(ps->ctrl.p, (size_t)cnt, false, (size_t)UINT32_MAX, &h)
                                : GCOMP_E_LIMIT;
-        if (st == GCOMP_OK && ahead(ps, ps->ctrl.p, (size_t)cnt, (size_t)UINT32_MAX)) {
+        if (st == GCOMP_OK && ahead(ps->session, ps->ctrl.p, (size_t)cnt, (size_t)UINT32_MAX)) {
             ps_parked *x = gm_alloc(sizeof *x + (size_t)cnt), **tail = &ps->parked;
             if (x) {
                 x->next = NULL;
@@ -696,15 +696,39 @@ static gcomp_status handle(srv *v, int k, const MPI_Status *sta) {
     pg->slot[q].t_arrived = now;
     v->heard[ps->role[r]] = v->t_last = now;
     gm_ps_count(ps, r, true, (uint64_t)pg->slot[q].in_len);
-    if (ahead(ps, pg->slot[q].in.p, pg->slot[q].in_len, pg->m)) {
+    if (ahead(ps->session, pg->slot[q].in.p, pg->slot[q].in_len, pg->m)) {
         pg->slot[q].parked = true; /* its receive is posted again when it is taken */
         return GCOMP_OK;
     }
     return arrive(v, pg, q);
 }
 
+/* A push receive that completed at the session's end (cleanup) instead of being cancelled:
+ * a frame of the next session - the last worker to shut down pushes again at once, and
+ * that push can arrive after its shutdown word ended the loop - is parked, as handle()
+ * parks one that arrives a moment earlier, and taken at the next serve; a frame of this
+ * session or an older one (a lost worker's late push) or one that does not open is
+ * dropped.  ps->session already counts the session that ended. */
+static void park_late(srv *v, int k, const MPI_Status *sta) {
+    gcomp_mpi_ps *ps = v->ps;
+    int cancelled = 0, cnt = 0;
+    MPI_Test_cancelled(sta, &cancelled);
+    if (cancelled) return;
+    ps_group *pg = v->rq[k].pg;
+    int q = v->rq[k].q;
+    MPI_Get_count(sta, MPI_BYTE, &cnt);
+    size_t len = cnt > 0 ? (size_t)cnt : 0;
+    gm_ps_count(ps, ps_pusher_rank(ps, pg->mode, q), true, (uint64_t)len);
+    if (!ahead((uint16_t)(ps->session - 1), pg->slot[q].in.p, len, pg->m)) return;
+    pg->slot[q].in_len = len;
+    pg->slot[q].t_arrived = gm_now_ns();
+    pg->slot[q].parked = true; /* its receive is posted again when it is taken */
+}
+
 /* Cancels what is still posted, waits a moment for it, and keeps whatever MPI still holds
- * (requests and the buffers they use) in the communicator's graveyard. */
+ * (requests and the buffers they use) in the communicator's graveyard.  A push that
+ * completes instead of being cancelled is kept when it belongs to the next session
+ * (park_late). */
 static void cleanup(srv *v, bool failed) {
     gcomp_mpi_ps *ps = v->ps;
     for (int k = 0; k < v->n; k++)
@@ -720,8 +744,10 @@ static void cleanup(srv *v, bool failed) {
                 worker_lost(v, ps_pusher_rank(ps, v->rq[k].pg->mode, v->rq[k].q)))
                 continue; /* never leaves */
             int flag = 0;
-            MPI_Test(&v->req[k], &flag, MPI_STATUS_IGNORE);
+            MPI_Status sta;
+            int rc = MPI_Test(&v->req[k], &flag, &sta);
             pending |= !flag;
+            if (flag && rc == MPI_SUCCESS && v->rq[k].kind == RQ_PUSH) park_late(v, k, &sta);
         }
         uint64_t now = gm_now_ns();
         if (!pending || now - t0 > limit) break;
