@@ -53,6 +53,54 @@ def c_layout(body):
     return [line for line in out.split("\n") if line]
 
 
+def check_layout(lines, types, enums, minimum):
+    """Checks the lines c_layout printed against ctypes: "E v..." equals `enums` (the enum
+    values, in the order printed), "T.m offset" is types[T].m's offset, "T size" is
+    sizeof(types[T]).  Asserts at least `minimum` lines were checked; returns how many."""
+    import ctypes
+
+    checked = 0
+    for line in lines:
+        what, *vals = line.split()
+        if what == "E":
+            assert [int(v) for v in vals] == list(enums)
+        elif "." in what:
+            t, m = what.split(".")
+            assert getattr(types[t], m).offset == int(vals[0]), what
+        else:
+            assert ctypes.sizeof(types[what]) == int(vals[0]), what
+        checked += 1
+    assert checked >= minimum
+    return checked
+
+
+def digest(*items):
+    """sha256 over the bytes (C order) of numpy arrays and torch tensors, in order; an item may
+    also be an iterable of them (a list, a generator) or a torch module (its parameters(), in
+    order).  digest(a, b) == digest([a, b]).  torch is only looked at when a test imported it."""
+    import hashlib
+
+    import numpy as np
+
+    torch = sys.modules.get("torch")
+    h = hashlib.sha256()
+
+    def add(x):
+        if isinstance(x, (np.ndarray, np.generic)):
+            h.update(np.ascontiguousarray(x).tobytes())
+        elif torch is not None and isinstance(x, torch.Tensor):
+            h.update(np.ascontiguousarray(x.detach().cpu().numpy()).tobytes())
+        elif torch is not None and isinstance(x, torch.nn.Module):
+            for p in x.parameters():
+                add(p)
+        else:
+            for y in x:
+                add(y)
+
+    for item in items:
+        add(item)
+    return h.hexdigest()
+
 
 def pytest_collection_modifyitems(config, items):
     if not UNDER_MPIRUN:

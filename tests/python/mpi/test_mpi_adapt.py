@@ -18,7 +18,6 @@
     bad or differing methods raise on every rank at construction.
 """
 
-import hashlib
 import io
 import time
 
@@ -26,7 +25,7 @@ import numpy as np
 import pytest
 
 import gradcomp
-from conftest import TIMEOUT  # noqa: E402
+from conftest import TIMEOUT, digest  # noqa: E402
 from mpi4py import MPI
 
 import gradcomp.mpi as gm  # noqa: E402
@@ -39,13 +38,6 @@ SHAPES = {"w1": (100, 80), "b1": (80,), "w2": (40, 80)}
 def same_everywhere(value):
     got = gm.allgather_object(value, WORLD, TIMEOUT)
     return all(v == got[0] for v in got)
-
-
-def sha(arrays):
-    h = hashlib.sha256()
-    for a in arrays:
-        h.update(np.ascontiguousarray(a).tobytes())
-    return h.hexdigest()
 
 
 class Exchange:
@@ -74,7 +66,7 @@ class Exchange:
         for s in range(count):
             data = self.gradients()
             self.b.allreduce(data, op="sum", timeout=TIMEOUT)
-            assert same_everywhere(sha(data)), f"{what} step {s}: results differ across ranks"
+            assert same_everywhere(digest(data)), f"{what} step {s}: results differ across ranks"
             for i, d in enumerate(data):
                 self.rsum[i] += d
 
@@ -278,10 +270,6 @@ def train(model, opt, steps, start=0, check=True):
         if check:
             assert same_everywhere(digest(model)), f"replicas differ after step {start + s}"
     return losses
-
-
-def digest(model):
-    return sha(p.detach().numpy() for p in model.parameters())
 
 
 @needs_torch

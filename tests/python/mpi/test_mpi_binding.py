@@ -13,15 +13,12 @@ link to the core API in this same process:
   * the replicas are bit-identical after every step.
 """
 
-import ctypes
-import hashlib
-
 import numpy as np
 import pytest
 
 import gradcomp
 import gradcomp.mpi as gm
-from conftest import TIMEOUT, c_layout  # noqa: E402
+from conftest import TIMEOUT, c_layout, check_layout, digest  # noqa: E402
 from mpi4py import MPI
 
 torch = pytest.importorskip("torch")
@@ -65,13 +62,6 @@ def grad(step, n, salt=0):
 
 def gather(obj):
     return gm.allgather_object(obj, WORLD, TIMEOUT)
-
-
-def digest(*arrays):
-    h = hashlib.sha256()
-    for a in arrays:
-        h.update(np.ascontiguousarray(a).tobytes())
-    return h.hexdigest()
 
 
 def decoded_sum(all_msgs, n):
@@ -321,16 +311,5 @@ def test_struct_layout_matches_header():
 """)
     types = {"gcomp_mpi_options": gm.Options, "gcomp_mpi_tensor": gm.TensorDesc,
              "gcomp_mpi_bucket_options": gm.BucketOptions, "gcomp_mpi_stats": gm.Stats, "MPI_Comm": gm._COMM_T}
-    checked = 0
-    for line in filter(None, lines):
-        what, *vals = line.split()
-        if what == "E":
-            assert [int(v) for v in vals] == [gm.AUTO, gm.ALLGATHER, gm.SPARSE, gm.ALLREDUCE, gm.RSAG,
-                                              gm.HIERARCHICAL, gm.SUM, gm.AVERAGE]
-        elif "." in what:
-            t, m = what.split(".")
-            assert getattr(types[t], m).offset == int(vals[0]), what
-        else:
-            assert ctypes.sizeof(types[what]) == int(vals[0]), what
-        checked += 1
-    assert checked >= 17
+    check_layout(lines, types, [gm.AUTO, gm.ALLGATHER, gm.SPARSE, gm.ALLREDUCE, gm.RSAG,
+                                gm.HIERARCHICAL, gm.SUM, gm.AVERAGE], 17)

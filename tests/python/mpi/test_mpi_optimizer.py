@@ -12,7 +12,6 @@
 A dead peer is fail_scenario.py's (run by ctest through tests/mpi/run_fail.sh).
 """
 
-import hashlib
 import io
 import os
 import socket
@@ -21,7 +20,7 @@ import numpy as np
 import pytest
 
 import gradcomp
-from conftest import TIMEOUT  # noqa: E402
+from conftest import TIMEOUT, digest  # noqa: E402
 from mpi4py import MPI
 
 torch = pytest.importorskip("torch")
@@ -87,13 +86,6 @@ def train(model, opt, steps, start=0, epoch_steps=None):
         opt.step()
         losses.append(loss.item())
     return losses
-
-
-def digest(model):
-    h = hashlib.sha256()
-    for p in model.parameters():
-        h.update(p.detach().numpy().tobytes())
-    return h.hexdigest()
 
 
 def same_everywhere(value):

@@ -26,7 +26,6 @@ ranks drift apart between syncs), the inner optimizer SGD with momentum kept per
 """
 
 import ctypes
-import hashlib
 
 import numpy as np
 import pytest
@@ -34,7 +33,7 @@ import pytest
 import gradcomp
 import gradcomp.errors as ge
 import gradcomp.mpi as gm
-from conftest import TIMEOUT, c_layout  # noqa: E402
+from conftest import TIMEOUT, c_layout, check_layout, digest  # noqa: E402
 from mpi4py import MPI
 
 WORLD = MPI.COMM_WORLD
@@ -62,13 +61,6 @@ def comm():
 
 def gather(obj):
     return gm.allgather_object(obj, WORLD, TIMEOUT)
-
-
-def digest(arrays):
-    h = hashlib.sha256()
-    for a in arrays:
-        h.update(np.ascontiguousarray(a).tobytes())
-    return h.hexdigest()
 
 
 def same_everywhere(arrays):
@@ -432,17 +424,8 @@ def test_struct_layout_matches_header():
   F(gcomp_mpi_outer_options, bucket_bytes);
   printf("E %d %d\n", GCOMP_MPI_OUTER_SGD, GCOMP_MPI_OUTER_NESTEROV);
 """)
-    checked = 0
-    for line in filter(None, lines):
-        what, *vals = line.split()
-        if what == "E":
-            assert [int(v) for v in vals] == [gm.OUTER_SGD, gm.OUTER_NESTEROV]
-        elif "." in what:
-            assert getattr(gm.OuterOptions, what.split(".")[1]).offset == int(vals[0]), what
-        else:
-            assert ctypes.sizeof(gm.OuterOptions) == int(vals[0]), what
-        checked += 1
-    assert checked == 12
+    assert check_layout(lines, {"gcomp_mpi_outer_options": gm.OuterOptions},
+                        [gm.OUTER_SGD, gm.OUTER_NESTEROV], 12) == 12
     o = gm.OuterOptions()
     gm._lib.gcomp_mpi_outer_options_default(ctypes.byref(o))
     assert (o.local_steps, o.optimizer, o.lr, o.momentum, o.fragments, o.delay, o.mix, o.ef_decay) == \

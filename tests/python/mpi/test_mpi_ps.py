@@ -27,16 +27,13 @@ serve; the workers alone also share a communicator of their own for the referenc
                the workers' replicas stay bit-identical after every step.
 """
 
-import ctypes
-import hashlib
-
 import numpy as np
 import pytest
 
 import gradcomp
 import gradcomp.errors as ge
 import gradcomp.mpi as gm
-from conftest import TIMEOUT, c_layout  # noqa: E402
+from conftest import TIMEOUT, c_layout, check_layout, digest  # noqa: E402
 from mpi4py import MPI
 
 WORLD = MPI.COMM_WORLD
@@ -82,13 +79,6 @@ def gather(comm, obj):
     # On the test's own communicator (its private duplicate): a rank that failed half-way
     # leaves an abandoned gather there, never on COMM_WORLD, which every later test uses.
     return gm.allgather_object(obj, comm, TIMEOUT)
-
-
-def digest(arrays):
-    h = hashlib.sha256()
-    for a in arrays:
-        h.update(np.ascontiguousarray(a).tobytes())
-    return h.hexdigest()
 
 
 def grad(step, n, who, salt=0):
@@ -498,18 +488,7 @@ def test_struct_layout_matches_header():
 """)
     types = {"gcomp_mpi_ps_optimizer": gm.PSOptimizer, "gcomp_mpi_ps_options": gm.PSOptions,
              "gcomp_mpi_ps_stats": gm.PSStats, "gcomp_mpi_bucket_options": gm.BucketOptions}
-    checked = 0
-    for line in lines:
-        what, *vals = line.split()
-        if what == "E":
-            assert [int(v) for v in vals] == [gm.PS, gm.PS_SYNC, gm.PS_ASYNC]
-        elif "." in what:
-            t, m = what.split(".")
-            assert getattr(types[t], m).offset == int(vals[0]), what
-        else:
-            assert ctypes.sizeof(types[what]) == int(vals[0]), what
-        checked += 1
-    assert checked >= 25
+    check_layout(lines, types, [gm.PS, gm.PS_SYNC, gm.PS_ASYNC], 25)
 
 
 # ---- the DistributedOptimizer through a parameter server -----------------------------------------------
