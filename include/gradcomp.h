@@ -709,6 +709,17 @@ typedef struct gcomp_cost_net_rate {
                                 measured */
 } gcomp_cost_net_rate;
 
+/**
+ * The link a collective sees, from a measured network rate: latency as measured; bandwidth
+ * the ring allreduce's where it was measured and is the lower, else the one-way
+ * transfer's.  Every strategy has all ranks sending at once, which a one-way transfer does
+ * not show where the ranks share something: on one machine (netsim hosts, loopback) their
+ * TCP copies share the cores, and an oversubscribed switch shares its uplinks.  Returns
+ * GCOMP_OK, or GCOMP_E_ARG for NULL or a rate without a bandwidth.
+ */
+GCOMP_API gcomp_status gcomp_cost_link_measured(const gcomp_cost_net_rate *rate,
+                                                gcomp_cost_link *out);
+
 /** A set of measurements: codec rates and network rates.  Opaque. */
 typedef struct gcomp_cost_calibration gcomp_cost_calibration;
 

@@ -707,8 +707,7 @@ int cmd_plan(int argc, char **argv) {
                           calpath);
             goto out;
         }
-        net.inter.bandwidth = nr->bandwidth;
-        net.inter.latency = nr->latency;
+        gcomp_cost_link_measured(nr, &net.inter);
         link_from = "calibration";
     }
     net.intra.bandwidth = o.intra_bps / 8;

@@ -140,6 +140,15 @@ gcomp_status gcomp_cost_calibration_add_net(gcomp_cost_calibration *cal,
     return GCOMP_OK;
 }
 
+gcomp_status gcomp_cost_link_measured(const gcomp_cost_net_rate *rate, gcomp_cost_link *out) {
+    if (!rate || !out || !(rate->bandwidth > 0)) return GCOMP_E_ARG;
+    out->latency = rate->latency;
+    out->bandwidth = rate->ring_bandwidth > 0 && rate->ring_bandwidth < rate->bandwidth
+                         ? rate->ring_bandwidth
+                         : rate->bandwidth;
+    return GCOMP_OK;
+}
+
 size_t gcomp_cost_calibration_codecs(const gcomp_cost_calibration *cal) {
     return cal ? cal->ncodec : 0;
 }

@@ -130,15 +130,11 @@ static void predict(const gtrain_config *cfg, const gtrain_exchange *ex, size_t 
         net.inter.bandwidth = cfg->link_bps / 8 * (1448.0 / 1514.0);
         if (inter) net.inter.latency = inter->latency;
     } else if (inter || (intra && net.nodes == 1)) {
-        net.inter.bandwidth = (inter ? inter : intra)->bandwidth;
-        net.inter.latency = (inter ? inter : intra)->latency;
+        gcomp_cost_link_measured(inter ? inter : intra, &net.inter);
     } else {
         return; /* nothing says how fast the network is */
     }
-    if (intra) {
-        net.intra.bandwidth = intra->bandwidth;
-        net.intra.latency = intra->latency;
-    }
+    if (intra) gcomp_cost_link_measured(intra, &net.intra);
     if (net.nodes == 1) net.intra = net.inter; /* one node: the measured link is the node's */
     gcomp_cost_tensor *ct = malloc(nt * sizeof *ct);
     gcomp_cost_model *cm = NULL;

@@ -347,6 +347,23 @@ static void test_calibration_fit(void) {
     CHECK(f == 0 && rel(pe * 1000, 1e-3) < 1e-12);
 }
 
+/* The link a collective sees: the ring allreduce's rate where measured and lower. */
+static void test_link_measured(void) {
+    gcomp_cost_link l;
+    gcomp_cost_net_rate r = {"inter", 4, 2e-5, 1.85e9, 4.47e8};
+    CHECK_OK(gcomp_cost_link_measured(&r, &l));
+    CHECK(l.bandwidth == 4.47e8 && l.latency == 2e-5);
+    r.ring_bandwidth = 0; /* not measured */
+    CHECK_OK(gcomp_cost_link_measured(&r, &l));
+    CHECK(l.bandwidth == 1.85e9);
+    r.ring_bandwidth = 2e9; /* higher than one way: the one-way figure */
+    CHECK_OK(gcomp_cost_link_measured(&r, &l));
+    CHECK(l.bandwidth == 1.85e9);
+    r.bandwidth = 0;
+    CHECK(gcomp_cost_link_measured(&r, &l) == GCOMP_E_ARG);
+    CHECK(gcomp_cost_link_measured(NULL, &l) == GCOMP_E_ARG);
+}
+
 static void test_errors(void) {
     gcomp_cost_model *m = NULL;
     gcomp_error e = {0};
@@ -396,6 +413,7 @@ int main(void) {
     test_calibration_text();
     test_calibration_sizes();
     test_calibration_fit();
+    test_link_measured();
     test_errors();
     return CHECK_DONE();
 }
