@@ -688,8 +688,7 @@ typedef struct gcomp_cost_compute {
  *  A codec's cost per element is not one number: a tensor that stays in cache runs faster
  *  per element than one that streams from memory.  A calibration may hold one rate per
  *  size for a spec; a tensor's time is interpolated between the two sizes around it (in
- *  log n), the nearest one's outside them.  elements = 0: one rate for every size (it
- *  replaces the spec's sized rates). */
+ *  log n), the nearest one's outside them.  elements = 0: one rate for every size. */
 typedef struct gcomp_cost_codec_rate {
     char spec[512];         /**< canonical spec it was measured with (seed= removed) */
     double encode_fixed_s;  /**< per encode */
@@ -753,7 +752,8 @@ GCOMP_API gcomp_status gcomp_cost_calibration_format(const gcomp_cost_calibratio
 
 /**
  * Adds a codec rate, replacing one for the same (seedless canonical) spec and the same
- * `elements` (a rate for any size, elements = 0, replaces all of the spec's).  The spec is
+ * `elements` (a rate for any size, elements = 0, replaces all of the spec's sized rates,
+ * and a sized rate the spec's rate for any size).  The spec is
  * canonicalised here.  Returns GCOMP_OK, GCOMP_E_ARG (negative or non-finite times),
  * GCOMP_E_SPEC, GCOMP_E_UNKNOWN_CODEC, GCOMP_E_NOMEM.
  */

@@ -93,12 +93,13 @@ gcomp_status gcomp_cost_calibration_add_codec(gcomp_cost_calibration *cal,
     gcomp_status st = gcomp_spec_canonical(rate->spec, canon, sizeof canon, NULL, err);
     if (st != GCOMP_OK) return st;
     gcomp__cost_seedless(canon, key, sizeof key);
-    if (rate->elements == 0) { /* one rate for every size: the spec's sized ones go */
-        size_t k = 0;
-        for (size_t j = 0; j < cal->ncodec; j++)
-            if (strcmp(cal->codec[j].spec, key)) cal->codec[k++] = cal->codec[j];
-        cal->ncodec = k;
-    }
+    /* A spec has one rate for every size or rates at sizes, never both: a rate for any
+     * size replaces the sized ones, a sized one the rate for any size. */
+    size_t k = 0;
+    for (size_t j = 0; j < cal->ncodec; j++)
+        if (strcmp(cal->codec[j].spec, key) || (rate->elements && cal->codec[j].elements))
+            cal->codec[k++] = cal->codec[j];
+    cal->ncodec = k;
     size_t i = 0;
     while (i < cal->ncodec &&
            (strcmp(cal->codec[i].spec, key) || cal->codec[i].elements != rate->elements))

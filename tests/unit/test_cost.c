@@ -325,6 +325,10 @@ static void test_calibration_sizes(void) {
     CHECK_OK(gcomp_cost_calibration_add_codec(cal, &any, NULL));
     CHECK(gcomp_cost_calibration_codecs(cal) == 1);
     CHECK(rel(encode_at(cal, 1 << 22), 3e-9 * n) < 1e-12);
+    /* and a sized one replaces the rate for any size */
+    CHECK_OK(gcomp_cost_calibration_add_codec(cal, &big, NULL));
+    CHECK(gcomp_cost_calibration_codecs(cal) == 1);
+    CHECK(rel(encode_at(cal, 1 << 22), 1e-3 + 2e-9 * n) < 1e-12);
     /* A size that is no whole number is a bad line. */
     const char *bad = "gradcomp-calibration 2\ncodec none elements=1.5 encode_fixed_s=0 "
                       "encode_per_elem=0 decode_fixed_s=0 decode_per_elem=0\n";
