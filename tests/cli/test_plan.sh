@@ -50,5 +50,15 @@ expect_err "no link" "no link" "$G" plan --model m.txt $C
 printf 'gradcomp-calibration 1\ncodec none encode_fixed_s=oops\n' > bad.cal
 expect_err "bad calibration" "bad.cal.*line 2" "$G" plan --model m.txt --link 1gbit --calibration bad.cal
 expect_err "missing calibration" "nosuch.cal" "$G" plan --model m.txt --link 1gbit --calibration nosuch.cal
+# Calibration at several sizes: one codec line per spec and size, the size recorded; a bad
+# size list names itself.
+"$G" plan --calibrate --compare topk:density=0.01 --size 8192,65536 --calibration two.cal \
+    > out.txt 2> err.txt && ok || { bad "calibrate at two sizes"; cat err.txt; }
+[ "$(grep -c '^codec topk:density=0.01,.* elements=8192 ' two.cal)" = 1 ] &&
+    [ "$(grep -c '^codec topk:density=0.01,.* elements=65536 ' two.cal)" = 1 ] &&
+    [ "$(grep -c '^codec none:values=f32,.* elements=' two.cal)" = 2 ] && ok ||
+    { bad "two sizes in the calibration"; cat two.cal; }
+expect_err "bad size list" "--size 1M,x" "$G" plan --calibrate --size 1M,x --calibration x.cal
+expect_err "size too small" "4096..2^28" "$G" plan --calibrate --size 100 --calibration x.cal
 echo "$pass passed, $fails failed"
 [ $fails -eq 0 ]
