@@ -26,8 +26,9 @@
  * Failure.  Every wait is bounded by serve's timeout.  sync: a round that started and did
  * not complete in time, or a job that went silent, is GCOMP_E_TIMEOUT (the communicator
  * fails: the workers' waits fail too).  async: a pusher silent that long is declared lost;
- * its receives are cancelled, replies to it are abandoned (their buffers go to the
- * communicator's graveyard at the end, never freed under MPI), and the others go on.
+ * its pushes from then on (even one already received) are refused with GCOMP_E_FAILED,
+ * replies to it are abandoned (their buffers go to the communicator's graveyard at the
+ * end, never freed under MPI), and the others go on.
  */
 #include "mpi_ps.h"
 
@@ -176,7 +177,6 @@ static gcomp_status send_reply(srv *v, ps_group *pg, int q, void *buf, size_t le
 
 static gcomp_status post_push(srv *v, ps_group *pg, int q) {
     int k = pg->rreq0 + q, r = ps_pusher_rank(v->ps, pg->mode, q);
-    if (worker_lost(v, r)) return GCOMP_OK;
     int rc =
         MPI_Irecv(pg->slot[q].in.p, (int)pg->push_cap, MPI_BYTE, r, pg->tag, pg->b->bc, &v->req[k]);
     if (rc != MPI_SUCCESS) return gm_comm_mpi_fail(v->ps->comm, v->err, rc, "MPI_Irecv (push)");
@@ -382,7 +382,8 @@ static gcomp_status sync_push(srv *v, ps_group *pg, int q) {
     return pg->next == pg->npush ? finish_round(v, pg) : GCOMP_OK;
 }
 
-/* async: check, decode and apply pusher q's frame at once; answer it alone. */
+/* async: check, decode and apply pusher q's frame at once; answer it alone (a lost
+ * pusher's is refused). */
 static gcomp_status async_push(srv *v, ps_group *pg, int q) {
     gcomp_mpi_ps *ps = v->ps;
     int r = ps_pusher_rank(ps, pg->mode, q), me = ps->rank;
@@ -391,7 +392,12 @@ static gcomp_status async_push(srv *v, ps_group *pg, int q) {
     uint32_t stale = 0;
     bool drop = false;
     v->waiting--;
-    gcomp_status st = take_push(v, pg, q, true, &h, &marker);
+    /* A lost worker's push is refused unread (GCOMP_E_FAILED there): nothing of it applies. */
+    gcomp_status st = GCOMP_E_FAILED;
+    if (worker_lost(v, r))
+        marker = gm_marker(st, me);
+    else
+        st = take_push(v, pg, q, true, &h, &marker);
     uint64_t version = UINT64_MAX;
     for (size_t e = 0; e < pg->m; e++) {
         ps_part *p = &((ps_tensor *)pg->b->t[pg->et[e]].priv)->part[pg->ep[e]];
@@ -635,7 +641,9 @@ static gcomp_status probe_ctrl(srv *v, bool *got) {
 
 /* ---- the loop ------------------------------------------------------------------------------- */
 
-/* Declares worker w lost (async): its receives are cancelled, replies to it abandoned. */
+/* Declares worker w lost (async): its shutdown receive is cancelled, replies to it
+ * abandoned.  Its push receives stay posted: a push from it, one already received when it
+ * was declared lost or one it sends later, is refused with GCOMP_E_FAILED (async_push). */
 static void lose(srv *v, int w) {
     gcomp_mpi_ps *ps = v->ps;
     if (v->lost[w] || v->stopped[w]) return;
@@ -644,11 +652,6 @@ static void lose(srv *v, int w) {
     ps->stats.workers_lost = v->nlost;
     int r = ps->wrk_rank[w];
     ps->peer[r].workers_lost = 1;
-    for (size_t k = 0; k < ps->ngroups; k++) {
-        ps_group *pg = ps->groups[k];
-        int q = ps->push_of[pg->mode][r];
-        if (q >= 0 && v->req[pg->rreq0 + q] != MPI_REQUEST_NULL) MPI_Cancel(&v->req[pg->rreq0 + q]);
-    }
     if (v->req[v->stop0 + w] != MPI_REQUEST_NULL) MPI_Cancel(&v->req[v->stop0 + w]);
 }
 
