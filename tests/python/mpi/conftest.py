@@ -74,6 +74,23 @@ def check_layout(lines, types, enums, minimum):
     return checked
 
 
+def nonfinite_step(model, opt, x, y):
+    """One step whose batch holds a NaN on the last rank: step() must raise NonFiniteError on
+    every rank (the library refuses the exchange everywhere, never sends the NaN)."""
+    import torch
+    from mpi4py import MPI
+
+    import gradcomp
+
+    if MPI.COMM_WORLD.rank == MPI.COMM_WORLD.size - 1:
+        x = x.clone()
+        x[0, 0] = float("nan")
+    opt.zero_grad()
+    torch.nn.functional.cross_entropy(model(x), y).backward()
+    with pytest.raises(gradcomp.NonFiniteError):
+        opt.step()
+
+
 def digest(*items):
     """sha256 over the bytes (C order) of numpy arrays and torch tensors, in order; an item may
     also be an iterable of them (a list, a generator) or a torch module (its parameters(), in
