@@ -920,8 +920,9 @@ GCOMP_API gcomp_status gcomp_mpi_ps_load_state(gcomp_mpi_bucket *b, const void *
  * Returns GCOMP_OK; GCOMP_E_ARG; GCOMP_E_PROTOCOL (an allreduce in flight); the spec's
  * status (GCOMP_E_SPEC, GCOMP_E_UNKNOWN_CODEC); GCOMP_E_UNSUPPORTED (the strategy request
  * cannot carry the spec, the owner rule above, or a parameter-server bucket: its servers
- * take no part in a switch; on every rank, before any communication); GCOMP_E_MISMATCH; GCOMP_E_NOMEM;
- * GCOMP_E_TIMEOUT, GCOMP_E_MPI, GCOMP_E_FAILED.  On any error the bucket is as before.
+ * take no part in a switch; on every rank, before any communication); GCOMP_E_MISMATCH;
+ * GCOMP_E_NOMEM; GCOMP_E_TIMEOUT, GCOMP_E_MPI, GCOMP_E_FAILED.  On any error the bucket is as
+ * before.
  */
 GCOMP_API gcomp_status gcomp_mpi_bucket_retune(gcomp_mpi_bucket *b, size_t i, const char *spec,
                                                double timeout_s, gcomp_error *err);
