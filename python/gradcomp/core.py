@@ -439,7 +439,17 @@ def _matrix_shape(shape, n):
 
 class _Closable:
     """close() on exit from a `with` block and at garbage collection (errors there are
-    swallowed: the interpreter may be shutting down).  Subclasses define close()."""
+    swallowed: the interpreter may be shutting down).  Subclasses define close(), keep the
+    C handle in self._h (None once closed) and name themselves in _what for the error of
+    _handle() after close."""
+
+    _what = "object"
+
+    def _handle(self):
+        h = getattr(self, "_h", None)
+        if not h:
+            raise ValueError(f"{self._what} is closed")
+        return h
 
     def __del__(self):
         try:
@@ -461,6 +471,8 @@ class Compressor(_Closable):
     tensor's shape, used by codecs that see a matrix (powersgd): 2-D as is, N-D as
     (shape[0], prod(shape[1:])).  Used by one thread at a time.
     """
+
+    _what = "compressor"
 
     def __init__(self, spec, n=None, shape=None):
         if n is None:
@@ -515,11 +527,6 @@ class Compressor(_Closable):
         h, self._h = getattr(self, "_h", None), None
         if h:
             _lib.gcomp_compressor_free(h)
-
-    def _handle(self):
-        if not self._h:
-            raise ValueError("compressor is closed")
-        return self._h
 
     def __reduce__(self):
         return (_from_state_and_shape, (self.state_bytes(), self.shape))

@@ -598,10 +598,7 @@ class Communicator(_core._Closable):
             raise
         self.control = ctl
 
-    def _handle(self):
-        if not self._h:
-            raise ValueError("gradcomp.mpi: communicator is closed")
-        return self._h
+    _what = "gradcomp.mpi: communicator"
 
     @property
     def rank(self):
@@ -849,10 +846,9 @@ class Bucket(_core._Closable):
         self._state_size = _lib.gcomp_mpi_bucket_state_size(h)
 
     # -- lifetime --
-    def _handle(self):
-        if not self._h:
-            raise ValueError(f"gradcomp.mpi: bucket {self.name} is closed")
-        return self._h
+    @property
+    def _what(self):
+        return f"gradcomp.mpi: bucket {self.name}"
 
     def close(self):
         """Frees the bucket (local).  One still in flight on a healthy communicator is
@@ -1273,10 +1269,9 @@ class Outer(_core._Closable):
         comm._buckets.append(weakref.ref(self))  # closed before the communicator, as buckets
 
     # -- lifetime --
-    def _handle(self):
-        if not self._h:
-            raise ValueError(f"gradcomp.mpi: outer step {self.name} is closed")
-        return self._h
+    @property
+    def _what(self):
+        return f"gradcomp.mpi: outer step {self.name}"
 
     def close(self):
         """Frees the object and its fragments' buckets (local).  A sync in flight on a
@@ -1652,10 +1647,7 @@ class ParameterServer(_core._Closable):
         comm._buckets.append(weakref.ref(self))  # closed before the communicator, as buckets
 
     # -- lifetime --
-    def _handle(self):
-        if not self._h:
-            raise ValueError("gradcomp.mpi: parameter server is closed")
-        return self._h
+    _what = "gradcomp.mpi: parameter server"
 
     def close(self):
         """Closes the server's buckets still open (an exchange in flight is waited for
