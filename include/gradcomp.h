@@ -1011,8 +1011,9 @@ GCOMP_API uint64_t gcomp_adapt_measure_interval(const gcomp_adapt *a);
  * (gcomp_compressor_residual), so measurements see the vector the codec will compress.
  * Accumulates the gradient for the norm controller and, on measurement steps
  * (gcomp_adapt_measuring), compresses it with every candidate: error and codec time.
- * Unmanaged tensors are ignored.  Local.  Returns GCOMP_OK, GCOMP_E_ARG, GCOMP_E_NOMEM or
- * a candidate's encode status (GCOMP_E_NONFINITE).
+ * Unmanaged tensors are ignored.  Local.  Returns GCOMP_OK, GCOMP_E_ARG, GCOMP_E_NOMEM, or
+ * GCOMP_E_NONFINITE for a NaN or Inf in grad or residual, where the tensor is read (the
+ * norm controller, a measurement step) - then nothing of it is kept.
  */
 GCOMP_API gcomp_status gcomp_adapt_observe(gcomp_adapt *a, size_t i, const float *grad,
                                            const float *residual);

@@ -554,12 +554,12 @@ class _DistributedMixin:
         for e, g in zip(b.params, grads):
             if not e.adapt:
                 continue
-            if not bool(torch.isfinite(g).all()):
-                continue  # the exchange raises NonFiniteError on every rank; keep NaN out of the controllers
             c = _gm._lib.gcomp_mpi_compressor(bh, e.slot)
             rp = lib.gcomp_compressor_residual(c) if c else None
             st = lib.gcomp_adapt_observe(h, e.index, g.data_ptr(), ctypes.cast(rp, ctypes.c_void_p) if rp else None)
-            if st and self._gc_adapt_error is None:
+            # NaN/Inf: the library kept nothing of it, and the exchange raises NonFiniteError
+            # on every rank
+            if st and st != _err.E_NONFINITE and self._gc_adapt_error is None:
                 try:
                     _core._raise(st, f"gradcomp: adaptive controllers observing {e.key!r}")
                 except _err.Error as err:

@@ -687,7 +687,7 @@ def gradcomp_hook(state, bucket):
             rp = _core._lib.gcomp_compressor_residual(e.comp._h)
             st_ = _core._lib.gcomp_adapt_observe(ad._h, e.adapt_index, g.data_ptr(),
                                                  ctypes.cast(rp, ctypes.c_void_p) if rp else None)
-            if st_:
+            if st_ and st_ != _err.E_NONFINITE:  # a NaN is left out; the exchange refuses it
                 _core._raise(st_, f"gradcomp.torch: observing parameter {e.key}")
 
     st = state.stats

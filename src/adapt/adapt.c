@@ -834,7 +834,11 @@ gcomp_status gcomp_adapt_observe(gcomp_adapt *a, size_t i, const float *grad,
                                  const float *residual) {
     if (!a || i >= a->nt || !grad) return GCOMP_E_ARG;
     gcomp__adapt_tensor *t = &a->t[i];
-    if (!t->managed) return GCOMP_OK;
+    if (!t->managed || (!t->acc && !a->measuring)) return GCOMP_OK;
+    /* A NaN or Inf would stay in the norm's sum for the whole interval: refused, nothing
+     * kept (the exchange of the same gradient fails with it on every rank). */
+    if (!gcomp__all_finite(grad, t->n) || (residual && !gcomp__all_finite(residual, t->n)))
+        return GCOMP_E_NONFINITE;
     if (t->acc) {
         for (size_t k = 0; k < t->n; k++) t->acc[k] += grad[k];
         t->acc_used = true;

@@ -154,7 +154,10 @@ const char *const *gtrain_adapt_specs(const gtrain_adapt *a) {
 }
 
 int gtrain_adapt_observe(gtrain_adapt *a, const gtrain_exchange *ex, size_t i) {
-    return gcomp_adapt_observe(a->ad, i, a->t[i].g, gtrain_exchange_residual(ex, i)) != GCOMP_OK;
+    /* A NaN/Inf gradient is left out of the controllers; its exchange still starts, and
+     * fails on every rank with GCOMP_E_NONFINITE. */
+    gcomp_status st = gcomp_adapt_observe(a->ad, i, a->t[i].g, gtrain_exchange_residual(ex, i));
+    return st != GCOMP_OK && st != GCOMP_E_NONFINITE;
 }
 
 void gtrain_adapt_metric(gtrain_adapt *a, double accuracy) {

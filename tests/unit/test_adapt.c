@@ -191,6 +191,38 @@ static void test_norm(void) {
     gcomp_adapt_free(a);
 }
 
+/* A NaN gradient is refused with nothing kept: the run after it decides as one without it. */
+static void test_observe_nonfinite(void) {
+    gcomp_adapt *a, *b;
+    gcomp_error e = {0};
+    CHECK_OK(make(&a, "adapt:norm;interval=20", 0, &e));
+    CHECK_OK(make(&b, "adapt:norm;interval=20", 0, &e));
+    if (!a || !b) return;
+    size_t n = MLP[0].n;
+    float *g = calloc(n, sizeof(float)), *res = calloc(n, sizeof(float));
+    g[5] = NAN;
+    CHECK(gcomp_adapt_observe(a, 0, g, NULL) == GCOMP_E_NONFINITE);
+    g[5] = 1.0f;
+    res[n - 1] = INFINITY;
+    CHECK(gcomp_adapt_observe(a, 0, g, res) == GCOMP_E_NONFINITE);
+    free(g);
+    free(res);
+    unsigned long long sa = 7, sb = 7;
+    size_t step_a = 0, step_b = 0;
+    run_norm(a, 60, steady, &step_a, &sa);
+    run_norm(b, 60, steady, &step_b, &sb);
+    for (size_t i = 0; i < 3; i++) CHECK_EQ_INT(gcomp_adapt_level(a, i), gcomp_adapt_level(b, i));
+    size_t len = gcomp_adapt_stats_size(a), la, lb;
+    double *sta = malloc(len * sizeof(double)), *stb = malloc(len * sizeof(double));
+    CHECK_OK(gcomp_adapt_stats(a, sta, len, &la));
+    CHECK_OK(gcomp_adapt_stats(b, stb, len, &lb));
+    CHECK(la == lb && memcmp(sta, stb, la * sizeof(double)) == 0);
+    free(sta);
+    free(stb);
+    gcomp_adapt_free(a);
+    gcomp_adapt_free(b);
+}
+
 /* ---- layers: the DP against exhaustive search ------------------------------------------ */
 
 static void test_layers_dp(void) {
@@ -444,6 +476,7 @@ int main(void) {
     test_grammar();
     test_ladder();
     test_norm();
+    test_observe_nonfinite();
     test_layers_dp();
     test_layers_measured();
     test_bandwidth();
