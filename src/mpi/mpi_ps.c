@@ -682,6 +682,7 @@ static void ps_group_free(gm_group *g) {
         }
     gm_free(pg->slot);
     gm_buf_free(&pg->reply);
+    gm_buf_free(&pg->init_reply);
     gm_free(pg->srv);
     gm_free(pg->cnt);
     gm_free(pg->soff);
@@ -740,6 +741,7 @@ static gcomp_status reserve_server(gcomp_mpi_ps *ps, gcomp_mpi_bucket *b, gm_gro
             (async && gm_reserve(&pg->slot[q].out, pg->reply_cap) != GCOMP_OK))
             return GCOMP_E_NOMEM;
     if (gm_reserve(&pg->reply, pg->reply_cap) != GCOMP_OK ||
+        gm_reserve(&pg->init_reply, pg->ctrl_cap) != GCOMP_OK ||
         gm_reserve(&ps->ctrl, pg->ctrl_cap) != GCOMP_OK)
         return GCOMP_E_NOMEM;
     if (ps->ngroups == ps->gcap) {
@@ -1245,7 +1247,7 @@ static gcomp_status ps_ctrl(gcomp_mpi_bucket *b, float *const *data, int kind, d
         for (int s = 0; s < pg->nsrv; s++) {
             int r = ps->srv_rank[pg->srv[s]];
             int rc = MPI_Irecv((uint8_t *)g->recv.p + pg->roff[s], (int)pg->rcap[s], MPI_BYTE, r,
-                               PS_TAG_CTRL_REPLY, b->bc, &g->req[g->nreq]);
+                               ps_reply_tag(kind), b->bc, &g->req[g->nreq]);
             if (rc == MPI_SUCCESS) g->nreq++;
             if (rc == MPI_SUCCESS && sender) {
                 size_t len = ctrl_frame(b, g, s, kind, data);

@@ -13,12 +13,16 @@
  * Who talks on which communicator:
  *   pushes and their replies   the bucket's duplicate (b->bc), tags PS_TAG_PUSH + 2 gi and
  *                              PS_TAG_PUSH + 2 gi + 1 for the bucket's gi-th sub-bucket
- *   init and pull requests     b->bc, PS_TAG_CTRL (servers probe for them) and replies on
- *                              PS_TAG_CTRL_REPLY
+ *   init and pull requests     b->bc, PS_TAG_CTRL (servers probe for them); replies on
+ *                              PS_TAG_PULL_REPLY and PS_TAG_INIT_REPLY (ps_reply_tag)
  *   shutdown                   the server object's duplicate (ps->pc), PS_TAG_STOP
  * Messages between two ranks on one (communicator, tag) are matched in the order they
  * were sent (MPI's non-overtaking rule), and a worker has at most one push per sub-bucket
- * in flight, so pre-posted receives never see two pushes of one worker mixed up.
+ * in flight, so pre-posted receives never see two pushes of one worker mixed up.  Init
+ * replies have a tag of their own: only pusher 0 sends the init, and the server answers
+ * every pusher, so a worker that is still in its pull may already have the reply to an
+ * init it has not called yet on its way; on one tag that reply would be taken as the
+ * pull's.
  */
 #ifndef GCOMP_MPI_PS_H
 #define GCOMP_MPI_PS_H
@@ -26,8 +30,9 @@
 #include "mpi_strategy.h"
 
 #define PS_TAG_CTRL 100
-#define PS_TAG_CTRL_REPLY 101
+#define PS_TAG_PULL_REPLY 101
 #define PS_TAG_STOP 102
+#define PS_TAG_INIT_REPLY 103
 #define PS_TAG_PUSH 1000
 
 /* ---- frames (docs/FORMAT.md) --------------------------------------------------------- */
@@ -38,6 +43,11 @@
 #define PS_REPLY_MAGIC "GCpr"
 enum { PS_PUSH = 1, PS_INIT = 2, PS_PULL = 3 }; /* kinds; a reply has its request's */
 enum { PS_F_AVERAGE = 1, PS_F_COMPRESSED = 1 }; /* push flags / reply flags */
+
+/* The tag the reply to a request of this kind travels on. */
+static inline int ps_reply_tag(int kind) {
+    return kind == PS_INIT ? PS_TAG_INIT_REPLY : PS_TAG_PULL_REPLY;
+}
 
 static inline size_t ps_frame_fixed(size_t m) {
     return PS_HDR + PS_ENTRY * m + 4;
@@ -157,6 +167,7 @@ typedef struct ps_group {
     int npush;         /* pushers */
     ps_slot *slot;     /* npush */
     gm_buf reply;      /* sync: the round's reply, sent to every pusher */
+    gm_buf init_reply; /* the last init's reply, sent to every pusher */
     size_t reply_cap;  /* bound of one reply frame */
     size_t push_cap;   /* bound of one push frame */
     size_t ctrl_cap;   /* bound of one init frame */

@@ -125,8 +125,12 @@ typedef struct srv {
     gcomp_error *err;
 } srv;
 
-static int send_slot(const ps_group *pg, int q) {
-    return pg->rreq0 + pg->npush + q;
+/* A group's requests in the server's table: pusher q's push receive at rreq0 + q, its
+ * replies (pushes, pulls) at send_slot, its init replies at send_slot(..., true). */
+enum { PS_REQ_PER_PUSHER = 3 };
+
+static int send_slot(const ps_group *pg, int q, bool init) {
+    return pg->rreq0 + (init ? 2 : 1) * pg->npush + q;
 }
 
 static bool worker_lost(const srv *v, int rank) {
@@ -134,11 +138,11 @@ static bool worker_lost(const srv *v, int rank) {
     return w >= 0 && v->lost[w];
 }
 
-/* Waits (bounded) until the reply slot of pusher q of pg is free: its last reply has left.
- * A lost pusher's slot is abandoned instead (the request stays in the table, buried at the
- * end). */
-static gcomp_status free_slot(srv *v, ps_group *pg, int q) {
-    int k = send_slot(pg, q);
+/* Waits (bounded) until a reply slot of pusher q of pg (its init slot when `init`) is
+ * free: its last reply there has left.  A lost pusher's slot is abandoned instead (the
+ * request stays in the table, buried at the end). */
+static gcomp_status free_slot(srv *v, ps_group *pg, int q, bool init) {
+    int k = send_slot(pg, q, init);
     if (v->req[k] == MPI_REQUEST_NULL) return GCOMP_OK;
     if (worker_lost(v, ps_pusher_rank(v->ps, pg->mode, q))) return GCOMP_OK;
     uint64_t t0 = gm_now_ns();
@@ -157,8 +161,9 @@ static gcomp_status free_slot(srv *v, ps_group *pg, int q) {
     }
 }
 
-static gcomp_status send_reply(srv *v, ps_group *pg, int q, void *buf, size_t len, int tag) {
-    int k = send_slot(pg, q), r = ps_pusher_rank(v->ps, pg->mode, q);
+static gcomp_status send_reply(srv *v, ps_group *pg, int q, bool init, void *buf, size_t len,
+                               int tag) {
+    int k = send_slot(pg, q, init), r = ps_pusher_rank(v->ps, pg->mode, q);
     if (v->req[k] != MPI_REQUEST_NULL) { /* a lost pusher's abandoned send: keep it apart */
         gcomp_mpi_comm *c = v->ps->comm;
         MPI_Request *keep = gm_alloc(sizeof *keep);
@@ -305,7 +310,7 @@ static gcomp_status finish_round(srv *v, ps_group *pg) {
     }
     /* Every sent reply must have left before the shared buffer is written again. */
     for (int q = 0; q < pg->npush; q++) {
-        gcomp_status st = free_slot(v, pg, q);
+        gcomp_status st = free_slot(v, pg, q, false);
         if (st != GCOMP_OK) return st;
     }
     uint8_t *buf = pg->reply.p;
@@ -341,7 +346,7 @@ static gcomp_status finish_round(srv *v, ps_group *pg) {
     }
     size_t len = build_reply(v, pg, buf, PS_PUSH, marker, 0, compressed);
     for (int q = 0; q < pg->npush; q++) {
-        gcomp_status st = send_reply(v, pg, q, buf, len, pg->tag + 1);
+        gcomp_status st = send_reply(v, pg, q, false, buf, len, pg->tag + 1);
         if (st != GCOMP_OK) return st;
     }
     pg->round++;
@@ -445,13 +450,13 @@ static gcomp_status async_push(srv *v, ps_group *pg, int q) {
         if (stale > pt->stats.stale_max) pt->stats.stale_max = stale;
     }
     pg->slot[q].round++;
-    st = free_slot(v, pg, q);
+    st = free_slot(v, pg, q, false);
     if (st != GCOMP_OK) return st;
     uint8_t *buf = pg->slot[q].out.p;
     size_t len = build_reply(v, pg, buf, PS_PUSH, marker, stale, false);
     gcomp__put64(buf + 16, pg->slot[q].round - 1); /* async rounds: each pusher's own count */
     gm_ps_seal(buf, marker ? 0 : pg->m);
-    st = send_reply(v, pg, q, buf, len, pg->tag + 1);
+    st = send_reply(v, pg, q, false, buf, len, pg->tag + 1);
     if (st == GCOMP_OK) st = post_push(v, pg, q);
     return st;
 }
@@ -484,25 +489,16 @@ static gcomp_status arrive(srv *v, ps_group *pg, int q) {
 /* A refusal for a request that names no sub-bucket of ours: marker only, no entries. */
 static gcomp_status refuse_ctrl(srv *v, gcomp_mpi_bucket *b, int src, int kind, gcomp_status st) {
     (void)b;
-    uint8_t *f = v->ps->ctrl.p; /* the request is no longer needed */
-    ps_hdr h = {kind >= PS_PUSH && kind <= PS_PULL ? kind : PS_PULL,
-                0,
-                (uint32_t)v->ps->me_srv,
-                0,
-                v->nlost,
-                0,
-                0,
-                0,
-                0,
-                gm_marker(st, v->ps->rank),
-                0,
-                0};
+    uint8_t *f = v->ps->ctrl.p;                 /* the request is no longer needed */
+    kind = kind == PS_INIT ? PS_INIT : PS_PULL; /* what the sender waits for */
+    ps_hdr h = {kind, 0, (uint32_t)v->ps->me_srv,    0, v->nlost, 0, 0,
+                0,    0, gm_marker(st, v->ps->rank), 0, 0};
     gm_ps_put_hdr(f, true, &h);
     gm_ps_seal(f, 0);
     refused(v, src);
     /* Tiny and sent once: a blocking send would be unbounded, so wait with the deadline. */
     MPI_Request req;
-    int rc = MPI_Isend(f, (int)ps_frame_fixed(0), MPI_BYTE, src, PS_TAG_CTRL_REPLY, b->bc, &req);
+    int rc = MPI_Isend(f, (int)ps_frame_fixed(0), MPI_BYTE, src, ps_reply_tag(kind), b->bc, &req);
     if (rc != MPI_SUCCESS) return gm_comm_mpi_fail(v->ps->comm, v->err, rc, "MPI_Isend (refusal)");
     return gm_wait_all(v->ps->comm, &req, 1, gm_now_ns() + v->timeout_ns, "sending a refusal",
                        v->err);
@@ -558,18 +554,21 @@ static gcomp_status ctrl_request(srv *v, ps_group *pg, int src, size_t len) {
         }
     }
     if (kind == PS_PULL && !marker) ps->stats.pulls++;
-    /* The shared reply buffer: every send from it must have left first. */
+    /* Inits are answered from a buffer and slots of their own: a worker takes an init's
+     * reply only in its own init call, which may come after pulls and pushes of its own
+     * that must not wait for it.  Every send from the buffer must have left first. */
+    bool init = kind == PS_INIT;
     for (int k = 0; k < pg->npush; k++) {
-        st = free_slot(v, pg, k);
+        st = free_slot(v, pg, k, init);
         if (st != GCOMP_OK) return st;
     }
-    uint8_t *buf = pg->reply.p;
+    uint8_t *buf = init ? pg->init_reply.p : pg->reply.p;
     size_t n = build_reply(v, pg, buf, kind, marker, 0, false);
     /* An init answers every pusher (each waits in gcomp_mpi_ps_init); a refused init only
      * the one that sent it when it is not pusher 0. */
     for (int k = 0; k < pg->npush; k++) {
-        if (k != q && (kind == PS_PULL || (marker && q != 0))) continue;
-        st = send_reply(v, pg, k, buf, n, PS_TAG_CTRL_REPLY);
+        if (k != q && (!init || (marker && q != 0))) continue;
+        st = send_reply(v, pg, k, init, buf, n, ps_reply_tag(kind));
         if (st != GCOMP_OK) return st;
     }
     return GCOMP_OK;
@@ -728,6 +727,14 @@ static void park_late(srv *v, int k, const MPI_Status *sta) {
     pg->slot[q].parked = true; /* its receive is posted again when it is taken */
 }
 
+/* The buffer request rq of group pg reads or writes. */
+static gm_buf *reply_buf(ps_group *pg, const srv_rq *rq) {
+    if (rq->kind == RQ_PUSH) return &pg->slot[rq->q].in;
+    if (rq->buf == pg->reply.p) return &pg->reply;
+    if (rq->buf == pg->init_reply.p) return &pg->init_reply;
+    return &pg->slot[rq->q].out;
+}
+
 /* Cancels what is still posted, waits a moment for it, and keeps whatever MPI still holds
  * (requests and the buffers they use) in the communicator's graveyard.  A push that
  * completes instead of being cancelled is kept when it belongs to the next session
@@ -768,9 +775,7 @@ static void cleanup(srv *v, bool failed) {
         for (int k = 0; k < v->n; k++)
             if (v->req[k] != MPI_REQUEST_NULL && v->rq[k].pg) {
                 ps_group *pg = v->rq[k].pg;
-                gm_buf *b = v->rq[k].kind == RQ_PUSH      ? &pg->slot[v->rq[k].q].in
-                            : v->rq[k].buf == pg->reply.p ? &pg->reply
-                                                          : &pg->slot[v->rq[k].q].out;
+                gm_buf *b = reply_buf(pg, &v->rq[k]);
                 b->p = NULL;
                 b->cap = 0;
             }
@@ -785,9 +790,7 @@ static void cleanup(srv *v, bool failed) {
         ps_group *pg = v->rq[k].pg;
         stop_left |= !pg;
         if (!pg) continue; /* a shutdown word: in v->stopbuf, leaked below */
-        gm_buf *b = v->rq[k].kind == RQ_PUSH      ? &pg->slot[v->rq[k].q].in
-                    : v->rq[k].buf == pg->reply.p ? &pg->reply
-                                                  : &pg->slot[v->rq[k].q].out;
+        gm_buf *b = reply_buf(pg, &v->rq[k]);
         if (b->p) {
             bufs[nb++] = b->p;
             size_t cap = b->cap;
@@ -813,7 +816,7 @@ gcomp_status gm_ps_serve(gcomp_mpi_ps *ps, double timeout_s, gcomp_error *err) {
     for (size_t k = 0; k < ps->ngroups; k++) {
         ps_group *pg = ps->groups[k];
         pg->rreq0 = n;
-        n += 2 * pg->npush;
+        n += PS_REQ_PER_PUSHER * pg->npush;
         v.has_hier |= pg->mode == 1;
         for (int q = 0; q < pg->npush; q++)
             if (!pg->slot[q].in.p || pg->slot[q].in.cap < pg->push_cap ||
@@ -851,7 +854,8 @@ gcomp_status gm_ps_serve(gcomp_mpi_ps *ps, double timeout_s, gcomp_error *err) {
         for (int q = 0; q < pg->npush && st == GCOMP_OK; q++) {
             v.judged[ps->role[ps_pusher_rank(ps, pg->mode, q)]] = true;
             v.rq[pg->rreq0 + q] = (srv_rq){RQ_PUSH, q, pg, NULL};
-            v.rq[send_slot(pg, q)] = (srv_rq){RQ_SEND, q, pg, NULL};
+            v.rq[send_slot(pg, q, false)] = (srv_rq){RQ_SEND, q, pg, NULL};
+            v.rq[send_slot(pg, q, true)] = (srv_rq){RQ_SEND, q, pg, NULL};
             if (!pg->slot[q].arrived && !pg->slot[q].parked) st = post_push(&v, pg, q);
         }
     }

@@ -12,7 +12,8 @@
  * the update count on the server are those of before (kv.pull), and the next clean round
  * works and gives the weights a replay expects.  async: only worker 0 gets it; the others'
  * pushes are applied; the update count grows by exactly the clean pushes.  Also an init
- * with a NaN value: refused everywhere, nothing stored (a pull then says GCOMP_E_PROTOCOL).
+ * with a NaN value: refused everywhere, nothing stored (a pull then says GCOMP_E_PROTOCOL);
+ * then a pull made while the reply to the next init is already on its way to that worker.
  */
 #include "test_mpi_ps_common.h"
 
@@ -63,8 +64,19 @@ static void sync_case(ps_env *E) {
         if (E->widx == 0) x[17] = NAN;
         CHECK(gcomp_mpi_ps_init(b, d, TIMEOUT, &err) == GCOMP_E_NONFINITE);
         CHECK(gcomp_mpi_ps_pull(b, pb, TIMEOUT, &err) == GCOMP_E_PROTOCOL);
+        MPI_Barrier(E->wcomm); /* every pull above answered before the init below */
+        /* Only worker 0 sends the init; the server's reply to the others can reach them
+         * while they are still in a pull: they pull once the init was served, and the pull
+         * gets the stored values, the init its own reply. */
         test_fill(x, N, 1);
-        CHECK_OK(gcomp_mpi_ps_init(b, d, TIMEOUT, &err));
+        if (E->widx == 0) CHECK_OK(gcomp_mpi_ps_init(b, d, TIMEOUT, &err));
+        MPI_Barrier(E->wcomm);
+        if (E->widx != 0) {
+            CHECK_MSG(gcomp_mpi_ps_pull(b, pb, TIMEOUT, &err) == GCOMP_OK,
+                      "a pull with an init reply on its way: %s", err.message);
+            CHECK(!memcmp(pb[0], x, N * sizeof(float)));
+            CHECK_OK(gcomp_mpi_ps_init(b, d, TIMEOUT, &err));
+        }
         for (int what = 1; what <= 5; what++) {
             CHECK_OK(gcomp_mpi_ps_pull(b, pb, TIMEOUT, &err));
             uint64_t v0 = gcomp_mpi_ps_version(b, 0);
