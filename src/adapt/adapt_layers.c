@@ -21,8 +21,16 @@
  * uniform setting (which fits exactly) stays feasible despite the rounding up; the
  * choice can exceed B by at most that slack, tensors x B / U (U >= 64 x tensors: 1.6 %).
  * Ties go to the candidate sending fewer bytes.  Before the first measurement the plan
- * stays uniform.  Rejected: greedy by error per byte (not optimal for a ladder of
- * discrete settings, and the DP is cheap at a decision every few hundred steps).
+ * stays uniform.
+ *
+ * Hysteresis: the plan in force is kept unless the DP's plan has at least `margin` (default
+ * 5 %) less error on the same measurement, or the plan in force no longer fits the budget.
+ * Without it the plan alternated at every measurement between a non-uniform plan and the
+ * uniform one, whose errors were within 0.1-2 % of each other: error feedback feeds the
+ * choice back into the next measurement (a starved tensor's residual grows, so the next
+ * DP feeds it again), and a small measured gain is not worth the switch.  Rejected: greedy by error
+ * per byte (not optimal for a ladder of discrete settings, and the DP is cheap at a decision every
+ * few hundred steps).
  */
 #include "adapt_internal.h"
 
@@ -32,16 +40,19 @@
 
 typedef struct layers_state {
     double fixed_budget; /* > 0: budget=BYTES */
+    double margin;       /* a new plan's least error reduction, relative */
     double *err;         /* nm * K, the last measurement */
+    int *cur;            /* nm: the plan in force (-1 before the first: uniform) */
     bool has_err;
 } layers_state;
 
-static const char *const layers_keys[] = {"budget", NULL};
+static const char *const layers_keys[] = {"budget", "margin", NULL};
 
 static void layers_free(void *p) {
     layers_state *s = p;
     if (!s) return;
     gcomp__free(s->err);
+    gcomp__free(s->cur);
     gcomp__free(s);
 }
 
@@ -64,8 +75,12 @@ static gcomp_status layers_create(gcomp_adapt *a, void **out, gcomp_error *err) 
                                b, a->total[a->K - 1]);
         s->fixed_budget = v;
     }
+    gcomp_status st = gcomp__adapt_num(a, "layers", "margin", 0.05, 0, 0.9, &s->margin, err);
+    if (st != GCOMP_OK) return st;
     s->err = gcomp__alloc((a->nm * a->K + 1) * sizeof(double));
-    if (!s->err) return gcomp__fail(err, GCOMP_E_NOMEM, "adapt: out of memory");
+    s->cur = gcomp__alloc((a->nm + 1) * sizeof(int));
+    if (!s->err || !s->cur) return gcomp__fail(err, GCOMP_E_NOMEM, "adapt: out of memory");
+    for (size_t m = 0; m < a->nm; m++) s->cur[m] = -1;
     return GCOMP_OK;
 }
 
@@ -133,6 +148,22 @@ static void layers_decide(gcomp_adapt *a, void *p, const gcomp__adapt_in *in,
     } else { /* not even the lightest entries fit: send them */
         for (size_t m = 0; m < nm; m++) plan->level[m] = (int)K - 1;
     }
+    /* Hysteresis: the plan in force (uniform before any) stays unless the new one wins by
+     * the margin on this measurement, or it no longer fits the budget (with the DP's
+     * rounding slack). */
+    double cur_err = 0, cur_bytes = 0;
+    bool same = true;
+    for (size_t m = 0; m < nm; m++) {
+        int j = s->cur[m] >= 0 ? s->cur[m] : plan->uniform;
+        cur_err += s->err[m * K + (size_t)j];
+        cur_bytes += a->bytes[m * K + (size_t)j];
+        same &= j == plan->level[m];
+    }
+    if (!same && cur_bytes <= (double)cap * unit && !(plan->error < (1 - s->margin) * cur_err)) {
+        for (size_t m = 0; m < nm; m++) plan->level[m] = s->cur[m] >= 0 ? s->cur[m] : plan->uniform;
+        plan->error = cur_err;
+    }
+    for (size_t m = 0; m < nm; m++) s->cur[m] = plan->level[m];
     gcomp__free(D);
     gcomp__free(choice);
     gcomp__free(cost);

@@ -58,6 +58,7 @@ static void test_grammar(void) {
     expect_spec_error("adapt:norm;low=0.0001", "must send more than base");
     expect_spec_error("adapt:norm;low=0.5", "not in the ladder");
     expect_spec_error("adapt:layers;budget=10", "below the lightest");
+    expect_spec_error("adapt:layers;margin=1", "margin=1");
     expect_spec_error("adapt:norm;interval=0", "interval=0");
     expect_spec_error("adapt:norm;base=topk:densty=0.1", "densty");
     expect_spec_error("adapt:norm;;x", "'x' is not KEY=VALUE");
@@ -228,7 +229,7 @@ static void test_observe_nonfinite(void) {
 static void test_layers_dp(void) {
     gcomp_adapt *a;
     gcomp_error e = {0};
-    CHECK_OK(make(&a, "adapt:layers;ladder=0.1/0.03/0.01/0.003/0.001", 0, &e));
+    CHECK_OK(make(&a, "adapt:layers;ladder=0.1/0.03/0.01/0.003/0.001;margin=0", 0, &e));
     if (!a) return;
     const size_t nm = a->nm, K = a->K;
     CHECK_EQ_INT(nm, 2);
@@ -273,6 +274,74 @@ static void test_layers_dp(void) {
     free(err2);
     free(level);
     gcomp_adapt_free(a);
+}
+
+/* Random errors falling with bytes, as in test_layers_dp. */
+static void random_errors(double *err2, size_t nm, size_t K, unsigned long long *seed) {
+    for (size_t m = 0; m < nm; m++) {
+        double rate = 0.2 + 3 * test_uniform(seed), base = 1 + 100 * test_uniform(seed);
+        for (size_t j = 0; j < K; j++) err2[m * K + j] = base * pow((double)j + 1, rate);
+    }
+}
+
+static double plan_error(const double *err2, const int *level, size_t nm, size_t K) {
+    double v = 0;
+    for (size_t m = 0; m < nm; m++) v += err2[m * K + (size_t)level[m]];
+    return v;
+}
+
+/* Hysteresis: over two measurements on one state, the plan in force (uniform at first)
+ * gives way to the DP's plan (margin=0's choice on the same errors) exactly when that has
+ * at least `margin` less error. */
+static void test_layers_margin(void) {
+    gcomp_adapt *a0, *a1;
+    gcomp_error e = {0};
+    CHECK_OK(make(&a0, "adapt:layers;ladder=0.014/0.012/0.01/0.008/0.006;margin=0", 0, &e));
+    CHECK_OK(make(&a1, "adapt:layers;ladder=0.014/0.012/0.01/0.008/0.006;margin=0.05", 0, &e));
+    if (!a0 || !a1) return;
+    const size_t nm = a0->nm, K = a0->K;
+    unsigned long long seed = 7;
+    double *err2 = calloc(nm * K, sizeof(double));
+    int *dp = calloc(nm, sizeof(int)), *got = calloc(nm, sizeof(int)),
+        *want = calloc(nm, sizeof(int));
+    int kept = 0, switched = 0;
+    for (int trial = 0; trial < 300; trial++) {
+        void *st = NULL;
+        CHECK_OK(gcomp__adapt_layers.create(a1, &st, &e));
+        for (size_t m = 0; m < nm; m++) want[m] = 2; /* in force: uniform */
+        for (int step = 0; step < 2; step++) {
+            random_errors(err2, nm, K, &seed);
+            gcomp__adapt_in in = {0};
+            in.measured = true;
+            in.err2 = err2;
+            gcomp__adapt_plan p0 = {0}, p1 = {0};
+            p0.level = dp;
+            p1.level = got;
+            gcomp__adapt_plan_uniform(a0, &p0, 2);
+            gcomp__adapt_plan_uniform(a1, &p1, 2);
+            void *st0 = NULL;
+            CHECK_OK(gcomp__adapt_layers.create(a0, &st0, &e));
+            gcomp__adapt_layers.decide(a0, st0, &in, &p0);
+            gcomp__adapt_layers.free(st0);
+            gcomp__adapt_layers.decide(a1, st, &in, &p1);
+            bool differ = memcmp(dp, want, nm * sizeof(int)) != 0;
+            bool take = plan_error(err2, dp, nm, K) < 0.95 * plan_error(err2, want, nm, K);
+            if (differ) take ? switched++ : kept++;
+            if (take) memcpy(want, dp, nm * sizeof(int));
+            CHECK_MSG(!memcmp(got, want, nm * sizeof(int)),
+                      "trial %d step %d: levels %d/%d, want %d/%d", trial, step, got[0], got[1],
+                      want[0], want[1]);
+            CHECK(fabs(p1.error - plan_error(err2, want, nm, K)) <= 1e-9 * p1.error);
+        }
+        gcomp__adapt_layers.free(st);
+    }
+    CHECK_MSG(kept > 10 && switched > 10, "cases: %d kept, %d switched", kept, switched);
+    free(err2);
+    free(dp);
+    free(got);
+    free(want);
+    gcomp_adapt_free(a0);
+    gcomp_adapt_free(a1);
 }
 
 /* Real gradients: fc1's energy sits in a few large entries (one in 97), which top-k at
@@ -478,6 +547,7 @@ int main(void) {
     test_norm();
     test_observe_nonfinite();
     test_layers_dp();
+    test_layers_margin();
     test_layers_measured();
     test_bandwidth();
     test_accuracy();
