@@ -1035,7 +1035,13 @@ static gcomp_status unpack_reply(gcomp_mpi_bucket *b, gm_group *g, int s, int ki
         }
     }
     if (h.marker & GM_MARK) {
-        gm_ps_group_fail(b, g, h.marker, pg->srv[s], "push");
+        /* A server refuses with GCOMP_E_PROTOCOL only what comes before any init. */
+        bool early = gm_marker_status(h.marker) == GCOMP_E_PROTOCOL;
+        const char *what = kind == PS_PUSH ? (early ? "push before any init or state load" : "push")
+                           : kind == PS_INIT ? "init"
+                           : early           ? "pull before any init or state load"
+                                             : "pull";
+        gm_ps_group_fail(b, g, h.marker, pg->srv[s], what);
         return gm_marker_status(h.marker);
     }
     bool compressed = h.flags & PS_F_COMPRESSED;

@@ -64,6 +64,7 @@ static void sync_case(ps_env *E) {
         if (E->widx == 0) x[17] = NAN;
         CHECK(gcomp_mpi_ps_init(b, d, TIMEOUT, &err) == GCOMP_E_NONFINITE);
         CHECK(gcomp_mpi_ps_pull(b, pb, TIMEOUT, &err) == GCOMP_E_PROTOCOL);
+        CHECK_MSG(strstr(err.message, "pull before any init"), "%s", err.message);
         MPI_Barrier(E->wcomm); /* every pull above answered before the init below */
         /* Only worker 0 sends the init; the server's reply to the others can reach them
          * while they are still in a pull: they pull once the init was served, and the pull
