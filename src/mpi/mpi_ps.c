@@ -1338,7 +1338,7 @@ gcomp_status gcomp_mpi_ps_shutdown(gcomp_mpi_ps *ps, double timeout_s, gcomp_err
     uint64_t deadline = gm_deadline(ps->comm, timeout_s);
     MPI_Request *req = gm_calloc((size_t)ps->S, sizeof *req);
     if (!req) return gm_fail(err, GCOMP_E_NOMEM, "out of memory");
-    ps->stop_word = ps->stats.pushes;
+    ps->stop_word = ps->session; /* a server ignores a word of a session it has ended */
     for (int s = 0; s < ps->S; s++) {
         int rc = MPI_Isend(&ps->stop_word, 1, MPI_UINT64_T, ps->srv_rank[s], PS_TAG_STOP, ps->pc,
                            &req[s]);

@@ -213,7 +213,7 @@ struct gcomp_mpi_ps {
     gcomp_mpi_ps_stats *peer; /* P */
     uint32_t lost_seen;       /* worker: the largest count a reply reported */
     gm_buf ctrl;              /* server: a received init / pull frame */
-    uint64_t stop_word;       /* worker: what its shutdown message carries */
+    uint64_t stop_word;       /* worker: its shutdown message: the session it ends */
     uint16_t session;         /* sessions ended: worker, its shutdowns; server, its serves */
     struct ps_parked *parked; /* server: requests of the next session, received early */
 };

@@ -668,6 +668,15 @@ static bool settled(const srv *v, int w) {
     return false;
 }
 
+/* Posts the receive of worker w's shutdown word. */
+static gcomp_status post_stop(srv *v, int w) {
+    gcomp_mpi_ps *ps = v->ps;
+    int rc = MPI_Irecv(&v->stopbuf[w], 1, MPI_UINT64_T, ps->wrk_rank[w], PS_TAG_STOP, ps->pc,
+                       &v->req[v->stop0 + w]);
+    if (rc != MPI_SUCCESS) return gm_comm_mpi_fail(ps->comm, v->err, rc, "MPI_Irecv (shutdown)");
+    return GCOMP_OK;
+}
+
 static gcomp_status handle(srv *v, int k, const MPI_Status *sta) {
     gcomp_mpi_ps *ps = v->ps;
     srv_rq *rq = &v->rq[k];
@@ -687,6 +696,10 @@ static gcomp_status handle(srv *v, int k, const MPI_Status *sta) {
     }
     if (rq->kind == RQ_SEND) return GCOMP_OK;
     if (rq->kind == RQ_STOP) {
+        /* A word of a session this server has ended: sent by a worker that was declared
+         * lost then (its receive was cancelled), so it does not end this one. */
+        uint16_t d = (uint16_t)(ps->session - (uint16_t)v->stopbuf[rq->q]);
+        if (d != 0 && d < 0x8000) return post_stop(v, rq->q);
         v->stopped[rq->q] = true;
         v->heard[rq->q] = v->t_last = now;
         return GCOMP_OK;
@@ -842,9 +855,7 @@ gcomp_status gm_ps_serve(gcomp_mpi_ps *ps, double timeout_s, gcomp_error *err) {
     for (int w = 0; st == GCOMP_OK && w < ps->W; w++) {
         v.heard[w] = t0;
         v.rq[v.stop0 + w] = (srv_rq){RQ_STOP, w, NULL, NULL};
-        int rc = MPI_Irecv(&v.stopbuf[w], 1, MPI_UINT64_T, ps->wrk_rank[w], PS_TAG_STOP, ps->pc,
-                           &v.req[v.stop0 + w]);
-        if (rc != MPI_SUCCESS) st = gm_comm_mpi_fail(c, err, rc, "MPI_Irecv (shutdown)");
+        st = post_stop(&v, w);
     }
     /* A round begun in the last session goes on (its pushes stay); pushes and requests
      * parked as the next session's are taken now. */

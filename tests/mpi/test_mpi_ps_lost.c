@@ -10,7 +10,11 @@
  * (a server that no longer receives from it leaves it waiting for PUSH_TIMEOUT, then
  * GCOMP_E_TIMEOUT).  Worker 0 keeps pushing until the victim is done, then shuts down;
  * serve must return GCOMP_OK with one worker lost, the refused pushes counted and every
- * other push applied.  Any failure aborts the job, so a hang ends in seconds.
+ * other push applied.  The victim shuts down too, after the session ended: that word is
+ * not for the next session.  In a second session worker 0 pushes and shuts down first,
+ * then the victim pushes: each push must be answered (a server that took the victim's old
+ * word as its shutdown in the new session has stopped serving: the push times out).  Any
+ * failure aborts the job, so a hang ends in seconds.
  */
 #define _POSIX_C_SOURCE 200809L
 #include "test_mpi_ps_common.h"
@@ -24,6 +28,9 @@
 #define LATE_PUSHES 2
 #define TAG_WAKE 71
 #define TAG_DONE 72
+#define TAG_GO 73
+#define NEXT_PUSHES 3
+#define NEXT_TIMEOUT 10.0
 
 static void must(bool ok, const char *what, const gcomp_error *err) {
     CHECK_MSG(ok, "%s: %s", what, err ? err->message : "");
@@ -65,6 +72,8 @@ int main(int argc, char **argv) {
     if (E.server) {
         gcomp_status st = gcomp_mpi_ps_serve(ps, TIMEOUT, &err);
         must(st == GCOMP_OK, "serve", &err);
+        st = gcomp_mpi_ps_serve(ps, NEXT_TIMEOUT, &err);
+        must(st == GCOMP_OK, "serve (the next session)", &err);
     } else {
         float *x = malloc(N * sizeof(float)), *d[1] = {x};
         test_fill(x, N, 3);
@@ -91,6 +100,16 @@ int main(int argc, char **argv) {
                 counts[1]++;
             }
             MPI_Send(&word, 1, MPI_INT, 0, TAG_DONE, E.wcomm);
+            must(gcomp_mpi_ps_shutdown(ps, 30.0, &err) == GCOMP_OK, "victim shutdown", &err);
+            /* the next session: after worker 0 has shut down */
+            MPI_Recv(&word, 1, MPI_INT, 0, TAG_GO, E.wcomm, MPI_STATUS_IGNORE);
+            for (int s = 0; s < NEXT_PUSHES; s++) {
+                test_fill(x, N, 9000ull + (unsigned)s);
+                must(gcomp_mpi_allreduce(b, d, GCOMP_MPI_AVERAGE, PUSH_TIMEOUT, &err) == GCOMP_OK,
+                     "victim push in the next session", &err);
+                counts[0]++;
+            }
+            must(gcomp_mpi_ps_shutdown(ps, 30.0, &err) == GCOMP_OK, "victim shutdown (next)", &err);
         } else {
             bool woke = false;
             double t0 = MPI_Wtime();
@@ -120,6 +139,15 @@ int main(int argc, char **argv) {
                 nap_ms(20);
             }
             must(gcomp_mpi_ps_shutdown(ps, 30.0, &err) == GCOMP_OK, "shutdown", &err);
+            for (int s = 0; s < NEXT_PUSHES; s++) {
+                test_fill(x, N, 8000ull + (unsigned)s);
+                must(gcomp_mpi_allreduce(b, d, GCOMP_MPI_AVERAGE, PUSH_TIMEOUT, &err) == GCOMP_OK,
+                     "push in the next session", &err);
+                counts[0]++;
+            }
+            must(gcomp_mpi_ps_shutdown(ps, 30.0, &err) == GCOMP_OK, "shutdown (next)", &err);
+            int go = 1;
+            MPI_Send(&go, 1, MPI_INT, 1, TAG_GO, E.wcomm);
         }
         free(x);
     }
