@@ -23,14 +23,15 @@
  * Ties go to the candidate sending fewer bytes.  Before the first measurement the plan
  * stays uniform.
  *
- * Hysteresis: the plan in force is kept unless the DP's plan has at least `margin` (default
- * 5 %) less error on the same measurement, or the plan in force no longer fits the budget.
- * Without it the plan alternated at every measurement between a non-uniform plan and the
- * uniform one, whose errors were within 0.1-2 % of each other: error feedback feeds the
- * choice back into the next measurement (a starved tensor's residual grows, so the next
- * DP feeds it again), and a small measured gain is not worth the switch.  Rejected: greedy by error
- * per byte (not optimal for a ladder of discrete settings, and the DP is cheap at a decision every
- * few hundred steps).
+ * Hysteresis: the plan in force is kept unless the DP's plan has at least `margin`
+ * (default 5 %) less error on the same measurement, or the plan in force no longer fits
+ * the budget.  Without it the plan alternated at every measurement between a non-uniform
+ * plan and the uniform one, whose errors were within 0.1-2 % of each other: error feedback
+ * feeds the choice back into the next measurement (a starved tensor's residual grows, so
+ * the next DP feeds it again), and a small measured gain is not worth the switch.
+ *
+ * Rejected: greedy by error per byte (not optimal for a ladder of discrete settings, and
+ * the DP is cheap at a decision every few hundred steps).
  */
 #include "adapt_internal.h"
 

@@ -491,8 +491,10 @@ static gcomp_status refuse_ctrl(srv *v, gcomp_mpi_bucket *b, int src, int kind, 
     (void)b;
     uint8_t *f = v->ps->ctrl.p;                 /* the request is no longer needed */
     kind = kind == PS_INIT ? PS_INIT : PS_PULL; /* what the sender waits for */
-    ps_hdr h = {kind, 0, (uint32_t)v->ps->me_srv,    0, v->nlost, 0, 0,
-                0,    0, gm_marker(st, v->ps->rank), 0, 0};
+    ps_hdr h = {.kind = kind,
+                .who = (uint32_t)v->ps->me_srv,
+                .lost = v->nlost,
+                .marker = gm_marker(st, v->ps->rank)};
     gm_ps_put_hdr(f, true, &h);
     gm_ps_seal(f, 0);
     refused(v, src);
