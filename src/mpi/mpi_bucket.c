@@ -33,10 +33,10 @@
  *
  * Set-up check.  Bucket creation compares, across ranks, a hash of everything that must
  * agree (tensor count, each tensor's canonical spec fingerprint, n, shape, strategy,
- * name, the format version and the bucket options) with one MPI_Allreduce(MPI_MAX) of
- * (h, ~h): every rank gets max(h) and ~min(h), so all agree whether and where they
- * differ.  Only when the bucket hash differs does a second allreduce name the tensor.
- * A rank that failed locally (bad spec, out of memory) puts a marker in the first
+ * name, the format version, the MPI wire revision and the bucket options) with one
+ * MPI_Allreduce(MPI_MAX) of (h, ~h): every rank gets max(h) and ~min(h), so all agree
+ * whether and where they differ.  Only when the bucket hash differs does a second allreduce name
+ * the tensor. A rank that failed locally (bad spec, out of memory) puts a marker in the first
  * allreduce, so the others fail too instead of waiting for it.
  */
 #include "mpi_strategy.h"
@@ -326,6 +326,7 @@ static gcomp_status setup_check(gcomp_mpi_comm *c, MPI_Comm bc, const gcomp_mpi_
     uint64_t h =
         gm_mix(GCOMP_FORMAT_VERSION) ^ gm_mix(0x5eed0000ull + (b ? b->opt.bucket_bytes : 0));
     h = gm_mix(h ^ (uint64_t)c->opt.ranks_per_node);
+    h = gm_mix(h ^ (0x3173000000ull + GM_WIRE_REVISION));
     for (size_t i = 0; b && tin && i < count; i++) {
         const gm_tensor *t = &b->t[i];
         /* A rank whose canonicalisation failed hashes the raw spec: it fails anyway. */

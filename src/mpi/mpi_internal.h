@@ -33,6 +33,13 @@
 #include <stdint.h>
 #include <string.h>
 
+/* The revision of what the MPI layer sends besides gcomp messages (tags, frames, words).
+ * It is part of the bucket set-up hash, so ranks running different revisions fail at
+ * bucket creation (GCOMP_E_MISMATCH) instead of waiting on messages the other never
+ * sends.  2: parameter-server init replies on a tag of their own, shutdown words carry
+ * the session. */
+#define GM_WIRE_REVISION 2
+
 /* ---- markers in size words ------------------------------------------------------------- */
 
 #define GM_MARK (1ull << 63)
