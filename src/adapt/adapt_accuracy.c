@@ -9,12 +9,17 @@
  *     required(p) = target - margin * (1 - p)          p = progress in [0, 1]
  *
  * a straight line that reaches the target at the end of the run (margin 2 pp at the
- * start by default).  At each decision that brings a new metric, once p >= start:
- *     metric < required - band   ->  one ladder step lighter (more bytes)
- *     metric > required + band   ->  one ladder step heavier
- * with at least `dwell` metric decisions between two moves.  The dead band and the dwell
- * are the hysteresis (a noisy evaluation does not flip the setting back and forth); one
- * step per move and the ladder's ends are the bounds.  The offset it keeps is relative
+ * start by default).  Each metric from p >= start on is compared with the course at its
+ * own progress, and the loop judges the mean d of these deviations since its last move:
+ *     d < -band   ->  one ladder step lighter (more bytes)
+ *     d > +band   ->  one ladder step heavier (never from p >= hold on)
+ * with at least `dwell` metric decisions between two moves.  The dead band, the dwell and
+ * the mean are the hysteresis: at a constant learning rate one evaluation swings by about
+ * 1 pp from the next, and a loop that answered single evaluations moved with that noise
+ * (docs/BENCHMARKS.md, accuracy-driven).  Late in the run a step to heavier compression
+ * has no time left to be corrected if it costs accuracy, and the final accuracy is what
+ * the target is about, so from `hold` on the loop only lightens.  One step per move and
+ * the ladder's ends are the bounds.  The offset it keeps is relative
  * to the uniform level the controllers before it chose (bandwidth's, or base), and is
  * clamped to the ladder, so it never winds up beyond what it can apply.
  *
@@ -25,11 +30,12 @@
 #include "adapt_internal.h"
 
 typedef struct acc_state {
-    double target, band, margin, start, dwell;
-    int offset, since;
+    double target, band, margin, start, dwell, hold;
+    double dev; /* deviations from the course summed since the last move */
+    int ndev, offset, since;
 } acc_state;
 
-static const char *const acc_keys[] = {"target", "band", "margin", "start", "dwell", NULL};
+static const char *const acc_keys[] = {"target", "band", "margin", "start", "dwell", "hold", NULL};
 
 static void acc_free(void *p) {
     gcomp__free(p);
@@ -54,7 +60,8 @@ static gcomp_status acc_create(gcomp_adapt *a, void **out, gcomp_error *err) {
     if ((st = gcomp__adapt_num(a, "accuracy", "band", 0.002, 0, 1, &s->band, err)) ||
         (st = gcomp__adapt_num(a, "accuracy", "margin", 0.02, 0, 1, &s->margin, err)) ||
         (st = gcomp__adapt_num(a, "accuracy", "start", 0.1, 0, 1, &s->start, err)) ||
-        (st = gcomp__adapt_num(a, "accuracy", "dwell", 2, 1, 1000, &s->dwell, err)))
+        (st = gcomp__adapt_num(a, "accuracy", "dwell", 2, 1, 1000, &s->dwell, err)) ||
+        (st = gcomp__adapt_num(a, "accuracy", "hold", 0.8, 0, 1, &s->hold, err)))
         return st;
     s->since = (int)s->dwell; /* the first metric may move at once */
     return GCOMP_OK;
@@ -66,14 +73,18 @@ static void acc_decide(gcomp_adapt *a, void *p, const gcomp__adapt_in *in,
     if (!in->initial && in->has_metric) {
         double prog = isfinite(in->progress) ? fmin(fmax(in->progress, 0), 1) : 1;
         s->since++;
-        if (prog >= s->start && s->since >= (int)s->dwell) {
-            double required = s->target - s->margin * (1 - prog);
-            if (in->metric < required - s->band) {
-                s->offset--;
+        if (prog >= s->start) {
+            s->dev += in->metric - (s->target - s->margin * (1 - prog));
+            s->ndev++;
+        }
+        if (s->ndev > 0 && s->since >= (int)s->dwell) {
+            double d = s->dev / s->ndev;
+            int move = d < -s->band ? -1 : d > s->band && prog < s->hold ? 1 : 0;
+            if (move) {
+                s->offset += move;
                 s->since = 0;
-            } else if (in->metric > required + s->band) {
-                s->offset++;
-                s->since = 0;
+                s->dev = 0;
+                s->ndev = 0;
             }
         }
     }

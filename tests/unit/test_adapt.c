@@ -49,6 +49,7 @@ static void test_grammar(void) {
     expect_spec_error("adapt:accuracy;target=-0.5", "out of range");
     expect_spec_error("adapt:accuracy;target=0", "out of range");
     expect_spec_error("adapt:accuracy;target=150", "out of range");
+    expect_spec_error("adapt:accuracy;target=0.9;hold=2", "hold=2");
     expect_spec_error("adapt:layers;ladder=", "ladder is empty");
     expect_spec_error("adapt:layers;ladder=/ /", "is empty");
     expect_spec_error("adapt:layers;ladder=2", "ladder entry '2'"); /* density 2 out of range */
@@ -482,6 +483,34 @@ static void test_accuracy(void) {
     gcomp_adapt_free(a);
 }
 
+/* The loop judges the mean deviation from its course since the last move, not one
+ * evaluation; and from `hold` (0.8) on it never compresses harder. */
+static void test_accuracy_noise_hold(void) {
+    gcomp_adapt *a;
+    gcomp_error e = {0};
+    /* 100 steps, a decision every 10; course 0.88 - 0.02 (1 - p), band 0.002 */
+    CHECK_OK(make(&a, "adapt:accuracy;target=0.88;interval=10;dwell=2", 100, &e));
+    if (!a) return;
+    acc_step(a, 0.862 - 0.001); /* p 0.1: 0.1 pp behind: within the band */
+    acc_step(a, 0.864 + 0.004); /* p 0.2: 0.4 pp ahead alone, mean 0.15 pp: holds */
+    CHECK_MSG(gcomp_adapt_level(a, 0) == 4, "one evaluation moved it: level %d",
+              gcomp_adapt_level(a, 0));
+    acc_step(a, 0.866 + 0.004); /* p 0.3: mean 0.23 pp ahead: heavier */
+    CHECK_EQ_INT(gcomp_adapt_level(a, 0), 5);
+    gcomp_adapt_free(a);
+
+    CHECK_OK(make(&a, "adapt:accuracy;target=0.88;interval=10;dwell=1", 100, &e));
+    if (!a) return;
+    for (int k = 1; k <= 4; k++) acc_step(a, 0.5); /* p 0.1-0.4: far behind: 4 -> 0 */
+    CHECK_EQ_INT(gcomp_adapt_level(a, 0), 0);
+    for (int k = 5; k <= 7; k++) acc_step(a, 0.99); /* p 0.5-0.7: far ahead: 0 -> 3 */
+    CHECK_EQ_INT(gcomp_adapt_level(a, 0), 3);
+    for (int k = 8; k <= 10; k++) acc_step(a, 0.99); /* p 0.8-1.0: held */
+    CHECK_MSG(gcomp_adapt_level(a, 0) == 3, "heavier after hold: level %d",
+              gcomp_adapt_level(a, 0));
+    gcomp_adapt_free(a);
+}
+
 /* ---- the same decision on every rank ----------------------------------------------------- */
 
 static void test_ranks_agree(void) {
@@ -551,6 +580,7 @@ int main(void) {
     test_layers_measured();
     test_bandwidth();
     test_accuracy();
+    test_accuracy_noise_hold();
     test_ranks_agree();
     return CHECK_DONE();
 }
