@@ -43,7 +43,7 @@ typedef struct layers_state {
     double fixed_budget; /* > 0: budget=BYTES */
     double margin;       /* a new plan's least error reduction, relative */
     double *err;         /* nm * K, the last measurement */
-    int *cur;            /* nm: the plan in force (-1 before the first: uniform) */
+    int *cur;            /* nm: the plan in force (-1 before the first DP: uniform) */
     bool has_err;
 } layers_state;
 
@@ -152,16 +152,18 @@ static void layers_decide(gcomp_adapt *a, void *p, const gcomp__adapt_in *in,
     /* Hysteresis: the plan in force (uniform before any) stays unless the new one wins by
      * the margin on this measurement, or it no longer fits the budget (with the DP's
      * rounding slack). */
+    if (s->cur[0] < 0)
+        for (size_t m = 0; m < nm; m++) s->cur[m] = plan->uniform;
     double cur_err = 0, cur_bytes = 0;
     bool same = true;
     for (size_t m = 0; m < nm; m++) {
-        int j = s->cur[m] >= 0 ? s->cur[m] : plan->uniform;
-        cur_err += s->err[m * K + (size_t)j];
-        cur_bytes += a->bytes[m * K + (size_t)j];
-        same &= j == plan->level[m];
+        size_t q = m * K + (size_t)s->cur[m];
+        cur_err += s->err[q];
+        cur_bytes += a->bytes[q];
+        same &= s->cur[m] == plan->level[m];
     }
     if (!same && cur_bytes <= (double)cap * unit && !(plan->error < (1 - s->margin) * cur_err)) {
-        for (size_t m = 0; m < nm; m++) plan->level[m] = s->cur[m] >= 0 ? s->cur[m] : plan->uniform;
+        memcpy(plan->level, s->cur, nm * sizeof(int));
         plan->error = cur_err;
     }
     for (size_t m = 0; m < nm; m++) s->cur[m] = plan->level[m];

@@ -45,6 +45,19 @@ static void nap_ms(int ms) {
     nanosleep(&ts, NULL);
 }
 
+/* NEXT_PUSHES pushes of the next session, each answered and applied. */
+static void push_next(gcomp_mpi_bucket *b, float *x, uint64_t seed, const char *what,
+                      long *applied) {
+    float *d[1] = {x};
+    gcomp_error err = {0};
+    for (int s = 0; s < NEXT_PUSHES; s++) {
+        test_fill(x, N, seed + (unsigned)s);
+        must(gcomp_mpi_allreduce(b, d, GCOMP_MPI_AVERAGE, PUSH_TIMEOUT, &err) == GCOMP_OK, what,
+             &err);
+        (*applied)++;
+    }
+}
+
 int main(int argc, char **argv) {
     mc_init(&argc, &argv);
     if (mc_size != 3) {
@@ -103,12 +116,7 @@ int main(int argc, char **argv) {
             must(gcomp_mpi_ps_shutdown(ps, 30.0, &err) == GCOMP_OK, "victim shutdown", &err);
             /* the next session: after worker 0 has shut down */
             MPI_Recv(&word, 1, MPI_INT, 0, TAG_GO, E.wcomm, MPI_STATUS_IGNORE);
-            for (int s = 0; s < NEXT_PUSHES; s++) {
-                test_fill(x, N, 9000ull + (unsigned)s);
-                must(gcomp_mpi_allreduce(b, d, GCOMP_MPI_AVERAGE, PUSH_TIMEOUT, &err) == GCOMP_OK,
-                     "victim push in the next session", &err);
-                counts[0]++;
-            }
+            push_next(b, x, 9000, "victim push in the next session", &counts[0]);
             must(gcomp_mpi_ps_shutdown(ps, 30.0, &err) == GCOMP_OK, "victim shutdown (next)", &err);
         } else {
             bool woke = false;
@@ -139,12 +147,7 @@ int main(int argc, char **argv) {
                 nap_ms(20);
             }
             must(gcomp_mpi_ps_shutdown(ps, 30.0, &err) == GCOMP_OK, "shutdown", &err);
-            for (int s = 0; s < NEXT_PUSHES; s++) {
-                test_fill(x, N, 8000ull + (unsigned)s);
-                must(gcomp_mpi_allreduce(b, d, GCOMP_MPI_AVERAGE, PUSH_TIMEOUT, &err) == GCOMP_OK,
-                     "push in the next session", &err);
-                counts[0]++;
-            }
+            push_next(b, x, 8000, "push in the next session", &counts[0]);
             must(gcomp_mpi_ps_shutdown(ps, 30.0, &err) == GCOMP_OK, "shutdown (next)", &err);
             int go = 1;
             MPI_Send(&go, 1, MPI_INT, 1, TAG_GO, E.wcomm);

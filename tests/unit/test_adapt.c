@@ -227,6 +227,20 @@ static void test_observe_nonfinite(void) {
 
 /* ---- layers: the DP against exhaustive search ------------------------------------------ */
 
+/* Errors falling with bytes, at random rates per tensor. */
+static void random_errors(double *err2, size_t nm, size_t K, unsigned long long *seed) {
+    for (size_t m = 0; m < nm; m++) {
+        double rate = 0.2 + 3 * test_uniform(seed), base = 1 + 100 * test_uniform(seed);
+        for (size_t j = 0; j < K; j++) err2[m * K + j] = base * pow((double)j + 1, rate);
+    }
+}
+
+static double plan_error(const double *err2, const int *level, size_t nm, size_t K) {
+    double v = 0;
+    for (size_t m = 0; m < nm; m++) v += err2[m * K + (size_t)level[m]];
+    return v;
+}
+
 static void test_layers_dp(void) {
     gcomp_adapt *a;
     gcomp_error e = {0};
@@ -238,11 +252,7 @@ static void test_layers_dp(void) {
     double *err2 = calloc(nm * K, sizeof(double));
     int *level = calloc(nm, sizeof(int));
     for (int trial = 0; trial < 200; trial++) {
-        /* errors falling with bytes, at random rates per tensor */
-        for (size_t m = 0; m < nm; m++) {
-            double rate = 0.2 + 3 * test_uniform(&seed), base = 1 + 100 * test_uniform(&seed);
-            for (size_t j = 0; j < K; j++) err2[m * K + j] = base * pow((double)j + 1, rate);
-        }
+        random_errors(err2, nm, K, &seed);
         int uni = (int)(test_uniform(&seed) * (double)K);
         if (uni >= (int)K) uni = (int)K - 1;
         gcomp__adapt_in in = {0};
@@ -275,20 +285,6 @@ static void test_layers_dp(void) {
     free(err2);
     free(level);
     gcomp_adapt_free(a);
-}
-
-/* Random errors falling with bytes, as in test_layers_dp. */
-static void random_errors(double *err2, size_t nm, size_t K, unsigned long long *seed) {
-    for (size_t m = 0; m < nm; m++) {
-        double rate = 0.2 + 3 * test_uniform(seed), base = 1 + 100 * test_uniform(seed);
-        for (size_t j = 0; j < K; j++) err2[m * K + j] = base * pow((double)j + 1, rate);
-    }
-}
-
-static double plan_error(const double *err2, const int *level, size_t nm, size_t K) {
-    double v = 0;
-    for (size_t m = 0; m < nm; m++) v += err2[m * K + (size_t)level[m]];
-    return v;
 }
 
 /* Hysteresis: over two measurements on one state, the plan in force (uniform at first)
