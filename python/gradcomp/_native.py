@@ -15,12 +15,17 @@ Library search order (first hit wins):
   1. $GRADCOMP_LIB (a path to the .so; an error when it does not exist),
   2. the package's own directory (an installed copy: `cmake --install` puts it there),
   3. the build tree next to the sources: <repo>/build*/libgradcomp.so, newest first,
+     leaving out AddressSanitizer / ThreadSanitizer builds (`make check` leaves one in
+     build-asan/): their runtime must be loaded before anything else, so loading them into
+     a plain interpreter aborts it; set $GRADCOMP_LIB, with the runtime in LD_PRELOAD, to
+     use one,
   4. ctypes.util.find_library("gradcomp") (the system's library path).
 """
 
 import ctypes
 import ctypes.util
 import glob
+import mmap
 import os
 
 c_size_p = ctypes.POINTER(ctypes.c_size_t)
@@ -281,6 +286,26 @@ OPTIONAL = {
 OPTIONAL |= {name for name in PROTOTYPES if name.startswith("gcomp_adapt_")}
 
 
+def needs_early_runtime(path):
+    """True when the library at path needs ASan's or TSan's runtime and this process was not
+    started with it: the runtime then aborts the process at load time (it must come first in
+    the initial library list), which no OSError can catch."""
+    preload = os.environ.get("LD_PRELOAD", "")
+    try:
+        with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
+            return any(m.find(rt) >= 0 and rt.decode() not in preload
+                       for rt in (b"libasan.so", b"libtsan.so"))
+    except (OSError, ValueError):
+        return False
+
+
+def built_libraries(pattern):
+    """The libraries of the build trees matching pattern, newest first, without those that
+    need a sanitizer runtime this process lacks."""
+    built = [p for p in glob.glob(pattern) if not needs_early_runtime(p)]
+    return sorted(built, key=os.path.getmtime, reverse=True)
+
+
 def _candidates():
     env = os.environ.get("GRADCOMP_LIB")
     if env:
@@ -290,8 +315,7 @@ def _candidates():
     here = os.path.dirname(os.path.abspath(__file__))
     out = sorted(glob.glob(os.path.join(here, "libgradcomp.so*")))
     repo = os.path.dirname(os.path.dirname(here))
-    built = glob.glob(os.path.join(repo, "build*", "libgradcomp.so"))
-    out += sorted(built, key=lambda p: os.path.getmtime(p), reverse=True)
+    out += built_libraries(os.path.join(repo, "build*", "libgradcomp.so"))
     found = ctypes.util.find_library("gradcomp")
     if found:
         out.append(found)

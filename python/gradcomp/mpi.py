@@ -49,7 +49,7 @@ that.  After a peer died, MPI_Finalize itself may wait for it: report, save what
 Library search order for libgradcomp_mpi.so (the core, libgradcomp.so, is found as
 gradcomp/_native.py says and must be loaded first): $GRADCOMP_MPI_LIB, the package's own
 directory, the build tree of the loaded core (<build>/src/mpi/), <repo>/build*/src/mpi/
-newest first, the system's library path.
+newest first (sanitizer builds left out, as for the core), the system's library path.
 """
 
 import ctypes
@@ -317,8 +317,8 @@ def _candidates():
     out += [p for p in (os.path.join(core_dir, "src", "mpi", "libgradcomp_mpi.so"),
                         os.path.join(core_dir, "libgradcomp_mpi.so")) if os.path.exists(p)]
     repo = os.path.dirname(os.path.dirname(here))
-    built = glob.glob(os.path.join(repo, "build*", "src", "mpi", "libgradcomp_mpi.so"))
-    out += sorted(built, key=os.path.getmtime, reverse=True)
+    out += _native.built_libraries(os.path.join(repo, "build*", "src", "mpi",
+                                                "libgradcomp_mpi.so"))
     found = ctypes.util.find_library("gradcomp_mpi")
     if found:
         out.append(found)
