@@ -1,5 +1,5 @@
 #!/bin/sh
-# bench/local_sgd.sh [BUILD] mlp|cnn|wan|hetero [SEED] - local SGD / DiLoCo against
+# bench/local_sgd.sh [BUILD] mlp|cnn|wan|cnn-wan|hetero [SEED] - local SGD / DiLoCo against
 # data-parallel training on 4 netsim hosts at 100 Mbit/s (root; docs/BENCHMARKS.md, "Local
 # SGD / DiLoCo: gradcomp train --local-steps (issue 18)").  One command per figure: every
 # method shares the same machine state, and the dense data-parallel run sets the target (its
@@ -7,6 +7,9 @@
 #   mlp     MLP 784-1024-1024-10 (1.86 M parameters)
 #   cnn     the CNN (LeNet-5 geometry, 16-32-128: 0.12 M parameters)
 #   wan     the MLP with 5 ms one-way delay on every host (10 ms RTT)
+#   cnn-wan the CNN with DELAY_US one-way delay on every host (default 25000: 50 ms RTT;
+#           50000 is 100 ms, across an ocean), where its dense step waits on the round
+#           trips
 #   hetero  the CNN with host 3 on a 10 Mbit/s link (an edge device), the rest 100 Mbit/s
 # BUDGET (seconds of training per method, default 150) and EVALS (per epoch, default 24)
 # may be set in the environment.
@@ -28,9 +31,14 @@ case "$what" in
 mlp) exec "$G" train $common --link 100mbit --model mlp --out out/local-sgd-mlp-$seed --compare "$METHODS" ;;
 cnn) exec "$G" train $common --link 100mbit --model cnn --out out/local-sgd-cnn-$seed --compare "$METHODS" ;;
 wan) exec "$G" train $common --link 100mbit --delay-us 5000 --model mlp --out out/local-sgd-wan-$seed --compare "$METHODS" ;;
+cnn-wan)
+  D=${DELAY_US:-25000}
+  exec "$G" train $common --link 100mbit --delay-us "$D" --model cnn \
+    --out out/local-sgd-cnn-wan$D-$seed --compare "$METHODS"
+  ;;
 hetero)
   exec "$G" train $common --link 100mbit --host-rate 3:10mbit --model cnn \
     --out out/local-sgd-hetero-$seed --compare "dense,dense;local_steps=32;$OUTER,topk:density=0.01,values=sign,feedback=ef;local_steps=$DH;outer=sgd"
   ;;
-*) echo "usage: bench/local_sgd.sh [BUILD] mlp|cnn|wan|hetero [SEED]" >&2; exit 2 ;;
+*) echo "usage: bench/local_sgd.sh [BUILD] mlp|cnn|wan|cnn-wan|hetero [SEED]" >&2; exit 2 ;;
 esac
