@@ -6,7 +6,7 @@
 # final accuracy) in the same invocation.  Each method trains at most --time-budget seconds.
 #   mlp     MLP 784-1024-1024-10 (1.86 M parameters)
 #   cnn     the CNN (LeNet-5 geometry, 16-32-128: 0.12 M parameters)
-#   wan     the MLP with 5 ms one-way delay on every host (10 ms RTT)
+#   wan     the MLP with DELAY_US one-way delay on every host (default 5000: 10 ms RTT)
 #   cnn-wan the CNN with DELAY_US one-way delay on every host (default 25000: 50 ms RTT;
 #           50000 is 100 ms, across an ocean), where its dense step waits on the round
 #           trips
@@ -30,7 +30,11 @@ common="--np 4 --seed $seed --epochs 2 --evals ${EVALS:-24} --time-budget ${BUDG
 case "$what" in
 mlp) exec "$G" train $common --link 100mbit --model mlp --out out/local-sgd-mlp-$seed --compare "$METHODS" ;;
 cnn) exec "$G" train $common --link 100mbit --model cnn --out out/local-sgd-cnn-$seed --compare "$METHODS" ;;
-wan) exec "$G" train $common --link 100mbit --delay-us 5000 --model mlp --out out/local-sgd-wan-$seed --compare "$METHODS" ;;
+wan)
+  D=${DELAY_US:-5000}
+  exec "$G" train $common --link 100mbit --delay-us "$D" --model mlp \
+    --out out/local-sgd-wan$D-$seed --compare "$METHODS"
+  ;;
 cnn-wan)
   D=${DELAY_US:-25000}
   exec "$G" train $common --link 100mbit --delay-us "$D" --model cnn \
