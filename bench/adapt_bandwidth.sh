@@ -7,7 +7,7 @@
 #   RATE     a tc rate (100mbit, 1gbit) or none (unshaped: the CPUs are the limit)
 #   change   the adaptive method alone on links that start at FROM (default 1gbit) and are
 #            reshaped to TO (default 100mbit) AFTER seconds (default 90) after the job
-#            starts, from outside the job (tc on every host's uplink and downlink), with a
+#            starts, from outside the job (scripts/netsim rate), with a
 #            budget of 3 * AFTER: the decisions over time are in OUT/settings.csv and
 #            OUT/adapt-*.png
 # NP (hosts, one rank each; default 4) and EVALS (per epoch, default 24) may be set in the
@@ -26,20 +26,7 @@ change)
   FROM=${FROM:-1gbit} TO=${TO:-100mbit} AFTER=${AFTER:-90}
   (
     sleep "$AFTER"
-    i=0
-    while [ "$i" -lt "$NP" ]; do
-      for spec in "gc-h$i eth0" "gc-sw p-gc-h$i"; do
-        # shellcheck disable=SC2086
-        set -- $spec
-        if [ "$TO" = none ]; then
-          tc -n "$1" qdisc del dev "$2" root 2>/dev/null || true
-        else
-          tc -n "$1" qdisc replace dev "$2" root tbf rate "$TO" burst 256kb latency 100ms
-        fi
-      done
-      i=$((i + 1))
-    done
-    echo "adapt_bandwidth.sh: links reshaped from $FROM to $TO at $(date -u +%T)" >&2
+    "$(dirname "$0")/../scripts/netsim" rate "$TO" && date -u +"adapt_bandwidth.sh: at %T" >&2
   ) &
   exec "$G" train $common --link "$FROM" --time-budget $((3 * AFTER)) \
     --out "out/adapt-bw-change-$NP-$FROM-$TO-$seed" --compare "$ADAPT"

@@ -3,8 +3,8 @@
 #
 # Brings up 2 hosts at 100mbit, runs tests/netsim/mpi_probe as a 2-rank job (ranks in
 # different namespaces, a 2 MiB Sendrecv below 150 Mbit/s), checks that the tc counters saw
-# the traffic and that the program's exit status comes through, then tears down and checks
-# that no gc-* namespace and no probe process is left.
+# the traffic, that `rate` reshapes the live links and that the program's exit status comes
+# through, then tears down and checks that no gc-* namespace and no probe process is left.
 set -u
 netsim=$1
 probe=$2
@@ -58,6 +58,16 @@ for link in "gc-h0 eth0" "gc-sw p-gc-h0" "gc-h1 eth0" "gc-sw p-gc-h1"; do
     [ -n "$sent" ] || fail "no 100Mbit tbf on $2 in $1"
     [ "$sent" -ge 2097152 ] || fail "$2 in $1 sent only $sent bytes through tbf"
 done
+
+# `rate` reshapes every link of the live setup (a link that changes under a job); the
+# shaped links then hold a job to the new rate (1 MiB, below 20 Mbit/s with tbf's 256 kB
+# burst; about 95 at 100mbit).
+"$netsim" rate 10mbit || fail "netsim rate 10mbit"
+n10=$("$netsim" status | awk '$4 == "tbf" && $5 == "10Mbit"' | wc -l)
+[ "$n10" -eq 4 ] || fail "after rate 10mbit, $n10 of 4 links at 10Mbit"
+NETSIM_TIMEOUT=60 "$netsim" run 2 -- "$rel" 1048576 20 >/dev/null 2>&1 ||
+    fail "probe above 20 Mbit/s after rate 10mbit"
+"$netsim" rate 100mbit || fail "netsim rate 100mbit"
 
 # The program's own exit status must come back through mpirun and netsim.
 NETSIM_TIMEOUT=60 "$netsim" run 2 "$rel" 1024 1e9 3 >/dev/null 2>&1
