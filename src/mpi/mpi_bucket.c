@@ -35,9 +35,9 @@
  * agree (tensor count, each tensor's canonical spec fingerprint, n, shape, strategy,
  * name, the format version, the MPI wire revision and the bucket options) with one
  * MPI_Allreduce(MPI_MAX) of (h, ~h): every rank gets max(h) and ~min(h), so all agree
- * whether and where they differ.  Only when the bucket hash differs does a second allreduce name
- * the tensor. A rank that failed locally (bad spec, out of memory) puts a marker in the first
- * allreduce, so the others fail too instead of waiting for it.
+ * whether and where they differ.  Only when the bucket hash differs does a second
+ * allreduce name the tensor.  A rank that failed locally (bad spec, out of memory) puts a
+ * marker in the first allreduce, so the others fail too instead of waiting for it.
  */
 #include "mpi_strategy.h"
 
