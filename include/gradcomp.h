@@ -907,17 +907,26 @@ GCOMP_API gcomp_status gcomp_cost_break_even(const gcomp_cost_model *m,
  *              |G_k - G_k-1| / G_k-1 >= eta; it is then sent at the `low` setting.
  * Keys (an unknown key, or one no listed controller reads, is an error naming it):
  *   base=SPEC        the setting of the compressed tensors (default
- *                    topk:density=0.001,feedback=ef)
+ *                    topk:density=0.001,feedback=ef; with bandwidth, when neither base nor
+ *                    ladder is given, powersgd:rank=4 on the cross-codec ladder
+ *                    dense / powersgd:rank=4 / dgc:density=0.001,values=f16 /
+ *                    dgc:density=0.0001,values=f16)
  *   ladder=A/B/...   the candidates, '/'-separated: values of the base's knob (density=,
  *                    rank=, levels=; knob=KEY picks another) or whole specs, `dense` for
  *                    the dense spec; sorted by the bytes they send, most first.  Default
  *                    `auto`: density x 100, 31.6, 10, 3.16, 1, 1/3.16, 1/10 (capped at 1)
- *                    or rank x 4, 2, 1, 1/2, and `dense` first when dense=1
- *   dense=0|1        dense as a candidate (default 1 with bandwidth, else 0)
+ *                    or rank x 4, 2, 1, 1/2, and `dense` first when with_dense=1
+ *   with_dense=0|1   dense as a candidate (default 1 with bandwidth, else 0)
  *   interval=N|auto  steps between decisions (auto: the run's steps / 40 in 10..500; 100
  *                    when the length is unknown)
  *   measure=N|auto   steps between measurements of every candidate's error and codec time
- *                    on the real gradients (auto: 4 intervals; the first interval measures)
+ *                    on the real gradients (the first interval measures).  auto: at least
+ *                    4 intervals, and spaced so that measuring takes at most measure_cost
+ *                    (default 0.02) of the time between measurements, from the slowest
+ *                    rank's measured cost
+ *   sample=N|all     elements of each tensor a measurement compresses, at most (default
+ *                    1048576): a block of whole rows (a run of a vector), another one at
+ *                    each measurement; errors and times are scaled to the whole tensor
  *   min_elements=N, dense_1d=0|1, GLOB=SPEC   which tensors are compressed: the layer
  *                    policy's keys (gcomp_policy_create; tensors the policy sends dense or
  *                    by a glob are left alone)
@@ -1001,9 +1010,14 @@ GCOMP_API const char *gcomp_adapt_candidate(const gcomp_adapt *a, size_t j);
 /** 1 when the method uses the controller named `name` ("bandwidth", "accuracy", "layers",
  *  "norm"): e.g. whether to measure the link for it. */
 GCOMP_API int gcomp_adapt_uses(const gcomp_adapt *a, const char *name);
-/** Steps between decisions and between measurements, as resolved (auto included). */
+/** Steps between decisions and between measurements, as resolved (auto included; with
+ *  measure=auto the least spacing, gcomp_adapt_report.next_measure_step the next one). */
 GCOMP_API uint64_t gcomp_adapt_interval(const gcomp_adapt *a);
 GCOMP_API uint64_t gcomp_adapt_measure_interval(const gcomp_adapt *a);
+/** bandwidth: the last decision's predicted step time of candidate j, seconds (the cost
+ *  model's, from the measured link, codec times and compute); NaN before the first
+ *  decision with a measured link, without the controller or j out of range. */
+GCOMP_API double gcomp_adapt_predicted(const gcomp_adapt *a, size_t j);
 
 /**
  * Observes this step's gradient of tensor i (n floats, borrowed for the call), before it is
@@ -1019,7 +1033,9 @@ GCOMP_API gcomp_status gcomp_adapt_observe(gcomp_adapt *a, size_t i, const float
                                            const float *residual);
 /** 1 when the current step measures every candidate (call observe with the residual). */
 GCOMP_API int gcomp_adapt_measuring(const gcomp_adapt *a);
-/** This step's compute on this rank, seconds: forward, backward, optimizer.  Local. */
+/** This step's compute on this rank, seconds: forward, backward, optimizer.  Local.  The
+ *  time this step's gcomp_adapt_observe calls spent measuring candidates is taken out of
+ *  backward (then forward): it is the controllers' cost, not the model's compute. */
 GCOMP_API void gcomp_adapt_observe_compute(gcomp_adapt *a, double forward_s, double backward_s,
                                            double optimizer_s);
 /** This rank's measurement of its link: payload bytes/s and one-way latency in seconds
@@ -1052,18 +1068,20 @@ GCOMP_API gcomp_status gcomp_adapt_decide(gcomp_adapt *a, const double *all, siz
 
 /** What the last decision saw (combined over ranks), for logs and plots. */
 typedef struct gcomp_adapt_report {
-    uint64_t decisions;      /**< decisions taken */
-    uint64_t step;           /**< steps observed when it was taken */
-    double bandwidth;        /**< the link used (bytes/s); 0 none */
-    double latency;          /**< seconds */
-    double compute_s;        /**< forward + backward + optimizer per step */
-    double predicted_step_s; /**< bandwidth: the chosen level's predicted step; 0 none */
-    double metric;           /**< accuracy: the metric; NaN none */
-    int uniform_level;       /**< the level the byte budget was set from */
-    double budget;           /**< bytes per step of the managed tensors */
-    size_t critical;         /**< norm: tensors in a critical regime */
-    double error;            /**< layers: total compression error of the choice (0 none) */
-    double error_uniform;    /**< layers: that measurement's error of the uniform setting */
+    uint64_t decisions;         /**< decisions taken */
+    uint64_t step;              /**< steps observed when it was taken */
+    double bandwidth;           /**< the link used (bytes/s); 0 none */
+    double latency;             /**< seconds */
+    double compute_s;           /**< forward + backward + optimizer per step */
+    double predicted_step_s;    /**< bandwidth: the chosen level's predicted step; 0 none */
+    double metric;              /**< accuracy: the metric; NaN none */
+    int uniform_level;          /**< the level the byte budget was set from */
+    double budget;              /**< bytes per step of the managed tensors */
+    size_t critical;            /**< norm: tensors in a critical regime */
+    double error;               /**< layers: total compression error of the choice (0 none) */
+    double error_uniform;       /**< layers: that measurement's error of the uniform setting */
+    double measure_s;           /**< the last measurement's cost, slowest rank (0 none) */
+    uint64_t next_measure_step; /**< the step (0-based) that measures next (0 none) */
 } gcomp_adapt_report;
 GCOMP_API void gcomp_adapt_get_report(const gcomp_adapt *a, gcomp_adapt_report *out);
 

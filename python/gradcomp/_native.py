@@ -169,6 +169,8 @@ class AdaptReport(ctypes.Structure):
         ("critical", ctypes.c_size_t),
         ("error", ctypes.c_double),
         ("error_uniform", ctypes.c_double),
+        ("measure_s", ctypes.c_double),
+        ("next_measure_step", ctypes.c_uint64),
     ]
 
 
@@ -254,6 +256,7 @@ PROTOTYPES = {
     "gcomp_adapt_candidate": (ctypes.c_char_p, [_P, _S]),
     "gcomp_adapt_interval": (ctypes.c_uint64, [_P]),
     "gcomp_adapt_measure_interval": (ctypes.c_uint64, [_P]),
+    "gcomp_adapt_predicted": (ctypes.c_double, [_P, ctypes.c_size_t]),
     "gcomp_adapt_observe": (_I, [_P, _S, _P, _P]),
     "gcomp_adapt_measuring": (_I, [_P]),
     "gcomp_adapt_observe_compute": (None, [_P, ctypes.c_double, ctypes.c_double, ctypes.c_double]),

@@ -122,8 +122,15 @@ class Adapt:
 
     @property
     def measure_interval(self):
-        """Steps between measurements of every candidate, as resolved (auto included)."""
+        """Steps between measurements of every candidate, as resolved (auto included; with
+        measure=auto the least spacing: report["next_measure_step"] is the next one)."""
         return _lib.gcomp_adapt_measure_interval(self._handle())
+
+    def predicted(self):
+        """bandwidth: the last decision's predicted step time of each ladder candidate,
+        seconds (NaN before the first decision with a measured link)."""
+        h = self._handle()
+        return [_lib.gcomp_adapt_predicted(h, j) for j in range(_lib.gcomp_adapt_ladder_size(h))]
 
     @property
     def measuring(self):

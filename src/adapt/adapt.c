@@ -38,14 +38,16 @@
 #include <ctype.h>
 #include <errno.h>
 #include <stdio.h>
+#include <stdint.h>
 #include <stdlib.h>
 
 #define PREFIX "adapt:"
 #define MAGIC 18241.0 /* 'GA', then the version */
-#define VERSION 1.0
+#define VERSION 2.0   /* 2: the interval's wall and measuring seconds */
 #define MAX_LADDER 32
 #define MAX_ITEMS 64
 #define DEFAULT_BASE "topk:density=0.001,feedback=ef"
+#define DEFAULT_SAMPLE ((size_t)1 << 20) /* elements per tensor a measurement compresses */
 
 /* Fixed words of a statistics block. */
 enum {
@@ -61,17 +63,20 @@ enum {
     S_LAT,
     S_METRIC,
     S_MEASURED,
+    S_WALL,
+    S_MTIME,
     S_FIXED
 };
+_Static_assert(S_FIXED == GCOMP__ADAPT_STATS_FIXED, "adapt_internal.h names the block's size");
 
 static const gcomp__adapt_ctl *const controllers[] = {
     &gcomp__adapt_bandwidth, &gcomp__adapt_accuracy, &gcomp__adapt_layers, &gcomp__adapt_norm};
 #define NCTL (sizeof controllers / sizeof controllers[0])
 
 /* Keys the engine reads itself, and the layer policy's. */
-static const char *const engine_keys[] = {"base",     "ladder",  "knob",  "with_dense",
-                                          "interval", "measure", "dense", "min_elements",
-                                          "dense_1d", NULL};
+static const char *const engine_keys[] = {"base",     "ladder",  "knob",         "with_dense",
+                                          "interval", "measure", "dense",        "min_elements",
+                                          "dense_1d", "sample",  "measure_cost", NULL};
 
 static char *dup_str(const char *s) {
     size_t l = strlen(s);
@@ -155,6 +160,7 @@ void gcomp_adapt_free(gcomp_adapt *a) {
     gcomp__free(a->meas);
     gcomp__free(a->xbuf);
     gcomp__free(a->dbuf);
+    gcomp__free(a->pred);
     gcomp__free(a);
 }
 
@@ -370,8 +376,8 @@ static int strategy_of(const gcomp_adapt_options *opt, const char *spec) {
     return s > 0 ? s : default_strategy(spec);
 }
 
-static gcomp_status build_ladder(gcomp_adapt *a, const char *base, const gcomp_adapt_options *opt,
-                                 gcomp_error *err) {
+static gcomp_status build_ladder(gcomp_adapt *a, const char *base, const char *dflt,
+                                 const gcomp_adapt_options *opt, gcomp_error *err) {
     gcomp_status st;
     char canon[GCOMP__SPEC_MAX], bcanon[GCOMP__SPEC_MAX];
     if ((st = gcomp_spec_canonical(base, bcanon, sizeof bcanon, NULL, err)) != GCOMP_OK) return st;
@@ -379,6 +385,7 @@ static gcomp_status build_ladder(gcomp_adapt *a, const char *base, const gcomp_a
     const char *knob = find_knob(a, bcanon, err, &bad);
     if (bad) return GCOMP_E_SPEC;
     const char *ladder = gcomp__adapt_opt(a, "ladder");
+    if (!ladder) ladder = dflt;
     double wd;
     bool has_bw = false;
     for (size_t k = 0; k < a->nctl; k++) has_bw |= a->ctl[k] == &gcomp__adapt_bandwidth;
@@ -553,33 +560,66 @@ static uint64_t fnv_u64(uint64_t h, uint64_t v) {
     return h;
 }
 
-static gcomp_status resolve_intervals(gcomp_adapt *a, gcomp_error *err) {
-    const char *iv = gcomp__adapt_opt(a, "interval"), *ms = gcomp__adapt_opt(a, "measure");
-    uint64_t interval = 100;
+/* Option `key` as a count in [1, 1e9]; *given false when absent or equal to `word` (auto,
+ * all). */
+static gcomp_status count_opt(gcomp_adapt *a, const char *key, const char *word, uint64_t *out,
+                              bool *given, gcomp_error *err) {
+    const char *v = gcomp__adapt_opt(a, key);
+    *given = false;
+    if (!v || !strcmp(v, word)) return GCOMP_OK;
+    char *end;
+    errno = 0;
+    unsigned long long x = strtoull(v, &end, 10);
+    if (*v == '-' || end == v || *end || errno || x < 1 || x > 1000000000ull)
+        return gcomp__fail(err, GCOMP_E_SPEC, "adapt: %s=%s: a count, 1..1e9, or %s", key, v, word);
+    *out = x;
+    *given = true;
+    return GCOMP_OK;
+}
+
+/* interval, measure (steps), measure_cost and sample. */
+static gcomp_status resolve_schedule(gcomp_adapt *a, gcomp_error *err) {
+    uint64_t interval = 100, measure, sample;
+    bool given;
+    gcomp_status st;
     if (a->total_steps) {
         interval = a->total_steps / 40;
         interval = interval < 10 ? 10 : interval > 500 ? 500 : interval;
     }
-    if (iv && strcmp(iv, "auto")) {
-        char *end;
-        errno = 0;
-        unsigned long long v = strtoull(iv, &end, 10);
-        if (*iv == '-' || end == iv || *end || errno || v < 1 || v > 1000000000ull)
-            return gcomp__fail(err, GCOMP_E_SPEC, "adapt: interval=%s: steps, 1..1e9, or auto", iv);
-        interval = v;
-    }
-    uint64_t measure = 4 * interval;
-    if (ms && strcmp(ms, "auto")) {
-        char *end;
-        errno = 0;
-        unsigned long long v = strtoull(ms, &end, 10);
-        if (*ms == '-' || end == ms || *end || errno || v < 1 || v > 1000000000ull)
-            return gcomp__fail(err, GCOMP_E_SPEC, "adapt: measure=%s: steps, 1..1e9, or auto", ms);
-        measure = (v + interval - 1) / interval * interval; /* a whole number of intervals */
-    }
+    if ((st = count_opt(a, "interval", "auto", &interval, &given, err)) != GCOMP_OK) return st;
+    if ((st = count_opt(a, "measure", "auto", &measure, &given, err)) != GCOMP_OK) return st;
+    a->measure_auto = !given;
+    a->measure = given ? (measure + interval - 1) / interval * interval /* whole intervals */
+                       : 4 * interval;
+    if ((st = gcomp__adapt_num(a, "measure", "measure_cost", 0.02, 1e-4, 1, &a->measure_cost,
+                               err)) != GCOMP_OK)
+        return st;
+    if (!a->measure_auto && gcomp__adapt_opt(a, "measure_cost"))
+        return gcomp__fail(err, GCOMP_E_SPEC,
+                           "adapt: measure_cost= spaces measure=auto; with measure=%s it would "
+                           "be ignored",
+                           gcomp__adapt_opt(a, "measure"));
+    if ((st = count_opt(a, "sample", "all", &sample, &given, err)) != GCOMP_OK) return st;
+    a->sample = given ? (size_t)sample : DEFAULT_SAMPLE;
+    if (gcomp__adapt_opt(a, "sample") && !given) a->sample = SIZE_MAX;
     a->interval = interval;
-    a->measure = measure;
     return GCOMP_OK;
+}
+
+/* The block of tensor t a measurement compresses: whole rows of a matrix (so PowerSGD sees
+ * a matrix of the same width), a run of a vector; all of it when it has at most `sample`
+ * elements. */
+static void sample_shape(const gcomp_adapt *a, gcomp__adapt_tensor *t) {
+    t->sample_rows = t->rows;
+    t->sample_n = t->n;
+    if (t->n <= a->sample) return;
+    if (t->rows && t->cols) {
+        size_t r = a->sample / t->cols;
+        t->sample_rows = r ? r : 1;
+        t->sample_n = t->sample_rows * t->cols;
+    } else {
+        t->sample_n = a->sample;
+    }
 }
 
 static gcomp_status check_unused(gcomp_adapt *a, gcomp_error *err) {
@@ -657,7 +697,13 @@ gcomp_status gcomp_adapt_create(gcomp_adapt **out, const char *method,
             goto fail;
         }
     }
-    const char *base = gcomp__adapt_opt(a, "base");
+    /* Neither base nor ladder: the first controller's defaults, else the engine's. */
+    const char *base = gcomp__adapt_opt(a, "base"), *dladder = NULL;
+    for (size_t k = 0; !base && !gcomp__adapt_opt(a, "ladder") && k < a->nctl; k++)
+        if (a->ctl[k]->default_base) {
+            base = a->ctl[k]->default_base;
+            dladder = a->ctl[k]->default_ladder;
+        }
     if (!base) base = DEFAULT_BASE;
     if ((st = apply_policy(a, base, tensors, opt, err)) != GCOMP_OK) goto fail;
     a->mt = gcomp__calloc((a->nm + 1) * sizeof *a->mt);
@@ -670,8 +716,8 @@ gcomp_status gcomp_adapt_create(gcomp_adapt **out, const char *method,
     }
     for (size_t i = 0; i < count; i++)
         if (a->t[i].managed) a->mt[a->t[i].m] = i;
-    if ((st = build_ladder(a, base, opt, err)) != GCOMP_OK) goto fail;
-    if ((st = resolve_intervals(a, err)) != GCOMP_OK) goto fail;
+    if ((st = build_ladder(a, base, dladder, opt, err)) != GCOMP_OK) goto fail;
+    if ((st = resolve_schedule(a, err)) != GCOMP_OK) goto fail;
     for (size_t i = 0; i < count; i++)
         if (!a->t[i].managed) a->t[i].fixed_strategy = strategy_of(opt, a->t[i].fixed);
     if (opt && opt->calibration) {
@@ -697,18 +743,21 @@ gcomp_status gcomp_adapt_create(gcomp_adapt **out, const char *method,
     size_t maxn = 0;
     for (size_t m = 0; m < a->nm; m++) {
         gcomp__adapt_tensor *x = &a->t[a->mt[m]];
-        maxn = x->n > maxn ? x->n : maxn;
+        sample_shape(a, x);
+        maxn = x->sample_n > maxn ? x->sample_n : maxn;
         if (a->track_norm && !(x->acc = gcomp__calloc(x->n * sizeof(float)))) {
             st = gcomp__fail(err, GCOMP_E_NOMEM, "adapt: out of memory");
             goto fail;
         }
     }
     a->meas = gcomp__alloc((a->nm * a->K * 4 + 1) * sizeof(double));
-    if (!a->meas) {
+    a->pred = gcomp__alloc(a->K * sizeof(double));
+    if (!a->meas || !a->pred) {
         st = gcomp__fail(err, GCOMP_E_NOMEM, "adapt: out of memory");
         goto fail;
     }
     a->scratch_n = maxn;
+    for (size_t j = 0; j < a->K; j++) a->pred[j] = NAN;
 
     /* The fingerprint: controllers, items, ladder, tensors. */
     uint64_t h = 0xcbf29ce484222325ull;
@@ -718,7 +767,7 @@ gcomp_status gcomp_adapt_create(gcomp_adapt **out, const char *method,
     for (size_t j = 0; j < a->K; j++) h = fnv_str(h, a->ladder[j]);
     for (size_t i = 0; i < count; i++)
         h = fnv_u64(fnv_u64(fnv_u64(h, a->t[i].n), a->t[i].rows), (uint64_t)a->t[i].managed);
-    h = fnv_u64(fnv_u64(h, a->interval), a->measure);
+    h = fnv_u64(fnv_u64(fnv_u64(h, a->interval), a->measure), (uint64_t)a->sample);
     a->fp = h;
 
     gcomp__adapt_in in = {0};
@@ -732,7 +781,9 @@ gcomp_status gcomp_adapt_create(gcomp_adapt **out, const char *method,
     }
     memset(a->changed, 0, count);
     a->report.metric = NAN;
-    a->measuring = a->need_measure && a->interval == 1;
+    a->next_measure = a->interval - 1; /* the first interval measures */
+    a->measuring = a->need_measure && a->next_measure == 0;
+    a->wall_ns = gcomp__now_ns();
     gcomp__free(copy);
     *out = a;
     return GCOMP_OK;
@@ -779,6 +830,9 @@ uint64_t gcomp_adapt_interval(const gcomp_adapt *a) {
 uint64_t gcomp_adapt_measure_interval(const gcomp_adapt *a) {
     return a ? a->measure : 0;
 }
+double gcomp_adapt_predicted(const gcomp_adapt *a, size_t j) {
+    return a && j < a->K ? a->pred[j] : NAN;
+}
 void gcomp_adapt_get_report(const gcomp_adapt *a, gcomp_adapt_report *out) {
     if (!out) return;
     if (!a) {
@@ -790,15 +844,17 @@ void gcomp_adapt_get_report(const gcomp_adapt *a, gcomp_adapt_report *out) {
 
 /* ---- observations (local) --------------------------------------------------------------- */
 
-/* Compresses x (n floats) with `spec` from a fresh state, without feedback where the spec
- * lets it be removed, and decodes it: squared error and the two times. */
+/* Compresses x (t's sample block) with `spec` from a fresh state, without feedback where
+ * the spec lets it be removed, and decodes it: squared error and the two times (warm),
+ * scaled from the block to the whole tensor. */
 static gcomp_status measure_one(gcomp_adapt *a, const char *spec, const gcomp__adapt_tensor *t,
                                 const float *x, double *out) {
+    const size_t n = t->sample_n, rows = t->rows ? t->sample_rows : 0;
     char nofb[GCOMP__SPEC_MAX];
     const char *use = spec;
     if (gcomp_spec_set(spec, "feedback", "none", nofb, sizeof nofb, NULL) == GCOMP_OK) use = nofb;
     gcomp_compressor *c;
-    gcomp_status st = gcomp_compressor_create(&c, use, t->n, t->rows, t->cols, NULL);
+    gcomp_status st = gcomp_compressor_create(&c, use, n, rows, rows ? t->cols : 0, NULL);
     if (st != GCOMP_OK) return st;
     size_t cap = gcomp_encode_bound(c), len;
     void *msg = gcomp__alloc(cap);
@@ -806,24 +862,33 @@ static gcomp_status measure_one(gcomp_adapt *a, const char *spec, const gcomp__a
         gcomp_compressor_free(c);
         return GCOMP_E_NOMEM;
     }
-    uint64_t t0 = gcomp__now_ns();
+    /* The error from the fresh state; the times from a second encode and decode of the
+     * same block, once the first has touched the compressor's state and workspaces: the
+     * first pays the page faults of freshly mapped memory (10x the encode itself for DGC's
+     * two state vectors here), which the trainer's long-lived compressors pay once. */
     st = gcomp_encode(c, x, msg, cap, &len);
-    uint64_t t1 = gcomp__now_ns();
     if (st == GCOMP_OK) {
-        memset(a->dbuf, 0, t->n * sizeof(float));
-        uint64_t t2 = gcomp__now_ns();
-        st = gcomp_decode_add(msg, len, a->dbuf, t->n, 1.0f);
-        uint64_t t3 = gcomp__now_ns();
+        memset(a->dbuf, 0, n * sizeof(float));
+        st = gcomp_decode_add(msg, len, a->dbuf, n, 1.0f);
+    }
+    if (st == GCOMP_OK) {
         double e2 = 0, x2 = 0;
-        for (size_t k = 0; k < t->n; k++) {
+        for (size_t k = 0; k < n; k++) {
             double d = (double)a->dbuf[k] - (double)x[k];
             e2 += d * d;
             x2 += (double)x[k] * x[k];
         }
-        out[0] = e2;
-        out[1] = x2;
-        out[2] = 1e-9 * (double)(t1 - t0);
-        out[3] = 1e-9 * (double)(t3 - t2);
+        memset(a->dbuf, 0, n * sizeof(float));
+        uint64_t t0 = gcomp__now_ns();
+        st = gcomp_encode(c, x, msg, cap, &len);
+        uint64_t t1 = gcomp__now_ns();
+        if (st == GCOMP_OK) st = gcomp_decode_add(msg, len, a->dbuf, n, 1.0f);
+        uint64_t t2 = gcomp__now_ns();
+        const double f = (double)t->n / (double)n; /* block -> tensor */
+        out[0] = f * e2;
+        out[1] = f * x2;
+        out[2] = f * 1e-9 * (double)(t1 - t0);
+        out[3] = f * 1e-9 * (double)(t2 - t1);
     }
     gcomp__free(msg);
     gcomp_compressor_free(c);
@@ -854,16 +919,25 @@ gcomp_status gcomp_adapt_observe(gcomp_adapt *a, size_t i, const float *grad,
             return GCOMP_E_NOMEM;
         }
     }
-    for (size_t k = 0; k < t->n; k++) a->xbuf[k] = residual ? grad[k] + residual[k] : grad[k];
-    double *row = a->meas + (size_t)t->m * a->K * 4;
-    for (size_t j = 0; j < a->K; j++) {
-        gcomp_status st = measure_one(a, a->ladder[j], t, a->xbuf, row + 4 * j);
-        if (st != GCOMP_OK) {
-            for (size_t q = 0; q < 4; q++) row[4 * j + q] = NAN;
-            return st;
-        }
+    uint64_t t0 = gcomp__now_ns();
+    /* The block: a different one at each measurement, the same on every rank. */
+    size_t off = 0;
+    if (t->sample_n < t->n) {
+        uint64_t h = (a->measurements + 1) * 0x9E3779B97F4A7C15ull;
+        off = t->rows && t->cols ? (size_t)(h >> 11) % (t->rows - t->sample_rows + 1) * t->cols
+                                 : (size_t)(h >> 11) % (t->n - t->sample_n + 1);
     }
-    return GCOMP_OK;
+    for (size_t k = 0; k < t->sample_n; k++)
+        a->xbuf[k] = residual ? grad[off + k] + residual[off + k] : grad[off + k];
+    double *row = a->meas + (size_t)t->m * a->K * 4;
+    gcomp_status st = GCOMP_OK;
+    for (size_t j = 0; j < a->K && st == GCOMP_OK; j++) {
+        st = measure_one(a, a->ladder[j], t, a->xbuf, row + 4 * j);
+        if (st != GCOMP_OK)
+            for (size_t q = 0; q < 4; q++) row[4 * j + q] = NAN;
+    }
+    a->mtime_step += 1e-9 * (double)(gcomp__now_ns() - t0);
+    return st;
 }
 
 int gcomp_adapt_measuring(const gcomp_adapt *a) {
@@ -873,6 +947,11 @@ int gcomp_adapt_measuring(const gcomp_adapt *a) {
 void gcomp_adapt_observe_compute(gcomp_adapt *a, double forward_s, double backward_s,
                                  double optimizer_s) {
     if (!a || !(forward_s >= 0) || !(backward_s >= 0) || !(optimizer_s >= 0)) return;
+    /* The measuring done inside gcomp_adapt_observe this step is not the model's compute:
+     * it comes out of backward first (where observe runs), then forward. */
+    double m = a->mtime_step, b = fmin(m, backward_s);
+    backward_s -= b;
+    forward_s -= fmin(m - b, forward_s);
     a->fwd += forward_s;
     a->bwd += backward_s;
     a->opt += optimizer_s;
@@ -894,12 +973,16 @@ void gcomp_adapt_observe_metric(gcomp_adapt *a, double value) {
 
 void gcomp_adapt_end_step(gcomp_adapt *a, int *due) {
     if (!a) return;
-    if (a->measuring) a->measured = true;
+    if (a->measuring) {
+        a->measured = true;
+        a->measurements++;
+        /* at least `measure` steps on; measure=auto may push it further at the decision */
+        a->next_measure += a->measure;
+    }
+    a->mtime += a->mtime_step;
+    a->mtime_step = 0;
     a->step++;
-    /* The next step measures when it ends an interval whose index is a multiple of
-     * measure / interval (the first interval included). */
-    uint64_t s = a->step, every = a->measure / a->interval;
-    a->measuring = a->need_measure && (s + 1) % a->interval == 0 && (s / a->interval) % every == 0;
+    a->measuring = a->need_measure && a->step == a->next_measure;
     if (due) *due = a->step % a->interval == 0;
 }
 
@@ -927,6 +1010,9 @@ gcomp_status gcomp_adapt_stats(gcomp_adapt *a, double *out, size_t cap, size_t *
     out[S_LAT] = a->link_lat;
     out[S_METRIC] = a->metric_n ? a->metric_sum / (double)a->metric_n : NAN;
     out[S_MEASURED] = a->measured ? 1 : 0;
+    uint64_t now = gcomp__now_ns();
+    out[S_WALL] = 1e-9 * (double)(now - a->wall_ns);
+    out[S_MTIME] = a->mtime;
     double *norm = out + S_FIXED, *meas = norm + a->nm;
     for (size_t m = 0; m < a->nm; m++) {
         gcomp__adapt_tensor *t = &a->t[a->mt[m]];
@@ -946,7 +1032,22 @@ gcomp_status gcomp_adapt_stats(gcomp_adapt *a, double *out, size_t cap, size_t *
     a->metric_sum = 0;
     a->metric_n = 0;
     a->measured = false;
+    a->mtime = 0;
+    a->wall_ns = now;
     return GCOMP_OK;
+}
+
+/* measure=auto: the next measurement no sooner than `measure` steps after this one, and far
+ * enough on that measuring takes at most `measure_cost` of the time between measurements:
+ * cost c against w seconds per interval of training puts it ceil(c / (share * w)) intervals
+ * on.  From the slowest rank's times, so every rank spaces alike; a measurement that grows
+ * dear (a bigger model, a slower machine) spaces itself out instead of eating the run. */
+static void space_measurements(gcomp_adapt *a, const gcomp__adapt_in *in) {
+    if (!a->measure_auto || !(in->measure_s > 0)) return;
+    double w = fmax(in->interval_s - in->measure_s, 1e-9);
+    double gap = ceil(in->measure_s / (a->measure_cost * w)) * (double)a->interval;
+    if (!(gap <= 1e12)) gap = 1e12;
+    if (gap > (double)a->measure) a->next_measure += (uint64_t)gap - a->measure;
 }
 
 static int cmp_double(const void *x, const void *y) {
@@ -995,6 +1096,8 @@ gcomp_status gcomp_adapt_decide(gcomp_adapt *a, const double *all, size_t len, i
         in.forward_s = fmax(in.forward_s, b[S_FWD]);
         in.backward_s = fmax(in.backward_s, b[S_BWD]);
         in.optimizer_s = fmax(in.optimizer_s, b[S_OPT]);
+        in.interval_s = fmax(in.interval_s, b[S_WALL]);
+        in.measure_s = fmax(in.measure_s, b[S_MTIME]);
         if (b[S_BW] > 0 && isfinite(b[S_BW]) && b[S_LAT] >= 0 && isfinite(b[S_LAT])) {
             bws[nbw] = b[S_BW];
             lats[nbw] = b[S_LAT];
@@ -1045,6 +1148,7 @@ gcomp_status gcomp_adapt_decide(gcomp_adapt *a, const double *all, size_t len, i
     in.dec_s = split + 3 * nm * K;
     gcomp_status st = run_controllers(a, &in, changed);
     if (st == GCOMP_OK) {
+        if (in.measured) space_measurements(a, &in);
         a->decisions++;
         a->report.decisions = a->decisions;
         a->report.step = in.step;
@@ -1052,6 +1156,8 @@ gcomp_status gcomp_adapt_decide(gcomp_adapt *a, const double *all, size_t len, i
         a->report.latency = in.bandwidth > 0 ? in.latency : a->report.latency;
         a->report.compute_s = in.forward_s + in.backward_s + in.optimizer_s;
         a->report.metric = in.has_metric ? in.metric : a->report.metric;
+        a->report.measure_s = in.measured ? in.measure_s : a->report.measure_s;
+        a->report.next_measure_step = a->need_measure ? a->next_measure : 0;
     } else {
         gcomp__fail(err, st, "adapt: out of memory");
     }

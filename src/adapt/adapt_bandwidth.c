@@ -23,6 +23,14 @@
  * noisy measurement flipping the setting back and forth); the first decision with a
  * measured link takes it at once.
  *
+ * The default ladder, when the method names neither base nor ladder, spans codecs, because
+ * no one codec's knob covers every link: dense where compression does not pay; PowerSGD
+ * rank 4 where the link is the bottleneck but not by far (on CPUs it encodes fastest of
+ * the compressed codecs, and its all-reduce keeps the bytes a rank sends flat in P); DGC
+ * with f16 values at 0.001 and 0.0001 where even rank 4 is too much (sparse messages that
+ * small beat any rank).  The base is PowerSGD: the setting before the first measured link.
+ * It is sorted by bytes like any ladder, so the order follows the model's shapes.
+ *
  * Rejected: a fixed bandwidth threshold per codec (the break-even depends on the model,
  * the worker count and the codec speed of this machine - gcomp_cost_break_even shows it
  * moving by 10x); choosing the fastest level outright (on a fast link every compressed
@@ -141,6 +149,7 @@ static void bw_decide(gcomp_adapt *a, void *p, const gcomp__adapt_in *in, gcomp_
         for (size_t L = 0; L < a->K; L++) {
             T[L] = predict(a, s, cal, &net, &cc, L, ct);
             best = T[L] < best ? T[L] : best;
+            a->pred[L] = T[L]; /* gcomp_adapt_predicted: why it chose what it chose */
         }
         if (isfinite(best)) {
             for (size_t L = 0; L < a->K; L++)
@@ -176,6 +185,9 @@ const gcomp__adapt_ctl gcomp__adapt_bandwidth = {
     .order = 0,
     .keys = bw_keys,
     .needs_measure = true,
+    .default_base = "powersgd:rank=4",
+    .default_ladder = "dense/powersgd:rank=4/dgc:density=0.001,values=f16/"
+                      "dgc:density=0.0001,values=f16",
     .create = bw_create,
     .free = bw_free,
     .decide = bw_decide,

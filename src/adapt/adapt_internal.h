@@ -30,7 +30,9 @@ typedef struct gcomp__adapt_in {
     double progress;   /* step / total_steps; NaN when the length is unknown */
     bool initial;      /* the plan at create: no statistics at all */
     double forward_s, backward_s, optimizer_s; /* per step, the slowest rank's mean */
-    double bandwidth, latency;                 /* median over ranks that measured; 0: none */
+    double interval_s;         /* wall seconds since the last decision, the slowest rank's */
+    double measure_s;          /* of which measuring, the slowest rank's (0 when none) */
+    double bandwidth, latency; /* median over ranks that measured; 0: none */
     bool has_metric;
     double metric; /* mean over ranks */
     /* Per managed tensor m: |sum of its gradients over the interval|^2, summed over ranks;
@@ -44,14 +46,17 @@ typedef struct gcomp__adapt_in {
 } gcomp__adapt_in;
 
 typedef struct gcomp__adapt_plan {
-    int *level;      /* per managed tensor */
-    int uniform;     /* the level the budget is set from */
-    double budget;   /* bytes per step of the managed tensors */
-    double pred_s;   /* bandwidth: predicted step of the uniform level (0: none) */
-    size_t critical; /* norm: tensors held at low */
-    double error;    /* layers: total error of the choice (0: none) */
+    int *level;           /* per managed tensor */
+    int uniform;          /* the level the budget is set from */
+    double budget;        /* bytes per step of the managed tensors */
+    double pred_s;        /* bandwidth: predicted step of the uniform level (0: none) */
+    size_t critical;      /* norm: tensors held at low */
+    double error;         /* layers: total error of the choice (0: none) */
     double error_uniform; /* layers: the same measurement's error of the uniform setting */
 } gcomp__adapt_plan;
+
+/* Words of a statistics block before the per-tensor part (adapt.c's S_FIXED). */
+#define GCOMP__ADAPT_STATS_FIXED 14
 
 /* One key=value of the method string. */
 typedef struct gcomp__adapt_item {
@@ -67,6 +72,7 @@ typedef struct gcomp__adapt_tensor {
     int m;       /* index among managed tensors, -1 */
     char *fixed; /* unmanaged: its spec (canonical) */
     int fixed_strategy;
+    size_t sample_rows, sample_n; /* the block a measurement compresses (== n: all of it) */
     float *acc; /* norm: the gradient accumulated over the interval (managed only) */
     bool acc_used;
 } gcomp__adapt_tensor;
@@ -84,6 +90,9 @@ struct gcomp_adapt {
     double *total; /* K: sum over managed tensors */
     int base;      /* base's level */
     uint64_t interval, measure, total_steps;
+    bool measure_auto;   /* measure=auto: spaced by what measuring costs */
+    double measure_cost; /* measure=auto: the share of the run's time measuring may take */
+    size_t sample;       /* elements a measurement compresses per tensor, at most */
     int workers, nodes;
     gcomp_cost_calibration *cal; /* codec rates before measurements (copied), may be NULL */
 
@@ -101,6 +110,9 @@ struct gcomp_adapt {
     uint64_t decisions;
     gcomp_adapt_report report;
     double last_link_bw, last_link_lat; /* the link the last decision used (bandwidth) */
+    double *pred;                       /* K: bandwidth's predicted steps, NaN when none */
+    uint64_t next_measure;              /* the step (0-based) that measures next */
+    uint64_t measurements;              /* measuring steps so far (picks the sample block) */
 
     /* this rank's observations since the last gcomp_adapt_stats */
     uint64_t step;
@@ -110,7 +122,9 @@ struct gcomp_adapt {
     double metric_sum;
     uint64_t metric_n;
     bool measuring, measured;
-    double *meas; /* nm * K * 4: err2, x2, enc_s, dec_s */
+    double mtime_step, mtime; /* seconds spent measuring: this step, this interval */
+    uint64_t wall_ns;         /* when the last statistics were taken (or create) */
+    double *meas;             /* nm * K * 4: err2, x2, enc_s, dec_s */
     float *xbuf, *dbuf;
     size_t scratch_n;
 };
@@ -122,6 +136,9 @@ struct gcomp__adapt_ctl {
     const char *const *keys; /* the option keys it reads, NULL-terminated (for errors) */
     bool needs_measure;      /* candidate errors / codec times */
     bool needs_norm;         /* accumulated gradients */
+    /* The base and ladder when the method names neither (NULL: the engine's, and the auto
+     * ladder of the base's knob); the first controller in the order that has them wins. */
+    const char *default_base, *default_ladder;
     /* Reads its options (gcomp__adapt_opt), allocates its state. */
     gcomp_status (*create)(gcomp_adapt *a, void **state, gcomp_error *err);
     void (*free)(void *state);

@@ -39,6 +39,8 @@ struct gtrain_adapt {
     double timeout_s;
     gtrain_setting *hist;
     size_t nhist, caphist;
+    gtrain_decision *log;
+    size_t nlog, caplog;
     double err_sum, err_uniform_sum; /* layers: over the decisions that measured */
     size_t err_n;
 };
@@ -84,6 +86,34 @@ static int record(gtrain_adapt *a, size_t step, double epoch, size_t i) {
     gcomp_spec_bytes_estimate(spec, t->n, rows, rows ? t->cols : 0, &bytes, NULL);
     a->hist[a->nhist++] =
         (gtrain_setting){step, epoch, i, info.density, info.value_bits, (double)bytes};
+    return 0;
+}
+
+/* The decision just taken, a row per candidate. */
+static int log_decision(gtrain_adapt *a, size_t step, double epoch) {
+    size_t K = gcomp_adapt_ladder_size(a->ad);
+    if (a->nlog + K > a->caplog) {
+        size_t cap = a->caplog ? 2 * a->caplog : 64;
+        while (cap < a->nlog + K) cap *= 2;
+        gtrain_decision *l = realloc(a->log, cap * sizeof *l);
+        if (!l) return 1;
+        a->log = l;
+        a->caplog = cap;
+    }
+    gcomp_adapt_report r;
+    gcomp_adapt_get_report(a->ad, &r);
+    for (size_t j = 0; j < K; j++)
+        a->log[a->nlog++] = (gtrain_decision){(size_t)r.decisions,
+                                              step,
+                                              epoch,
+                                              r.bandwidth,
+                                              r.latency,
+                                              r.compute_s,
+                                              r.measure_s,
+                                              (size_t)r.next_measure_step,
+                                              j,
+                                              gcomp_adapt_predicted(a->ad, j),
+                                              (int)j == r.uniform_level};
     return 0;
 }
 
@@ -146,6 +176,7 @@ void gtrain_adapt_free(gtrain_adapt *a) {
     gcomp_adapt_free(a->ad);
     free(a->specs);
     free(a->hist);
+    free(a->log);
     free(a);
 }
 
@@ -198,6 +229,7 @@ int gtrain_adapt_end_step(gtrain_adapt *a, gtrain_exchange *ex, gtrain_model *m,
         if (record(a, step, epoch, i)) return afail(err, errlen, "out of memory");
     }
     for (size_t i = 0; i < a->nt; i++) a->specs[i] = gcomp_adapt_spec(a->ad, i);
+    if (log_decision(a, step, epoch)) return afail(err, errlen, "out of memory");
     gcomp_adapt_report rep;
     gcomp_adapt_get_report(a->ad, &rep);
     if (rep.error > 0 && rep.error_uniform > 0) {
@@ -207,6 +239,16 @@ int gtrain_adapt_end_step(gtrain_adapt *a, gtrain_exchange *ex, gtrain_model *m,
     }
     *spent_s = now_s() - t0;
     return 0;
+}
+
+const gtrain_decision *gtrain_adapt_log(const gtrain_adapt *a, size_t *count) {
+    *count = a ? a->nlog : 0;
+    return a ? a->log : NULL;
+}
+
+const char *gtrain_adapt_candidate(const gtrain_adapt *a, size_t j, size_t *count) {
+    *count = a ? gcomp_adapt_ladder_size(a->ad) : 0;
+    return a ? gcomp_adapt_candidate(a->ad, j) : NULL;
 }
 
 const gtrain_setting *gtrain_adapt_history(const gtrain_adapt *a, size_t *count) {

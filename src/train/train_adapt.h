@@ -27,6 +27,19 @@ typedef struct gtrain_setting {
     double bytes;   /* one message, gcomp_spec_bytes_estimate */
 } gtrain_setting;
 
+/* One ladder candidate at one decision: the decision's inputs (gcomp_adapt_report) and the
+ * candidate's predicted step (the bandwidth controller; NaN otherwise). */
+typedef struct gtrain_decision {
+    size_t decision, step;
+    double epoch;
+    double bandwidth, latency, compute_s; /* bytes/s, s, s per step */
+    double measure_s;                     /* the last measurement's cost, slowest rank */
+    size_t next_measure;                  /* the step that measures next */
+    size_t candidate;                     /* its ladder index, most bytes first */
+    double predicted_s;
+    int chosen; /* 1 for the uniform level the decision took */
+} gtrain_decision;
+
 typedef struct gtrain_adapt gtrain_adapt;
 
 /* 1 when `method` is an adaptive method ("adapt:..."). */
@@ -51,6 +64,9 @@ void gtrain_adapt_metric(gtrain_adapt *a, double accuracy);
 int gtrain_adapt_end_step(gtrain_adapt *a, gtrain_exchange *ex, gtrain_model *m,
                           unsigned char *skip, size_t step, double epoch, double compute_s,
                           double optimizer_s, double *spent_s, char *err, size_t errlen);
+/* Every decision, a row per ladder candidate, in order; the ladder's specs. */
+const gtrain_decision *gtrain_adapt_log(const gtrain_adapt *a, size_t *count);
+const char *gtrain_adapt_candidate(const gtrain_adapt *a, size_t j, size_t *count);
 /* Every setting change, the first decision included, in order. */
 const gtrain_setting *gtrain_adapt_history(const gtrain_adapt *a, size_t *count);
 size_t gtrain_adapt_decisions(const gtrain_adapt *a);

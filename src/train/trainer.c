@@ -208,6 +208,17 @@ static int keep_history(const gtrain_adapt *ad, const gtrain_tensor *t, size_t n
     for (size_t i = 0; i < nt; i++)
         if (!(out->tensor_names[i] = strdup(t[i].name))) return 1;
     out->decisions = gtrain_adapt_decisions(ad);
+    size_t nl, K;
+    const gtrain_decision *l = gtrain_adapt_log(ad, &nl);
+    gtrain_adapt_candidate(ad, 0, &K);
+    out->dlog = malloc((nl + 1) * sizeof *out->dlog);
+    out->ladder = calloc(K + 1, sizeof *out->ladder);
+    if (!out->dlog || !out->ladder) return 1;
+    memcpy(out->dlog, l, nl * sizeof *l);
+    out->ndlog = nl;
+    out->nladder = K;
+    for (size_t j = 0; j < K; j++)
+        if (!(out->ladder[j] = strdup(gtrain_adapt_candidate(ad, j, &K)))) return 1;
     gtrain_adapt_errors(ad, &out->error, &out->error_uniform);
     return 0;
 }
@@ -532,6 +543,13 @@ void gtrain_result_free(gtrain_result *r) {
     free(r->tensor_names);
     r->tensor_names = NULL;
     r->ntensors = 0;
+    free(r->dlog);
+    r->dlog = NULL;
+    r->ndlog = 0;
+    for (size_t j = 0; r->ladder && j < r->nladder; j++) free(r->ladder[j]);
+    free(r->ladder);
+    r->ladder = NULL;
+    r->nladder = 0;
 }
 
 float gtrain_lr_at(const gtrain_config *cfg, double progress) {

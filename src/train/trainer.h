@@ -128,7 +128,11 @@ typedef struct gtrain_result {
     size_t ntensors;
     size_t decisions;
     double adapt_s;
-    double error, error_uniform; /* layers: mean total compression error, chosen vs uniform */
+    double error, error_uniform;  /* layers: mean total compression error, chosen vs uniform */
+    struct gtrain_decision *dlog; /* every decision, a row per ladder candidate */
+    size_t ndlog;
+    char **ladder; /* the ladder's specs, most bytes first */
+    size_t nladder;
 } gtrain_result;
 
 /* Trains one method.  Collective over `comm`.  `test` may be evaluated in shards.

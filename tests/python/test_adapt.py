@@ -71,6 +71,10 @@ def test_ranks_with_different_observations_decide_alike():
         changed_any |= bool(results[0])
         for i in range(len(TENSORS)):
             assert ranks[0].spec(i) == ranks[1].spec(i) == ranks[2].spec(i)
+        # every candidate's predicted step, and the measurement schedule, agree too
+        pred = [a.predicted() for a in ranks]
+        assert pred[0] == pred[1] == pred[2] and all(p > 0 for p in pred[0])
+        assert len({a.report["next_measure_step"] for a in ranks}) == 1
     assert changed_any
     other = make("adapt:bandwidth+layers+norm;interval=3;measure=6;confirm=1", workers=3)
     for _ in range(3):

@@ -218,7 +218,10 @@ static void test_observe_nonfinite(void) {
     double *sta = malloc(len * sizeof(double)), *stb = malloc(len * sizeof(double));
     CHECK_OK(gcomp_adapt_stats(a, sta, len, &la));
     CHECK_OK(gcomp_adapt_stats(b, stb, len, &lb));
-    CHECK(la == lb && memcmp(sta, stb, la * sizeof(double)) == 0);
+    /* the same but for the wall clock */
+    CHECK(la == lb && la > GCOMP__ADAPT_STATS_FIXED);
+    sta[GCOMP__ADAPT_STATS_FIXED - 2] = stb[GCOMP__ADAPT_STATS_FIXED - 2] = 0;
+    CHECK(memcmp(sta, stb, la * sizeof(double)) == 0);
     free(sta);
     free(stb);
     gcomp_adapt_free(a);
@@ -377,7 +380,7 @@ static void test_layers_measured(void) {
     double *buf = malloc(gcomp_adapt_stats_size(a) * sizeof(double));
     CHECK_OK(gcomp_adapt_stats(a, buf, gcomp_adapt_stats_size(a), &len));
     /* the measured errors fall with density, per tensor */
-    const double *meas = buf + 12 + a->nm;
+    const double *meas = buf + GCOMP__ADAPT_STATS_FIXED + a->nm;
     for (size_t m = 0; m < a->nm; m++) {
         for (size_t j = 0; j + 1 < a->K; j++)
             CHECK(meas[4 * (m * a->K + j)] <= meas[4 * (m * a->K + j + 1)]);
@@ -395,6 +398,118 @@ static void test_layers_measured(void) {
     free(buf);
     free(g);
     gcomp_adapt_free(a);
+}
+
+/* ---- measurement: the sample block, its spacing, its cost out of compute ------------------ */
+
+/* One measuring step over MLP with gradient g, then the statistics. */
+static double *measured_stats(gcomp_adapt *a, const float *g, double bwd, size_t *len) {
+    CHECK(gcomp_adapt_measuring(a));
+    for (size_t i = 0; i < NMLP; i++) CHECK_OK(gcomp_adapt_observe(a, i, g, NULL));
+    gcomp_adapt_observe_compute(a, 0.001, bwd, 0);
+    gcomp_adapt_end_step(a, NULL);
+    double *buf = malloc(gcomp_adapt_stats_size(a) * sizeof(double));
+    CHECK_OK(gcomp_adapt_stats(a, buf, gcomp_adapt_stats_size(a), len));
+    return buf;
+}
+
+/* A block of whole rows stands for the tensor: on a homogeneous gradient its scaled |x|^2
+ * and error match the whole tensor's within a few per cent; the cost of measuring comes
+ * out of backward. */
+static void test_measure_sample(void) {
+    expect_spec_error("adapt:layers;sample=0", "sample=0");
+    expect_spec_error("adapt:layers;sample=lots", "sample=lots");
+    expect_spec_error("adapt:layers;measure=8;measure_cost=0.1", "measure_cost=");
+    expect_spec_error("adapt:layers;measure_cost=2", "measure_cost=2");
+    unsigned long long seed = 3;
+    float *g = malloc(256 * 256 * sizeof(float));
+    for (size_t k = 0; k < 256 * 256; k++) g[k] = test_gauss(&seed);
+    double *st[2];
+    size_t len[2];
+    gcomp_adapt *a[2];
+    gcomp_error e = {0};
+    const char *m[2] = {"adapt:layers;interval=1;sample=all",
+                        "adapt:layers;interval=1;sample=5000"};
+    for (int v = 0; v < 2; v++) {
+        CHECK_OK(make(&a[v], m[v], 0, &e));
+        if (!a[v]) return;
+        st[v] = measured_stats(a[v], g, 10.0, &len[v]);
+        /* what measuring cost came out of backward, exactly */
+        double bwd = st[v][6] /* S_BWD */, mt = st[v][GCOMP__ADAPT_STATS_FIXED - 1];
+        CHECK_MSG(mt > 0 && fabs(bwd + mt - 10.0) < 1e-9, "backward %g + measuring %g != 10", bwd,
+                  mt);
+    }
+    CHECK_EQ_INT(a[1]->t[0].sample_rows, 25); /* 5000 / 196 whole rows of fc1 */
+    CHECK_EQ_INT(a[1]->t[2].sample_rows, 19); /* 5000 / 256 of fc2 */
+    size_t K = a[0]->K;
+    for (size_t q = 0; q < a[0]->nm * K; q++) {
+        const double *w = st[0] + GCOMP__ADAPT_STATS_FIXED + a[0]->nm + 4 * q;
+        const double *b = st[1] + GCOMP__ADAPT_STATS_FIXED + a[1]->nm + 4 * q;
+        CHECK_MSG(fabs(b[1] / w[1] - 1) < 0.05, "|x|^2 %g from the block, %g whole", b[1], w[1]);
+        CHECK_MSG(fabs(b[0] / w[0] - 1) < 0.10, "error %g from the block, %g whole", b[0], w[0]);
+        CHECK(b[2] > 0 && b[3] > 0);
+    }
+    for (int v = 0; v < 2; v++) {
+        free(st[v]);
+        gcomp_adapt_free(a[v]);
+    }
+    free(g);
+}
+
+/* measure=auto: the next measurement where its cost is measure_cost of the time between,
+ * from the slowest rank (ranks that measured different costs space alike); never sooner
+ * than `measure`; a fixed measure= is not moved. */
+static uint64_t next_measure(const char *method, double wall0, double cost0, double cost1) {
+    gcomp_adapt *a[2];
+    gcomp_error e = {0};
+    for (int r = 0; r < 2; r++) CHECK_OK(make(&a[r], method, 0, &e));
+    if (!a[0] || !a[1]) return 0;
+    float *g = calloc(256 * 256, sizeof(float));
+    size_t len = gcomp_adapt_stats_size(a[0]), got;
+    double *all = malloc(2 * len * sizeof(double));
+    for (int r = 0; r < 2; r++) {
+        CHECK_EQ_INT(gcomp_adapt_measuring(a[r]), 0);
+        gcomp_adapt_end_step(a[r], NULL); /* step 0; step 1 ends the first interval */
+        free(measured_stats(a[r], g, 0.01, &got));
+        for (size_t i = 0; i < NMLP; i++) CHECK_OK(gcomp_adapt_observe(a[r], i, g, NULL));
+        CHECK_OK(gcomp_adapt_stats(a[r], all + r * len, len, &got));
+    }
+    /* replayed: the measuring step's statistics with the costs this test names */
+    for (int r = 0; r < 2; r++) {
+        double *b = all + r * len;
+        b[4] = 2;                                /* S_STEP */
+        b[GCOMP__ADAPT_STATS_FIXED - 3] = 1;     /* S_MEASURED */
+        b[GCOMP__ADAPT_STATS_FIXED - 2] = wall0; /* S_WALL */
+        b[GCOMP__ADAPT_STATS_FIXED - 1] = r ? cost1 : cost0;
+    }
+    gcomp_adapt_report rep[2];
+    for (int r = 0; r < 2; r++) {
+        CHECK_OK(gcomp_adapt_decide(a[r], all, len, 2, NULL, &e));
+        gcomp_adapt_get_report(a[r], &rep[r]);
+    }
+    CHECK_EQ_INT(rep[0].next_measure_step, rep[1].next_measure_step);
+    CHECK(rep[0].measure_s == fmax(cost0, cost1));
+    /* and the schedule holds: no measuring step before it, one at it */
+    uint64_t next = rep[0].next_measure_step;
+    for (uint64_t s = 2; s <= next && s < 400; s++) {
+        CHECK_EQ_INT(gcomp_adapt_measuring(a[0]), s == next);
+        gcomp_adapt_end_step(a[0], NULL);
+    }
+    for (int r = 0; r < 2; r++) gcomp_adapt_free(a[r]);
+    free(all);
+    free(g);
+    return next;
+}
+
+static void test_measure_spacing(void) {
+    /* interval 2: measure auto is 8 steps at least; the first measurement at step 1 */
+    const char *m = "adapt:layers;interval=2";
+    /* 0.5 s of 1 s: ceil(0.5 / (0.02 * 0.5)) = 50 intervals = 100 steps on */
+    CHECK_EQ_INT(next_measure(m, 1.0, 0.5, 0.01), 101);
+    CHECK_EQ_INT(next_measure(m, 1.0, 0.01, 0.5), 101);  /* the slowest rank, whichever */
+    CHECK_EQ_INT(next_measure(m, 1.0, 0.001, 0.001), 9); /* cheap: `measure` steps on */
+    CHECK_EQ_INT(next_measure("adapt:layers;interval=2;measure_cost=0.5", 1.0, 0.5, 0.5), 9);
+    CHECK_EQ_INT(next_measure("adapt:layers;interval=2;measure=4", 1.0, 0.5, 0.5), 5);
 }
 
 /* ---- bandwidth ------------------------------------------------------------------------ */
@@ -418,7 +533,7 @@ static int bandwidth_level(double link, double codec_s) {
     CHECK_OK(gcomp_adapt_stats(a, buf, gcomp_adapt_stats_size(a), &len));
     /* fixed codec times so the outcome does not depend on this machine's speed: compressed
      * candidates cost codec_s per tensor, dense nothing */
-    double *meas = buf + 12 + a->nm;
+    double *meas = buf + GCOMP__ADAPT_STATS_FIXED + a->nm;
     for (size_t m = 0; m < a->nm; m++)
         for (size_t j = 0; j < a->K; j++) {
             bool dense = !strncmp(a->ladder[j], "none:", 5);
@@ -427,6 +542,12 @@ static int bandwidth_level(double link, double codec_s) {
         }
     CHECK_OK(gcomp_adapt_decide(a, buf, len, 1, NULL, &e));
     int lvl = gcomp_adapt_level(a, 0);
+    /* every candidate's prediction is on record, the chosen one's in the report */
+    gcomp_adapt_report rep;
+    gcomp_adapt_get_report(a, &rep);
+    for (size_t j = 0; j < a->K; j++) CHECK(gcomp_adapt_predicted(a, j) > 0);
+    CHECK(gcomp_adapt_predicted(a, (size_t)lvl) == rep.predicted_step_s);
+    CHECK(isnan(gcomp_adapt_predicted(a, a->K)));
     free(buf);
     free(g);
     gcomp_adapt_free(a);
@@ -434,6 +555,26 @@ static int bandwidth_level(double link, double codec_s) {
 }
 
 static void test_bandwidth(void) {
+    /* with neither base nor ladder: the cross-codec ladder, PowerSGD first */
+    gcomp_adapt *a;
+    gcomp_error e = {0};
+    CHECK_OK(make(&a, "adapt:bandwidth", 0, &e));
+    if (a) {
+        CHECK_EQ_INT(gcomp_adapt_ladder_size(a), 4);
+        CHECK(!strncmp(gcomp_adapt_candidate(a, 0), "none:", 5));
+        CHECK(!strncmp(gcomp_adapt_candidate(a, 1), "powersgd:", 9));
+        CHECK(strstr(gcomp_adapt_candidate(a, 2), "density=0.001,") != NULL);
+        CHECK(strstr(gcomp_adapt_candidate(a, 3), "density=0.0001,") != NULL);
+        CHECK(!strncmp(gcomp_adapt_spec(a, 0), "powersgd:", 9));
+        CHECK(isnan(gcomp_adapt_predicted(a, 0))); /* no decision yet */
+        gcomp_adapt_free(a);
+    }
+    /* a ladder without base keeps the engine's base */
+    CHECK_OK(make(&a, "adapt:bandwidth;ladder=0.01/0.001", 0, &e));
+    if (a) {
+        CHECK(!strncmp(gcomp_adapt_spec(a, 0), "topk:", 5));
+        gcomp_adapt_free(a);
+    }
     int slow = bandwidth_level(1e6, 1e-4), mid = bandwidth_level(1e8, 1e-4),
         fast = bandwidth_level(1e12, 1e-4);
     CHECK_MSG(fast == 0, "a very fast link should send dense: level %d", fast);
@@ -574,6 +715,8 @@ int main(void) {
     test_layers_dp();
     test_layers_margin();
     test_layers_measured();
+    test_measure_sample();
+    test_measure_spacing();
     test_bandwidth();
     test_accuracy();
     test_accuracy_noise_hold();

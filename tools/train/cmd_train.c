@@ -512,10 +512,32 @@ static void settings_text(const gtrain_result *r, double epoch, char *out, size_
     }
 }
 
+/* Per adaptive method, every decision's inputs and each candidate's predicted step
+ * (decisions.csv, a row per decision and candidate): why it chose what it chose. */
+static void write_decisions(const opts *o, const gtrain_result *r, int nr) {
+    char path[PATH_MAX];
+    snprintf(path, sizeof path, "%s/decisions.csv", o->out);
+    FILE *f = fopen(path, "w");
+    if (!f) return;
+    fprintf(f, "method,decision,step,epoch,link_MBps,latency_ms,compute_ms,measure_s,"
+               "next_measure_step,level,candidate,predicted_ms,chosen\n");
+    for (int i = 0; i < nr; i++)
+        for (size_t k = 0; k < r[i].ndlog; k++) {
+            const gtrain_decision *d = &r[i].dlog[k];
+            fprintf(f, "\"%s\",%zu,%zu,%.4f,%.6g,%.6g,%.6g,%.4g,%zu,%zu,\"%s\",%.6g,%d\n",
+                    r[i].method, d->decision, d->step, d->epoch, d->bandwidth / 1e6,
+                    1e3 * d->latency, 1e3 * d->compute_s, d->measure_s, d->next_measure,
+                    d->candidate, d->candidate < r[i].nladder ? r[i].ladder[d->candidate] : "",
+                    1e3 * d->predicted_s, d->chosen);
+        }
+    fclose(f);
+}
+
 /* Per adaptive method: its settings over time (settings.csv) and a plot of each tensor's
  * density (and bits) against the epoch beside the test accuracy. */
 static void write_adaptive(const opts *o, gtrain_result *r, int nr, int P, FILE *gp) {
     char path[PATH_MAX];
+    write_decisions(o, r, nr);
     snprintf(path, sizeof path, "%s/settings.csv", o->out);
     FILE *f = fopen(path, "w");
     if (f) fprintf(f, "method,step,epoch,tensor,density,value_bits,message_bytes\n");
@@ -961,8 +983,9 @@ int cmd_train(int argc, char **argv) {
             printf("wrote %s/results.json, %s/metrics.csv, %s/accuracy_vs_bytes.png, "
                    "%s/accuracy_vs_time.png%s\n",
                    o.out, o.out, o.out, o.out,
-                   any_adaptive(res, nr) ? ", settings.csv and adapt-N.png (adaptive methods)"
-                                         : "");
+                   any_adaptive(res, nr)
+                       ? ", settings.csv, decisions.csv and adapt-N.png (adaptive methods)"
+                       : "");
         else
             rc = 1;
     }
