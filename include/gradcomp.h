@@ -893,8 +893,9 @@ GCOMP_API gcomp_status gcomp_cost_break_even(const gcomp_cost_model *m,
  * src/adapt/, applied in this order whatever order they are written in):
  *   bandwidth  the cost model (gcomp_cost_eval) fed with the measured link, the measured
  *              codec time of every candidate and the measured compute: the lightest
- *              setting whose predicted step is within `slack` of the fastest, dense
- *              included (Agarwal et al. MLSys 2022's question, asked at run time);
+ *              setting whose predicted step, weighed by `penalty` per ladder step away
+ *              from base, is within `slack` of the best, dense included (Agarwal et al.
+ *              MLSys 2022's question, asked at run time);
  *   accuracy   a closed loop on a validation metric (gcomp_adapt_observe_metric): one
  *              ladder step lighter when the metric falls below a glide path to `target`,
  *              one heavier when above it, with a dead band and a dwell time;
@@ -909,8 +910,8 @@ GCOMP_API gcomp_status gcomp_cost_break_even(const gcomp_cost_model *m,
  *   base=SPEC        the setting of the compressed tensors (default
  *                    topk:density=0.001,feedback=ef; with bandwidth, when neither base nor
  *                    ladder is given, powersgd:rank=4 on the cross-codec ladder
- *                    dense / powersgd:rank=4 / dgc:density=0.001,values=f16 /
- *                    dgc:density=0.0001,values=f16)
+ *                    dense / powersgd:rank=4 / topk:density=0.001,values=f16,feedback=ef /
+ *                    topk:density=0.0001,values=f16,feedback=ef)
  *   ladder=A/B/...   the candidates, '/'-separated: values of the base's knob (density=,
  *                    rank=, levels=; knob=KEY picks another) or whole specs, `dense` for
  *                    the dense spec; sorted by the bytes they send, most first.  Default
@@ -931,7 +932,9 @@ GCOMP_API gcomp_status gcomp_cost_break_even(const gcomp_cost_model *m,
  *                    policy's keys (gcomp_policy_create; tensors the policy sends dense or
  *                    by a glob are left alone)
  *   bandwidth: slack=0.05 (relative), overlap=0..1 (as gcomp_cost_compute), confirm=N
- *              (decisions a new choice must repeat, default 2)
+ *              (decisions a new choice must repeat, default 2), penalty=0.3 (the share
+ *              more steps to the same accuracy each ladder step heavier than base is
+ *              taken to cost: level L scores T_L * (1 + penalty)^(L - base))
  *   accuracy:  target=T (0 < T < 1, or a percentage), band=0.002, margin=0.02 (the glide
  *              path target - margin * (1 - progress)), start=0.1 (progress before which it
  *              holds), dwell=2 (metric decisions between moves)

@@ -16,9 +16,16 @@
  *            before the first one, the caller's calibration or the model's default;
  *   compute  forward, backward and optimizer time (the slowest rank's), and `overlap`,
  *            the share of the backward pass a transfer can hide behind.
- * It then takes the LIGHTEST level whose prediction is within `slack` of the fastest: past
- * the point where the link stops being the bottleneck more compression buys no time and
- * costs accuracy, so among near-equal times the one that loses least wins.  A new level
+ * A step time is half the question: "per-iteration speed-up must exceed the convergence
+ * slowdown" (Agarwal et al.), and the model predicts only the first.  The second enters as
+ * a prior, `penalty`: each ladder step heavier than base is taken to cost that share more
+ * steps to the same accuracy, each step lighter that share fewer, so level L scores
+ * T_L * (1 + penalty)^(L - base), and leaving base must pay for it.  (Measured compression
+ * errors do not rank this across codecs: with error feedback a top-k at 0.001 loses 99 %
+ * of a step's gradient and still converges about as fast per step as PowerSGD's rank 4.)
+ * It then takes the LIGHTEST level whose score is within `slack` of the best: past the
+ * point where the link stops being the bottleneck more compression buys no time and costs
+ * accuracy, so among near-equal scores the one that loses least wins.  A new level
  * must come out of `confirm` decisions in a row before it is taken (hysteresis against a
  * noisy measurement flipping the setting back and forth); the first decision with a
  * measured link takes it at once.
@@ -26,10 +33,13 @@
  * The default ladder, when the method names neither base nor ladder, spans codecs, because
  * no one codec's knob covers every link: dense where compression does not pay; PowerSGD
  * rank 4 where the link is the bottleneck but not by far (on CPUs it encodes fastest of
- * the compressed codecs, and its all-reduce keeps the bytes a rank sends flat in P); DGC
- * with f16 values at 0.001 and 0.0001 where even rank 4 is too much (sparse messages that
- * small beat any rank).  The base is PowerSGD: the setting before the first measured link.
- * It is sorted by bytes like any ladder, so the order follows the model's shapes.
+ * the compressed codecs, and its all-reduce keeps the bytes a rank sends flat in P);
+ * top-k with error feedback and f16 values at 0.001 and 0.0001 where even rank 4 is too
+ * much.  Every entry leaves momentum to the caller's optimizer: a switch to or from DGC,
+ * which keeps the momentum in the compressor, hands its velocity over in other units
+ * (docs/ADAPTIVE.md, "Live retune").  The base is PowerSGD: the setting before the first
+ * measured link.  It is sorted by bytes like any ladder, so the order follows the model's
+ * shapes.
  *
  * Rejected: a fixed bandwidth threshold per codec (the break-even depends on the model,
  * the worker count and the codec speed of this machine - gcomp_cost_break_even shows it
@@ -41,13 +51,13 @@
 #include <stdio.h>
 
 typedef struct bw_state {
-    double slack, overlap, confirm;
+    double slack, overlap, confirm, penalty;
     int chosen, candidate, streak;
     bool have_link;
     double *enc_pe, *dec_pe; /* K: measured seconds per element, NaN before a measurement */
 } bw_state;
 
-static const char *const bw_keys[] = {"slack", "overlap", "confirm", NULL};
+static const char *const bw_keys[] = {"slack", "overlap", "confirm", "penalty", NULL};
 
 static void bw_free(void *p) {
     bw_state *s = p;
@@ -64,7 +74,8 @@ static gcomp_status bw_create(gcomp_adapt *a, void **out, gcomp_error *err) {
     gcomp_status st;
     if ((st = gcomp__adapt_num(a, "bandwidth", "slack", 0.05, 0, 10, &s->slack, err)) ||
         (st = gcomp__adapt_num(a, "bandwidth", "overlap", 0, 0, 1, &s->overlap, err)) ||
-        (st = gcomp__adapt_num(a, "bandwidth", "confirm", 2, 1, 1000, &s->confirm, err)))
+        (st = gcomp__adapt_num(a, "bandwidth", "confirm", 2, 1, 1000, &s->confirm, err)) ||
+        (st = gcomp__adapt_num(a, "bandwidth", "penalty", 0.3, 0, 10, &s->penalty, err)))
         return st;
     s->chosen = s->candidate = a->base;
     s->enc_pe = gcomp__alloc((a->K + 1) * sizeof(double));
@@ -129,7 +140,7 @@ static void bw_decide(gcomp_adapt *a, void *p, const gcomp__adapt_in *in, gcomp_
     gcomp_cost_compute cc = {in->forward_s, in->backward_s, in->optimizer_s, s->overlap};
     gcomp_cost_calibration *cal = NULL;
     gcomp_cost_tensor *ct = gcomp__alloc(a->nt * sizeof *ct);
-    double *T = gcomp__alloc(a->K * sizeof(double));
+    double *T = gcomp__alloc(2 * a->K * sizeof(double)); /* predictions, then scores */
     bool ok = ct && T && gcomp_cost_calibration_create(&cal) == GCOMP_OK;
     if (ok && a->cal) {
         for (size_t i = 0; i < gcomp_cost_calibration_codecs(a->cal); i++)
@@ -144,16 +155,17 @@ static void bw_decide(gcomp_adapt *a, void *p, const gcomp__adapt_in *in, gcomp_
         gcomp_cost_calibration_add_codec(cal, &r, NULL);
     }
     int target = s->chosen;
-    double best = INFINITY;
+    double best = INFINITY, *score = T ? T + a->K : NULL;
     if (ok) {
         for (size_t L = 0; L < a->K; L++) {
             T[L] = predict(a, s, cal, &net, &cc, L, ct);
-            best = T[L] < best ? T[L] : best;
             a->pred[L] = T[L]; /* gcomp_adapt_predicted: why it chose what it chose */
+            score[L] = T[L] * pow(1 + s->penalty, (double)L - (double)a->base);
+            best = score[L] < best ? score[L] : best;
         }
         if (isfinite(best)) {
             for (size_t L = 0; L < a->K; L++)
-                if (T[L] <= (1 + s->slack) * best) {
+                if (score[L] <= (1 + s->slack) * best) {
                     target = (int)L; /* the lightest within slack */
                     break;
                 }
@@ -186,8 +198,8 @@ const gcomp__adapt_ctl gcomp__adapt_bandwidth = {
     .keys = bw_keys,
     .needs_measure = true,
     .default_base = "powersgd:rank=4",
-    .default_ladder = "dense/powersgd:rank=4/dgc:density=0.001,values=f16/"
-                      "dgc:density=0.0001,values=f16",
+    .default_ladder = "dense/powersgd:rank=4/topk:density=0.001,values=f16,feedback=ef/"
+                      "topk:density=0.0001,values=f16,feedback=ef",
     .create = bw_create,
     .free = bw_free,
     .decide = bw_decide,

@@ -514,10 +514,15 @@ static void test_measure_spacing(void) {
 
 /* ---- bandwidth ------------------------------------------------------------------------ */
 
-static int bandwidth_level(double link, double codec_s) {
+/* The level the bandwidth controller takes on `link` (bytes/s); *rule_ok is 0 when the
+ * choice breaks the documented rule on its own predictions: the lightest level whose
+ * T_L * (1 + penalty)^(L - base) is within slack (0.05) of the best. */
+static int bandwidth_level_with(const char *method, double penalty, double link, double codec_s,
+                                int *rule_ok) {
     gcomp_adapt *a;
     gcomp_error e = {0};
-    CHECK_OK(make(&a, "adapt:bandwidth;interval=2;measure=2;confirm=1", 0, &e));
+    *rule_ok = 0;
+    CHECK_OK(make(&a, method, 0, &e));
     if (!a) return -1;
     float *g = calloc(256 * 256, sizeof(float));
     for (size_t k = 0; k < 256 * 256; k++) g[k] = (float)((k * 2654435761u) % 1000) - 500;
@@ -542,6 +547,13 @@ static int bandwidth_level(double link, double codec_s) {
         }
     CHECK_OK(gcomp_adapt_decide(a, buf, len, 1, NULL, &e));
     int lvl = gcomp_adapt_level(a, 0);
+    double best = INFINITY, sc[64];
+    for (size_t j = 0; j < a->K; j++) {
+        sc[j] = gcomp_adapt_predicted(a, j) * pow(1 + penalty, (double)j - a->base);
+        best = fmin(best, sc[j]);
+    }
+    *rule_ok = sc[lvl] <= 1.05 * best;
+    for (int j = 0; j < lvl; j++) *rule_ok &= sc[j] > 1.05 * best;
     /* every candidate's prediction is on record, the chosen one's in the report */
     gcomp_adapt_report rep;
     gcomp_adapt_get_report(a, &rep);
@@ -554,6 +566,14 @@ static int bandwidth_level(double link, double codec_s) {
     return lvl;
 }
 
+static int bandwidth_level(double link, double codec_s) {
+    int ok;
+    int l = bandwidth_level_with("adapt:bandwidth;interval=2;measure=2;confirm=1", 0.3, link,
+                                 codec_s, &ok);
+    CHECK(ok);
+    return l;
+}
+
 static void test_bandwidth(void) {
     /* with neither base nor ladder: the cross-codec ladder, PowerSGD first */
     gcomp_adapt *a;
@@ -563,8 +583,8 @@ static void test_bandwidth(void) {
         CHECK_EQ_INT(gcomp_adapt_ladder_size(a), 4);
         CHECK(!strncmp(gcomp_adapt_candidate(a, 0), "none:", 5));
         CHECK(!strncmp(gcomp_adapt_candidate(a, 1), "powersgd:", 9));
-        CHECK(strstr(gcomp_adapt_candidate(a, 2), "density=0.001,") != NULL);
-        CHECK(strstr(gcomp_adapt_candidate(a, 3), "density=0.0001,") != NULL);
+        CHECK(!strncmp(gcomp_adapt_candidate(a, 2), "topk:density=0.001,", 19));
+        CHECK(!strncmp(gcomp_adapt_candidate(a, 3), "topk:density=0.0001,", 20));
         CHECK(!strncmp(gcomp_adapt_spec(a, 0), "powersgd:", 9));
         CHECK(isnan(gcomp_adapt_predicted(a, 0))); /* no decision yet */
         gcomp_adapt_free(a);
@@ -579,6 +599,22 @@ static void test_bandwidth(void) {
         fast = bandwidth_level(1e12, 1e-4);
     CHECK_MSG(fast == 0, "a very fast link should send dense: level %d", fast);
     CHECK_MSG(slow > mid && mid > fast, "levels slow %d mid %d fast %d", slow, mid, fast);
+    /* the rule, with and without the penalty, over links from 100 kB/s to 1 TB/s; leaving
+     * base must pay for itself, so somewhere the penalty keeps a lighter level */
+    int differ = 0;
+    for (double link = 1e5; link <= 1e12; link *= 1.7783) {
+        int ok0, ok1;
+        int l0 = bandwidth_level_with("adapt:bandwidth;interval=2;measure=2;confirm=1;penalty=0", 0,
+                                      link, 1e-4, &ok0);
+        int l1 = bandwidth_level_with("adapt:bandwidth;interval=2;measure=2;confirm=1", 0.3, link,
+                                      1e-4, &ok1);
+        CHECK_MSG(ok0 && ok1, "link %g: levels %d (penalty 0), %d (0.3) break the rule", link, l0,
+                  l1);
+        CHECK_MSG(l1 <= l0 || l1 <= 1, "link %g: the penalty chose heavier (%d > %d)", link, l1,
+                  l0);
+        differ += l0 != l1;
+    }
+    CHECK_MSG(differ > 0, "the penalty never changed a choice");
 }
 
 /* ---- accuracy -------------------------------------------------------------------------- */
