@@ -454,7 +454,11 @@ GCOMP_API const float *gcomp_compressor_residual(const gcomp_compressor *c);
  *     (feedback=none, e.g. dense `none`), into the next message: the next gcomp_encode
  *     sends grad + held back ("switching to dense flushes the residual");
  *   momentum (GCOMP_SPEC_MOMENTUM on both: dgc to dgc) is kept; from dgc to any other
- *     spec it is dropped and the caller's optimizer takes momentum back for the tensor;
+ *     spec the caller's optimizer takes momentum back for the tensor (from zero), and the
+ *     held-back velocity v becomes gradient: (1 - m) v + m u, what DGC owed plus the tail
+ *     its momentum u would still have added, so an optimizer with the same momentum m
+ *     applies it once, not 1/(1 - m) times; the other way, held back h joins v as
+ *     h / (1 - m) and u starts at zero (the caller drops its own momentum buffer);
  *   warm start (powersgd to powersgd, same shape): the first min(r, r') columns of Q;
  *   the step counter, the epoch and the statistics continue.
  * Ranks that exchange a tensor must retune it at the same step to the same spec (the MPI

@@ -397,6 +397,10 @@ struct gcomp__feedback {
      * `from` keeps momentum of its kind.  NULL for a feedback that keeps nothing (none):
      * the held-back vector then rides in the next message (gcomp_compressor.carry). */
     void (*absorb)(gcomp_compressor *c, const float *held, const gcomp_compressor *from);
+    /* For a feedback that keeps the momentum (GCOMP_SPEC_MOMENTUM): its momentum m and,
+     * when u is not NULL, its momentum vector (n floats).  Retune converts what is held
+     * back across the momentum boundary with it (retune.c). */
+    float (*momentum)(const gcomp_compressor *c, const float **u);
 };
 const gcomp__feedback *gcomp__feedback_find(const char *name);
 #define GCOMP__FEEDBACK(name) extern const gcomp__feedback gcomp__feedback_##name;

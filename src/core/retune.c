@@ -12,8 +12,17 @@
  *     its codec's own residual (PowerSGD: E = h), else, for a spec that keeps nothing
  *     (feedback=none, e.g. dense `none`), into the next message: the next encode
  *     compresses g + h ("switching to dense flushes the residual").
- *   momentum (GCOMP_SPEC_MOMENTUM on both: dgc -> dgc) is kept; dgc -> anything else drops
- *   u, which the caller's optimizer then takes over (the trainer zeroes its own buffer).
+ *   momentum (GCOMP_SPEC_MOMENTUM on both: dgc -> dgc) is kept.  Across the boundary the
+ *   held-back vector changes units.  DGC's v is update (it is applied once, by plain
+ *   SGD, when sent); another spec's residual is gradient, which the caller's momentum
+ *   optimizer (momentum m, the same as DGC's) amplifies by 1/(1 - m) once sent.  So
+ *     dgc -> other:  h = (1 - m) v + m u: the update owed, v, plus the tail u would still
+ *                    have added (m u + m^2 u + ... = m u / (1 - m)), in gradient units;
+ *                    the optimizer takes momentum back from 0 (the trainer zeroes it);
+ *     other -> dgc:  v += h / (1 - m), and u starts at 0; the caller's optimizer drops
+ *                    its own momentum buffer for the tensor, whose tail is lost.
+ *   Moved unconverted, v came back amplified by 1/(1 - m) (10x at m = 0.9): a switch
+ *   from DGC to PowerSGD after 100 steps at density 0.0001 blew the loss up on netsim.
  *   warm start (the same multi-phase codec and shape: PowerSGD's Q) keeps the first
  *   min(r, r') columns; new columns are drawn from the shared seed as at a start.
  *   step counter, epoch and statistics continue.
@@ -55,6 +64,18 @@ gcomp_status gcomp_compressor_retune(gcomp_compressor *c, const char *spec, gcom
         c->codec->held(c, held);
     if (c->carry)
         for (size_t i = 0; i < n; i++) held[i] += c->carry[i];
+    const gcomp__feedback *of = c->spec.feedback, *nf = nc->spec.feedback;
+    const bool om = (of->traits & GCOMP_SPEC_MOMENTUM) && of->momentum,
+               nm = (nf->traits & GCOMP_SPEC_MOMENTUM) && nf->momentum;
+    if (om && !nm) { /* velocity and momentum tail -> gradient */
+        const float *u;
+        const float m = of->momentum(c, &u);
+        for (size_t i = 0; i < n; i++) held[i] = (1 - m) * held[i] + m * u[i];
+    } else if (!om && nm) { /* gradient -> velocity */
+        const float m = nf->momentum(nc, NULL);
+        if (m < 1)
+            for (size_t i = 0; i < n; i++) held[i] /= 1 - m;
+    }
     for (size_t i = 0; i < n && !any; i++) any = held[i] != 0.0f;
     nc->step = c->step; /* before absorb: PowerSGD draws new warm-start columns from it */
     nc->epoch = c->epoch;

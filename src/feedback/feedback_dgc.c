@@ -337,6 +337,12 @@ static void dgc_absorb(gcomp_compressor *c, const float *held, const gcomp_compr
     }
 }
 
+static float dgc_momentum(const gcomp_compressor *c, const float **u) {
+    const dgc_state *s = c->fb_state;
+    if (u) *u = s->u;
+    return s->m;
+}
+
 static const gcomp_param_info dgc_params[] = {
     {"momentum", GCOMP_PARAM_FLOAT, 0, 1, 0, "0.9", NULL,
      "momentum m of the correction u = m*u + g (the optimizer must then use none)"},
@@ -372,6 +378,7 @@ const gcomp__feedback gcomp__feedback_dgc = {
     .residual = dgc_residual,
     .traits = GCOMP_SPEC_FEEDBACK | GCOMP_SPEC_MOMENTUM,
     .absorb = dgc_absorb,
+    .momentum = dgc_momentum,
 };
 
 /* ---- the `dgc` codec: exact top-k with the dgc feedback built in ---------------------- */

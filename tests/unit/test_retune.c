@@ -254,8 +254,47 @@ static void test_failures(void) {
     gcomp_compressor_free(c);
 }
 
+/* Across the momentum boundary the held-back vector changes units (retune.c): DGC's
+ * velocity v plus its momentum tail become gradient for a momentum optimizer,
+ * h = (1 - m) v + m u; gradient held back becomes velocity, v = h / (1 - m).  So what the
+ * optimizer finally applies is what DGC owed, not 1/(1 - m) times it. */
+static void test_momentum_boundary(void) {
+    const float m = 0.9f;
+    unsigned long long seed = 21;
+    double sg[N], sd[N];
+    gcomp_compressor *c;
+    CHECK_OK(gcomp_compressor_create(&c, "dgc:density=0.01,momentum=0.9", N, ROWS, COLS, NULL));
+    run(c, 5, &seed, sg, sd);
+    static float v[N], u[N];
+    memcpy(v, gcomp_compressor_residual(c), sizeof v);
+    const float *up;
+    CHECK(c->spec.feedback->momentum && c->spec.feedback->momentum(c, &up) == m);
+    memcpy(u, up, sizeof u);
+    double un = 0;
+    for (size_t i = 0; i < N; i++) un += fabs(u[i]);
+    CHECK(un > 0); /* a tail to carry */
+    CHECK_OK(gcomp_compressor_retune(c, "topk:density=0.01,feedback=ef", NULL));
+    const float *e = gcomp_compressor_residual(c);
+    double worst = 0;
+    for (size_t i = 0; i < N; i++) worst = fmax(worst, fabs(e[i] - ((1 - m) * v[i] + m * u[i])));
+    CHECK_MSG(worst < 1e-5, "dgc -> ef: residual off (1-m) v + m u by %g", worst);
+    /* and back: v = e / (1 - m), u from 0 */
+    static float e2[N];
+    run(c, 3, &seed, sg, sd);
+    memcpy(e2, gcomp_compressor_residual(c), sizeof e2);
+    CHECK_OK(gcomp_compressor_retune(c, "dgc:density=0.01,momentum=0.9", NULL));
+    const float *v2 = gcomp_compressor_residual(c);
+    worst = 0;
+    for (size_t i = 0; i < N; i++) worst = fmax(worst, fabs(v2[i] - e2[i] / (1 - m)));
+    c->spec.feedback->momentum(c, &up);
+    for (size_t i = 0; i < N; i++) worst = fmax(worst, fabs(up[i]));
+    CHECK_MSG(worst < 1e-4, "ef -> dgc: v off e / (1 - m), or u not 0, by %g", worst);
+    gcomp_compressor_free(c);
+}
+
 int main(void) {
     test_conservation();
+    test_momentum_boundary();
     test_dense_flush();
     test_same_spec_is_noop();
     test_failures();
