@@ -534,7 +534,7 @@ static void write_decisions(const opts *o, const gtrain_result *r, int nr) {
 }
 
 /* Per adaptive method: its settings over time (settings.csv) and a plot of each tensor's
- * density (and bits) against the epoch beside the test accuracy. */
+ * message bytes against the epoch beside the test accuracy. */
 static void write_adaptive(const opts *o, gtrain_result *r, int nr, int P, FILE *gp) {
     char path[PATH_MAX];
     write_decisions(o, r, nr);
@@ -564,7 +564,10 @@ static void write_adaptive(const opts *o, gtrain_result *r, int nr, int P, FILE 
         if (dense >= 0)
             fprintf(gp, ", '%s/curve-%d.dat' using 4:3 with linespoints title 'dense'", o->out,
                     dense);
-        fprintf(gp, "\nset ylabel 'density (elements sent / n)'\nset logscale y\nplot ");
+        /* bytes, not density: a cross-codec ladder (PowerSGD has no density) ranks by them;
+         * the target line of the panel above is on another axis */
+        fprintf(gp, "\nunset arrow 1\nunset label 1\nset ylabel 'message bytes per step'\nset "
+                    "logscale y\nplot ");
         int first = 1;
         for (size_t ti = 0; ti < r[i].ntensors; ti++) {
             if (!setting_at(&r[i], ti, end)) continue;
@@ -574,12 +577,13 @@ static void write_adaptive(const opts *o, gtrain_result *r, int nr, int P, FILE 
             if (!d) continue;
             for (size_t k = 0; k < r[i].nsettings; k++)
                 if (r[i].settings[k].tensor == ti)
-                    fprintf(d, "%.6g %.6g %g\n", r[i].settings[k].epoch, r[i].settings[k].density,
-                            r[i].settings[k].bits);
+                    fprintf(d, "%.6g %.6g %g %.0f\n", r[i].settings[k].epoch,
+                            r[i].settings[k].density, r[i].settings[k].bits,
+                            r[i].settings[k].bytes);
             const gtrain_setting *s = setting_at(&r[i], ti, end);
-            fprintf(d, "%.6g %.6g %g\n", end, s->density, s->bits);
+            fprintf(d, "%.6g %.6g %g %.0f\n", end, s->density, s->bits, s->bytes);
             fclose(d);
-            fprintf(gp, "%s'%s' using 1:2 with steps lw 2 title '%s'", first ? "" : ", ", dp,
+            fprintf(gp, "%s'%s' using 1:4 with steps lw 2 title '%s'", first ? "" : ", ", dp,
                     r[i].tensor_names[ti]);
             first = 0;
         }
