@@ -37,9 +37,9 @@
  * top-k with error feedback and f16 values at 0.001 and 0.0001 where even rank 4 is too
  * much.  Every entry leaves momentum to the caller's optimizer, so no switch crosses the
  * momentum boundary of DGC, which keeps it in the compressor (retune.c converts what is
- * held back there, but the optimizer's momentum restarts from zero).  The base is PowerSGD: the
- * setting before the first measured link.  It is sorted by bytes like any ladder, so the order
- * follows the model's shapes.
+ * held back there, but the optimizer's momentum restarts from zero).  The base is
+ * PowerSGD: the setting before the first measured link.  It is sorted by bytes like any
+ * ladder, so the order follows the model's shapes.
  *
  * Rejected: a fixed bandwidth threshold per codec (the break-even depends on the model,
  * the worker count and the codec speed of this machine - gcomp_cost_break_even shows it

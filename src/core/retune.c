@@ -22,7 +22,7 @@
  *     other -> dgc:  v += h / (1 - m), and u starts at 0; the caller's optimizer drops
  *                    its own momentum buffer for the tensor, whose tail is lost.
  *   Moved unconverted, v came back amplified by 1/(1 - m) (10x at m = 0.9): a switch
- *   from DGC to PowerSGD after 100 steps at density 0.0001 blew the loss up on netsim.
+ *   from DGC to PowerSGD after 115 steps at density 0.0001 blew the loss up on netsim.
  *   warm start (the same multi-phase codec and shape: PowerSGD's Q) keeps the first
  *   min(r, r') columns; new columns are drawn from the shared seed as at a start.
  *   step counter, epoch and statistics continue.
@@ -70,7 +70,8 @@ gcomp_status gcomp_compressor_retune(gcomp_compressor *c, const char *spec, gcom
     if (om && !nm) { /* velocity and momentum tail -> gradient */
         const float *u;
         const float m = of->momentum(c, &u);
-        for (size_t i = 0; i < n; i++) held[i] = (1 - m) * held[i] + m * u[i];
+        if (m < 1) /* m = 1 has no gradient equivalent: kept as it is */
+            for (size_t i = 0; i < n; i++) held[i] = (1 - m) * held[i] + m * u[i];
     } else if (!om && nm) { /* gradient -> velocity */
         const float m = nf->momentum(nc, NULL);
         if (m < 1)
