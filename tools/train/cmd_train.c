@@ -795,7 +795,7 @@ static void print_table(gtrain_result *r, int nr, double target, const char *why
             snprintf(delta, sizeof delta, "-");
         char pred[16] = "-";
         if (r[i].predicted) snprintf(pred, sizeof pred, "%.2f", r[i].pred_step_ms);
-        char name[64];
+        char name[96]; /* method (30) + " [exchange]" (up to 50) */
         if (r[i].exchange[0])
             snprintf(name, sizeof name, "%.30s [%s]", r[i].method, r[i].exchange);
         else
@@ -836,7 +836,7 @@ static void print_table(gtrain_result *r, int nr, double target, const char *why
                "worker steps (momentum)");
         for (int i = 0; i < nr; i++) {
             if (!r[i].exchange[0]) continue;
-            char name[64], stale[32], steps[32];
+            char name[96], stale[32], steps[32];
             snprintf(name, sizeof name, "%.30s [%s]", r[i].method, r[i].exchange);
             snprintf(stale, sizeof stale, "%.1f/%.0f", r[i].ps_stale_mean, r[i].ps_stale_max);
             snprintf(steps, sizeof steps, "%.0f-%.0f (%.2f)", r[i].ps_worker_steps_min,
@@ -969,7 +969,7 @@ int cmd_train(int argc, char **argv) {
     }
     if (rank == 0 && nr > 0) {
         double target = o.target;
-        char why[160];
+        char why[320]; /* a method name (up to 255) and the rule */
         snprintf(why, sizeof why, "--target-acc");
         if (target < 0) {
             int d = 0;
