@@ -600,9 +600,9 @@ static gcomp_status resolve_schedule(gcomp_adapt *a, gcomp_error *err) {
                            "adapt: measure_cost= spaces measure=auto; with measure=%s it would "
                            "be ignored",
                            gcomp__adapt_opt(a, "measure"));
+    const bool has_sample = gcomp__adapt_opt(a, "sample") != NULL;
     if ((st = count_opt(a, "sample", "all", &sample, &given, err)) != GCOMP_OK) return st;
-    a->sample = given ? (size_t)sample : DEFAULT_SAMPLE;
-    if (gcomp__adapt_opt(a, "sample") && !given) a->sample = SIZE_MAX;
+    a->sample = given ? (size_t)sample : has_sample ? SIZE_MAX /* all */ : DEFAULT_SAMPLE;
     a->interval = interval;
     return GCOMP_OK;
 }

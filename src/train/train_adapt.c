@@ -246,8 +246,11 @@ const gtrain_decision *gtrain_adapt_log(const gtrain_adapt *a, size_t *count) {
     return a ? a->log : NULL;
 }
 
-const char *gtrain_adapt_candidate(const gtrain_adapt *a, size_t j, size_t *count) {
-    *count = a ? gcomp_adapt_ladder_size(a->ad) : 0;
+size_t gtrain_adapt_ladder_size(const gtrain_adapt *a) {
+    return a ? gcomp_adapt_ladder_size(a->ad) : 0;
+}
+
+const char *gtrain_adapt_candidate(const gtrain_adapt *a, size_t j) {
     return a ? gcomp_adapt_candidate(a->ad, j) : NULL;
 }
 

@@ -66,7 +66,8 @@ int gtrain_adapt_end_step(gtrain_adapt *a, gtrain_exchange *ex, gtrain_model *m,
                           double optimizer_s, double *spent_s, char *err, size_t errlen);
 /* Every decision, a row per ladder candidate, in order; the ladder's specs. */
 const gtrain_decision *gtrain_adapt_log(const gtrain_adapt *a, size_t *count);
-const char *gtrain_adapt_candidate(const gtrain_adapt *a, size_t j, size_t *count);
+size_t gtrain_adapt_ladder_size(const gtrain_adapt *a);
+const char *gtrain_adapt_candidate(const gtrain_adapt *a, size_t j);
 /* Every setting change, the first decision included, in order. */
 const gtrain_setting *gtrain_adapt_history(const gtrain_adapt *a, size_t *count);
 size_t gtrain_adapt_decisions(const gtrain_adapt *a);

@@ -208,9 +208,8 @@ static int keep_history(const gtrain_adapt *ad, const gtrain_tensor *t, size_t n
     for (size_t i = 0; i < nt; i++)
         if (!(out->tensor_names[i] = strdup(t[i].name))) return 1;
     out->decisions = gtrain_adapt_decisions(ad);
-    size_t nl, K;
+    size_t nl, K = gtrain_adapt_ladder_size(ad);
     const gtrain_decision *l = gtrain_adapt_log(ad, &nl);
-    gtrain_adapt_candidate(ad, 0, &K);
     out->dlog = malloc((nl + 1) * sizeof *out->dlog);
     out->ladder = calloc(K + 1, sizeof *out->ladder);
     if (!out->dlog || !out->ladder) return 1;
@@ -218,7 +217,7 @@ static int keep_history(const gtrain_adapt *ad, const gtrain_tensor *t, size_t n
     out->ndlog = nl;
     out->nladder = K;
     for (size_t j = 0; j < K; j++)
-        if (!(out->ladder[j] = strdup(gtrain_adapt_candidate(ad, j, &K)))) return 1;
+        if (!(out->ladder[j] = strdup(gtrain_adapt_candidate(ad, j)))) return 1;
     gtrain_adapt_errors(ad, &out->error, &out->error_uniform);
     return 0;
 }
