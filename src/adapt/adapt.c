@@ -851,9 +851,13 @@ void gcomp_adapt_get_report(const gcomp_adapt *a, gcomp_adapt_report *out) {
 static gcomp_status measure_one(gcomp_adapt *a, const char *spec, const gcomp__adapt_tensor *t,
                                 const float *x, double *out) {
     const size_t n = t->sample_n, rows = t->rows ? t->sample_rows : 0;
-    char nofb[GCOMP__SPEC_MAX];
+    char nofb[GCOMP__SPEC_MAX], steady[GCOMP__SPEC_MAX];
     const char *use = spec;
     if (gcomp_spec_set(spec, "feedback", "none", nofb, sizeof nofb, NULL) == GCOMP_OK) use = nofb;
+    /* The steady state, as the bytes (gcomp_spec_bytes_estimate): a fresh compressor is at
+     * epoch 0, where a warm-up sends warmup_start whatever the density, so every candidate
+     * below it measured the same error and the DP took the cheapest. */
+    if (gcomp_spec_set(use, "warmup", "0", steady, sizeof steady, NULL) == GCOMP_OK) use = steady;
     gcomp_compressor *c;
     gcomp_status st = gcomp_compressor_create(&c, use, n, rows, rows ? t->cols : 0, NULL);
     if (st != GCOMP_OK) return st;

@@ -400,6 +400,48 @@ static void test_layers_measured(void) {
     gcomp_adapt_free(a);
 }
 
+/* The errors of one measuring step on tensor fc1 (gaussian), per ladder entry. */
+static void measured_errors(const char *method, double *err, size_t k_expect) {
+    static const gcomp_tensor_desc T[] = {{"fc1.weight", 256 * 256, 256, 256}};
+    gcomp_adapt *a;
+    gcomp_error e = {0};
+    CHECK_OK(gcomp_adapt_create(&a, method, T, 1, NULL, &e));
+    if (!a) return;
+    CHECK_EQ_INT((int)a->K, (int)k_expect);
+    unsigned long long seed = 11;
+    float *g = malloc(T[0].n * sizeof(float));
+    for (size_t k = 0; k < T[0].n; k++) g[k] = test_gauss(&seed);
+    CHECK(gcomp_adapt_measuring(a));
+    CHECK_OK(gcomp_adapt_observe(a, 0, g, NULL));
+    gcomp_adapt_end_step(a, NULL);
+    size_t len;
+    double *buf = malloc(gcomp_adapt_stats_size(a) * sizeof(double));
+    CHECK_OK(gcomp_adapt_stats(a, buf, gcomp_adapt_stats_size(a), &len));
+    const double *meas = buf + GCOMP__ADAPT_STATS_FIXED + a->nm;
+    for (size_t j = 0; j < a->K && j < k_expect; j++) err[j] = meas[4 * j];
+    free(buf);
+    free(g);
+    gcomp_adapt_free(a);
+}
+
+/* A candidate is measured in its steady state, as its bytes are: DGC's warm-up on a fresh
+ * scratch compressor (epoch 0) sent warmup_start for every density, so all candidates
+ * lighter than it measured the same error and the DP starved the big layers. */
+static void test_measure_steady_state(void) {
+    double warm[3] = {0}, plain[3] = {0};
+    measured_errors("adapt:layers;base=dgc:density=0.001,warmup=1,warmup_stages=4,"
+                    "warmup_start=0.05;ladder=0.01/0.001/0.0001;interval=1;measure=1",
+                    warm, 3);
+    measured_errors("adapt:layers;base=dgc:density=0.001;ladder=0.01/0.001/0.0001;"
+                    "interval=1;measure=1",
+                    plain, 3);
+    for (size_t j = 0; j < 3; j++)
+        CHECK_MSG(warm[j] == plain[j], "entry %zu: error %g with a warm-up, %g without", j, warm[j],
+                  plain[j]);
+    CHECK_MSG(warm[0] < warm[1] && warm[1] < warm[2], "errors %g %g %g do not rise", warm[0],
+              warm[1], warm[2]);
+}
+
 /* ---- measurement: the sample block, its spacing, its cost out of compute ------------------ */
 
 /* One measuring step over MLP with gradient g, then the statistics. */
@@ -751,6 +793,7 @@ int main(void) {
     test_layers_dp();
     test_layers_margin();
     test_layers_measured();
+    test_measure_steady_state();
     test_measure_sample();
     test_measure_spacing();
     test_bandwidth();
