@@ -24,7 +24,8 @@
  * Measurement (layers' errors, bandwidth's codec times): on a measurement step each
  * managed tensor's gradient plus its compressor's residual (the vector the codec will
  * compress) is compressed by every candidate on a scratch compressor without feedback
- * (specs whose feedback is fixed keep it, from a fresh state), decoded, and the squared
+ * (specs whose feedback is fixed keep it, from a fresh state) and without warm-up (the
+ * steady state, whose bytes the controllers weigh), decoded, and the squared
  * error and the encode and decode times recorded.  Scratch compressors are created and
  * freed per measurement: a measurement runs every few hundred steps, and keeping K of
  * them per tensor would hold K times the model's size in workspaces.
