@@ -512,7 +512,22 @@ int gcomp__adapt_find_level(gcomp_adapt *a, const char *item, gcomp_error *err) 
     if (item_spec(base, knob, item, canon, sizeof canon, err) != GCOMP_OK) return -1;
     for (size_t j = 0; j < a->K; j++)
         if (!strcmp(a->ladder[j], canon)) return (int)j;
-    gcomp__fail(err, GCOMP_E_SPEC, "adapt: '%s' (%s) is not in the ladder", item, canon);
+    /* Name what is there: the auto ladder's steps are powers of sqrt(10) from the base, so
+     * a round value (low=0.01 from base 0.00316) is often near an entry, not on it. */
+    char have[160] = "";
+    size_t used = 0;
+    for (size_t j = 0; knob && j < a->K && used < sizeof have; j++) {
+        char v[32];
+        if (gcomp_spec_get(a->ladder[j], knob, v, sizeof v, NULL) != GCOMP_OK) strcpy(v, "dense");
+        int w = snprintf(have + used, sizeof have - used, "%s%s", j ? "/" : "", v);
+        if (w < 0) break;
+        used += (size_t)w;
+    }
+    if (*have)
+        gcomp__fail(err, GCOMP_E_SPEC, "adapt: '%s' is not in the ladder (%s=%s)", item, knob,
+                    have);
+    else
+        gcomp__fail(err, GCOMP_E_SPEC, "adapt: '%s' (%s) is not in the ladder", item, canon);
     return -1;
 }
 

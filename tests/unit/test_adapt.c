@@ -58,6 +58,9 @@ static void test_grammar(void) {
                       "send the same bytes");
     expect_spec_error("adapt:norm;low=0.0001", "must send more than base");
     expect_spec_error("adapt:norm;low=0.5", "not in the ladder");
+    /* the refusal lists the ladder's values, so the near entry can be picked */
+    expect_spec_error("adapt:norm;base=topk:density=0.00316;low=0.01",
+                      "not in the ladder (density=0.316/0.0999/0.0316/0.00999/0.00316");
     expect_spec_error("adapt:layers;budget=10", "below the lightest");
     expect_spec_error("adapt:layers;margin=1", "margin=1");
     expect_spec_error("adapt:norm;interval=0", "interval=0");
