@@ -901,8 +901,9 @@ GCOMP_API gcomp_status gcomp_cost_break_even(const gcomp_cost_model *m,
  *              from base, is within `slack` of the best, dense included (Agarwal et al.
  *              MLSys 2022's question, asked at run time);
  *   accuracy   a closed loop on a validation metric (gcomp_adapt_observe_metric): one
- *              ladder step lighter when the metric falls below a glide path to `target`,
- *              one heavier when above it, with a dead band and a dwell time;
+ *              ladder step lighter when the metric falls below its course to `target` (a
+ *              glide path, or a reference curve: gcomp_adapt_set_course), one heavier
+ *              when above it, with a dead band and a dwell time;
  *   layers     L-GreCo (Markov et al., MLSys 2024): per tensor the candidate that
  *              minimises the total compression error, sum_i |C_i(x_i) - x_i|^2 measured on
  *              the real gradients, under the byte budget the controllers before it left
@@ -941,7 +942,9 @@ GCOMP_API gcomp_status gcomp_cost_break_even(const gcomp_cost_model *m,
  *              taken to cost: level L scores T_L * (1 + penalty)^(L - base))
  *   accuracy:  target=T (0 < T < 1, or a percentage), band=0.002, margin=0.02 (the glide
  *              path target - margin * (1 - progress)), start=0.1 (progress before which it
- *              holds), dwell=2 (metric decisions between moves)
+ *              holds), dwell=2 (metric decisions between moves), hold=0.8 (progress from
+ *              which it only lightens), course=auto|glide (auto: the reference curve of
+ *              gcomp_adapt_set_course when one is set, else the glide path)
  *   layers:    budget=uniform|BYTES (bytes per step of the compressed tensors)
  *   norm:      eta=0.5, low=VALUE|SPEC (the critical setting; default two ladder steps
  *              lighter than base)
@@ -1051,6 +1054,23 @@ GCOMP_API void gcomp_adapt_observe_link(gcomp_adapt *a, double bandwidth, double
 /** A validation metric to steer by (accuracy as a fraction, higher is better).  Local;
  *  its mean over ranks is what the accuracy controller sees. */
 GCOMP_API void gcomp_adapt_observe_metric(gcomp_adapt *a, double value);
+/**
+ * accuracy: a reference learning curve to steer by instead of the glide path, typically the
+ * evaluations of a dense run with the same schedule: n points, progress[k] the share of the
+ * run's steps done when metric[k] was taken (strictly increasing, in (0, 1]), metric[k] a
+ * fraction.  The course becomes that curve shifted to end at `target`,
+ *     course(p) = ref(p) - (ref(last) - target)
+ * (linear between the points, flat beyond them), so a target of "dense - 0.3 pp" asks for
+ * 0.3 pp below dense at every evaluation, whatever the learning-rate schedule makes of the
+ * curve's shape.  Copied; n = 0 goes back to the glide path; `course=glide` in the method
+ * keeps the glide path even with a curve.  The curve enters the configuration fingerprint:
+ * every rank must give the same points, else the next decide is GCOMP_E_MISMATCH on every
+ * rank.  Returns GCOMP_OK; GCOMP_E_ARG (NULL, a method without the accuracy controller, a
+ * progress out of (0, 1] or not increasing, a metric outside [0, 1]: *err says which);
+ * GCOMP_E_NOMEM (the previous course stays).
+ */
+GCOMP_API gcomp_status gcomp_adapt_set_course(gcomp_adapt *a, const double *progress,
+                                              const double *metric, size_t n, gcomp_error *err);
 /** Ends the step; *due (may be NULL) becomes 1 when a decision is due now. */
 GCOMP_API void gcomp_adapt_end_step(gcomp_adapt *a, int *due);
 

@@ -262,6 +262,7 @@ PROTOTYPES = {
     "gcomp_adapt_observe_compute": (None, [_P, ctypes.c_double, ctypes.c_double, ctypes.c_double]),
     "gcomp_adapt_observe_link": (None, [_P, ctypes.c_double, ctypes.c_double]),
     "gcomp_adapt_observe_metric": (None, [_P, ctypes.c_double]),
+    "gcomp_adapt_set_course": (_I, [_P, _P, _P, _S, ctypes.POINTER(ErrorInfo)]),
     "gcomp_adapt_end_step": (None, [_P, ctypes.POINTER(_I)]),
     "gcomp_adapt_stats_size": (_S, [_P]),
     "gcomp_adapt_stats": (_I, [_P, _P, _S, c_size_p]),

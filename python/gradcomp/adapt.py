@@ -162,6 +162,22 @@ class Adapt:
         """A validation metric to steer by (accuracy as a fraction)."""
         _lib.gcomp_adapt_observe_metric(self._handle(), float(value))
 
+    def set_course(self, progress, metric):
+        """The accuracy controller's course: a reference learning curve (e.g. a dense run's
+        evaluations with the same schedule), progress the share of the run's steps done at
+        each point (strictly increasing in (0, 1]) and metric the accuracy there as a
+        fraction.  The course is that curve shifted to end at target; give the same points
+        on every rank.  Empty sequences go back to the glide path."""
+        np = _core._numpy()
+        p = np.ascontiguousarray(progress, dtype=np.float64).ravel()
+        m = np.ascontiguousarray(metric, dtype=np.float64).ravel()
+        if p.size != m.size:
+            raise ValueError(f"set_course: {p.size} progress values for {m.size} metrics")
+        err = _native.ErrorInfo()
+        st = _lib.gcomp_adapt_set_course(self._handle(), p.ctypes.data, m.ctypes.data, p.size,
+                                         ctypes.byref(err))
+        _core._check(st, "adapt set_course", err)
+
     def end_step(self):
         """Ends the step; True when a decision is due now (on every rank alike)."""
         due = ctypes.c_int()

@@ -712,6 +712,12 @@ class _DistributedMixin:
         if self._gc_adapt is not None:
             self._gc_adapt.observe_metric(value)
 
+    def set_course(self, progress, metric):
+        """The accuracy controller's reference curve (gradcomp.Adapt.set_course).  No-op
+        for other methods."""
+        if self._gc_adapt is not None:
+            self._gc_adapt.set_course(progress, metric)
+
     def observe_link(self, bandwidth, latency):
         """This rank's link for the bandwidth controller (payload bytes/s each way, one-way
         latency in s), when it is measured outside (probe_bytes=0); the latest of an

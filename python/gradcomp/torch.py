@@ -271,6 +271,10 @@ class GradcompState:
         if self.adapt is not None:
             self.adapt.observe_metric(value)
 
+    def set_course(self, progress, metric):
+        if self.adapt is not None:
+            self.adapt.set_course(progress, metric)
+
     def observe_compute(self, forward_s, backward_s, optimizer_s=0.0):
         if self.adapt is not None:
             self.adapt.observe_compute(forward_s, backward_s, optimizer_s)

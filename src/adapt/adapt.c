@@ -44,7 +44,7 @@
 
 #define PREFIX "adapt:"
 #define MAGIC 18241.0 /* 'GA', then the version */
-#define VERSION 2.0   /* 2: the interval's wall and measuring seconds */
+#define VERSION 3.0   /* 2: the interval's wall and measuring seconds; 3: the metric's step */
 #define MAX_LADDER 32
 #define MAX_ITEMS 64
 #define DEFAULT_BASE "topk:density=0.001,feedback=ef"
@@ -64,6 +64,7 @@ enum {
     S_BW,
     S_LAT,
     S_METRIC,
+    S_METRIC_STEP,
     S_MEASURED,
     S_WALL,
     S_MTIME,
@@ -149,6 +150,7 @@ void gcomp_adapt_free(gcomp_adapt *a) {
     }
     gcomp_cost_calibration_free(a->cal);
     gcomp__free(a->method);
+    gcomp__free(a->course);
     gcomp__free(a->t);
     gcomp__free(a->mt);
     gcomp__free(a->ladder);
@@ -785,12 +787,12 @@ gcomp_status gcomp_adapt_create(gcomp_adapt **out, const char *method,
     for (size_t i = 0; i < count; i++)
         h = fnv_u64(fnv_u64(fnv_u64(h, a->t[i].n), a->t[i].rows), (uint64_t)a->t[i].managed);
     h = fnv_u64(fnv_u64(fnv_u64(h, a->interval), a->measure), (uint64_t)a->sample);
-    a->fp = h;
+    a->fp = a->fp0 = h;
 
     gcomp__adapt_in in = {0};
     in.initial = true;
     in.progress = NAN;
-    in.metric = NAN;
+    in.metric = in.metric_progress = NAN;
     a->link_bw = a->link_lat = 0;
     if ((st = run_controllers(a, &in, NULL)) != GCOMP_OK) {
         st = gcomp__fail(err, st, "adapt: out of memory");
@@ -997,7 +999,49 @@ void gcomp_adapt_observe_link(gcomp_adapt *a, double bandwidth, double latency) 
 void gcomp_adapt_observe_metric(gcomp_adapt *a, double value) {
     if (!a || !isfinite(value)) return;
     a->metric_sum += value;
+    a->metric_step_sum += (double)a->step;
     a->metric_n++;
+}
+
+/* The course is an input of every decision the accuracy controller takes, so it is part of
+ * the configuration: it goes into the fingerprint the statistics carry, and ranks that were
+ * given different curves fail together at the next decision instead of steering apart. */
+gcomp_status gcomp_adapt_set_course(gcomp_adapt *a, const double *progress, const double *metric,
+                                    size_t n, gcomp_error *err) {
+    if (!a || (n && (!progress || !metric)))
+        return gcomp__fail(err, GCOMP_E_ARG, "adapt: set_course: NULL argument");
+    if (!gcomp_adapt_uses(a, "accuracy"))
+        return gcomp__fail(err, GCOMP_E_ARG,
+                           "adapt: set_course: the method has no accuracy controller to steer");
+    for (size_t k = 0; k < n; k++) {
+        if (!(progress[k] > 0 && progress[k] <= 1) || (k && !(progress[k] > progress[k - 1])))
+            return gcomp__fail(err, GCOMP_E_ARG,
+                               "adapt: set_course: progress[%zu]=%g: the points' progress must "
+                               "increase strictly within (0, 1]",
+                               k, progress[k]);
+        if (!(metric[k] >= 0 && metric[k] <= 1))
+            return gcomp__fail(err, GCOMP_E_ARG,
+                               "adapt: set_course: metric[%zu]=%g is not a fraction in [0, 1] "
+                               "(give accuracies as fractions)",
+                               k, metric[k]);
+    }
+    double *c = NULL;
+    if (n && !(c = gcomp__alloc(2 * n * sizeof(double))))
+        return gcomp__fail(err, GCOMP_E_NOMEM, "adapt: out of memory");
+    uint64_t h = a->fp0;
+    for (size_t k = 0; k < n; k++) {
+        c[2 * k] = progress[k];
+        c[2 * k + 1] = metric[k];
+        uint64_t bp, bm;
+        memcpy(&bp, &progress[k], sizeof bp);
+        memcpy(&bm, &metric[k], sizeof bm);
+        h = fnv_u64(fnv_u64(h, bp), bm);
+    }
+    gcomp__free(a->course);
+    a->course = c;
+    a->ncourse = n;
+    a->fp = n ? fnv_u64(h, (uint64_t)n) : a->fp0;
+    return GCOMP_OK;
 }
 
 void gcomp_adapt_end_step(gcomp_adapt *a, int *due) {
@@ -1038,6 +1082,7 @@ gcomp_status gcomp_adapt_stats(gcomp_adapt *a, double *out, size_t cap, size_t *
     out[S_BW] = a->link_bw;
     out[S_LAT] = a->link_lat;
     out[S_METRIC] = a->metric_n ? a->metric_sum / (double)a->metric_n : NAN;
+    out[S_METRIC_STEP] = a->metric_n ? a->metric_step_sum / (double)a->metric_n : NAN;
     out[S_MEASURED] = a->measured ? 1 : 0;
     uint64_t now = gcomp__now_ns();
     out[S_WALL] = 1e-9 * (double)(now - a->wall_ns);
@@ -1058,7 +1103,7 @@ gcomp_status gcomp_adapt_stats(gcomp_adapt *a, double *out, size_t cap, size_t *
     a->fwd = a->bwd = a->opt = 0;
     a->ncompute = 0;
     a->link_bw = a->link_lat = 0;
-    a->metric_sum = 0;
+    a->metric_sum = a->metric_step_sum = 0;
     a->metric_n = 0;
     a->measured = false;
     a->mtime = 0;
@@ -1110,6 +1155,10 @@ gcomp_status gcomp_adapt_decide(gcomp_adapt *a, const double *all, size_t len, i
                                "step %.0f: every rank must decide at the same steps",
                                r, b[S_DECISION], b[S_STEP], all[S_DECISION], all[S_STEP]);
     }
+    for (size_t k = 0; k < a->nctl; k++) {
+        gcomp_status cs = a->ctl[k]->check ? a->ctl[k]->check(a, a->ctl_state[k], err) : GCOMP_OK;
+        if (cs != GCOMP_OK) return cs;
+    }
     double *work = gcomp__calloc((nm + 4 * nm * K + 2 * (size_t)nranks + 1) * sizeof(double));
     if (!work) return gcomp__fail(err, GCOMP_E_NOMEM, "adapt: out of memory");
     double *norm = work, *meas = norm + nm, *bws = meas + 4 * nm * K, *lats = bws + nranks;
@@ -1117,8 +1166,8 @@ gcomp_status gcomp_adapt_decide(gcomp_adapt *a, const double *all, size_t len, i
     in.decision = a->decisions;
     in.step = (uint64_t)all[S_STEP];
     in.progress = a->total_steps ? (double)in.step / (double)a->total_steps : NAN;
-    in.metric = NAN;
-    double msum = 0;
+    in.metric = in.metric_progress = NAN;
+    double msum = 0, mstep = 0;
     int mcount = 0, nbw = 0;
     for (int r = 0; r < nranks; r++) { /* rank order: the same bits on every rank */
         const double *b = all + (size_t)r * len;
@@ -1134,6 +1183,7 @@ gcomp_status gcomp_adapt_decide(gcomp_adapt *a, const double *all, size_t len, i
         }
         if (isfinite(b[S_METRIC])) {
             msum += b[S_METRIC];
+            mstep += b[S_METRIC_STEP];
             mcount++;
         }
         const double *bn = b + S_FIXED, *bm = bn + nm;
@@ -1160,6 +1210,7 @@ gcomp_status gcomp_adapt_decide(gcomp_adapt *a, const double *all, size_t len, i
     if (mcount) {
         in.has_metric = true;
         in.metric = msum / mcount;
+        in.metric_progress = a->total_steps ? mstep / mcount / (double)a->total_steps : NAN;
     }
     in.norm2 = norm;
     in.measured = all[S_MEASURED] != 0;

@@ -9,8 +9,19 @@
  *     required(p) = target - margin * (1 - p)          p = progress in [0, 1]
  *
  * a straight line that reaches the target at the end of the run (margin 2 pp at the
- * start by default).  Each metric from p >= start on is compared with the course at its
- * own progress, and the loop judges the mean d of these deviations since its last move:
+ * start by default).  A straight line is the wrong shape under a decaying learning rate:
+ * under a cosine rate the accuracy stays well below it until the rate is small, and a
+ * loop on that course reads "behind" all run (docs/BENCHMARKS.md measured it stepping
+ * lighter five times to end below its target).  So when the caller has a reference curve
+ * (gcomp_adapt_set_course: in the trainer, the dense run of the same command) the course
+ * is that curve shifted to end at the target,
+ *
+ *     required(p) = ref(p) - (ref(last) - target)
+ *
+ * which has the schedule's shape by construction: "0.3 pp below dense" at every
+ * evaluation.  Each metric from p >= start on (p: the progress when it was observed) is
+ * compared with the course at its own progress, and the loop judges the mean d of these
+ * deviations since its last move:
  *     d < -band   ->  one ladder step lighter (more bytes)
  *     d > +band   ->  one ladder step heavier (never from p >= hold on)
  * with at least `dwell` metric decisions between two moves.  The dead band, the dwell and
@@ -25,17 +36,25 @@
  *
  * Rejected: extrapolating the learning curve to predict the final accuracy (Domhan et al.
  * 2015; fragile on a few noisy points and blind to a learning-rate schedule); steering by
- * the training loss (the target users state is an accuracy).
+ * the training loss (the target users state is an accuracy); a course from the integral
+ * of the learning rate (it knows the schedule but not how accuracy answers it, which the
+ * reference curve measures).
  */
 #include "adapt_internal.h"
 
+#include <errno.h>
+#include <stdlib.h>
+
 typedef struct acc_state {
     double target, band, margin, start, dwell, hold;
-    double dev; /* deviations from the course summed since the last move */
+    double below; /* target=ref-X: the target is X (a fraction) below the curve's end; else NaN */
+    bool glide;   /* course=glide: ignore a reference curve */
+    double dev;   /* deviations from the course summed since the last move */
     int ndev, offset, since;
 } acc_state;
 
-static const char *const acc_keys[] = {"target", "band", "margin", "start", "dwell", "hold", NULL};
+static const char *const acc_keys[] = {"target", "band", "margin", "start",
+                                       "dwell",  "hold", "course", NULL};
 
 static void acc_free(void *p) {
     gcomp__free(p);
@@ -48,22 +67,82 @@ static gcomp_status acc_create(gcomp_adapt *a, void **out, gcomp_error *err) {
     if (!gcomp__adapt_opt(a, "target"))
         return gcomp__fail(err, GCOMP_E_SPEC,
                            "adapt: accuracy: target=T is required (the accuracy to end at: "
-                           "0 < T < 1, or a percentage such as 88.4)");
-    gcomp_status st = gcomp__adapt_num(a, "accuracy", "target", 0, -1e300, 1e300, &s->target, err);
-    if (st != GCOMP_OK) return st;
-    if (s->target > 1 && s->target < 100) s->target /= 100;
-    if (!(s->target > 0 && s->target < 1))
-        return gcomp__fail(err, GCOMP_E_SPEC,
-                           "adapt: accuracy: target=%s is out of range: 0 < T < 1 (or a "
-                           "percentage below 100)",
-                           gcomp__adapt_opt(a, "target"));
+                           "0 < T < 1, a percentage such as 88.4, or ref-X: X points below "
+                           "a reference curve's end)");
+    const char *tv = gcomp__adapt_opt(a, "target");
+    s->below = NAN;
+    gcomp_status st;
+    if (!strncmp(tv, "ref-", 4)) { /* percentage points below the reference's end */
+        char *end;
+        errno = 0;
+        double x = strtod(tv + 4, &end);
+        if (end == tv + 4 || *end || errno || !(x >= 0 && x < 100))
+            return gcomp__fail(err, GCOMP_E_SPEC,
+                               "adapt: accuracy: target=%s: expected ref-X, X the percentage "
+                               "points below the reference curve's end (0 <= X < 100)",
+                               tv);
+        s->below = x / 100;
+    } else {
+        if ((st = gcomp__adapt_num(a, "accuracy", "target", 0, -1e300, 1e300, &s->target, err)))
+            return st;
+        if (s->target > 1 && s->target < 100) s->target /= 100;
+        if (!(s->target > 0 && s->target < 1))
+            return gcomp__fail(err, GCOMP_E_SPEC,
+                               "adapt: accuracy: target=%s is out of range: 0 < T < 1 (or a "
+                               "percentage below 100; or ref-X, X points below a reference "
+                               "curve's end)",
+                               tv);
+    }
     if ((st = gcomp__adapt_num(a, "accuracy", "band", 0.002, 0, 1, &s->band, err)) ||
         (st = gcomp__adapt_num(a, "accuracy", "margin", 0.02, 0, 1, &s->margin, err)) ||
         (st = gcomp__adapt_num(a, "accuracy", "start", 0.1, 0, 1, &s->start, err)) ||
         (st = gcomp__adapt_num(a, "accuracy", "dwell", 2, 1, 1000, &s->dwell, err)) ||
         (st = gcomp__adapt_num(a, "accuracy", "hold", 0.8, 0, 1, &s->hold, err)))
         return st;
+    const char *course = gcomp__adapt_opt(a, "course");
+    if (course && strcmp(course, "auto") && strcmp(course, "glide"))
+        return gcomp__fail(err, GCOMP_E_SPEC,
+                           "adapt: accuracy: course=%s: expected auto (a reference curve when "
+                           "one is given, else the glide path) or glide",
+                           course);
+    s->glide = course && !strcmp(course, "glide");
+    if (isfinite(s->below) && s->glide)
+        return gcomp__fail(err, GCOMP_E_SPEC,
+                           "adapt: accuracy: target=%s needs the reference curve, which "
+                           "course=glide ignores",
+                           tv);
     s->since = (int)s->dwell; /* the first metric may move at once */
+    return GCOMP_OK;
+}
+
+/* The reference curve at progress p: linear between its points, flat beyond them. */
+static double ref_at(const gcomp_adapt *a, double p) {
+    const double *c = a->course;
+    size_t n = a->ncourse;
+    if (p <= c[0]) return c[1];
+    for (size_t k = 1; k < n; k++)
+        if (p <= c[2 * k]) {
+            double w = (p - c[2 * k - 2]) / (c[2 * k] - c[2 * k - 2]);
+            return c[2 * k - 1] + w * (c[2 * k + 1] - c[2 * k - 1]);
+        }
+    return c[2 * n - 1];
+}
+
+static double required(const gcomp_adapt *a, const acc_state *s, double p) {
+    if (a->ncourse && !s->glide) /* ref(p) - (ref(last) - target) */
+        return ref_at(a, p) -
+               (isfinite(s->below) ? s->below : a->course[2 * a->ncourse - 1] - s->target);
+    return s->target - s->margin * (1 - p);
+}
+
+static gcomp_status acc_check(const gcomp_adapt *a, const void *p, gcomp_error *err) {
+    const acc_state *s = p;
+    if (isfinite(s->below) && !a->ncourse)
+        return gcomp__fail(err, GCOMP_E_ARG,
+                           "adapt: accuracy: target=ref-%g needs a reference curve "
+                           "(gcomp_adapt_set_course; in gradcomp train, a dense run before "
+                           "it in --compare)",
+                           100 * s->below);
     return GCOMP_OK;
 }
 
@@ -72,9 +151,10 @@ static void acc_decide(gcomp_adapt *a, void *p, const gcomp__adapt_in *in,
     acc_state *s = p;
     if (!in->initial && in->has_metric) {
         double prog = isfinite(in->progress) ? fmin(fmax(in->progress, 0), 1) : 1;
+        double mp = isfinite(in->metric_progress) ? fmin(fmax(in->metric_progress, 0), 1) : prog;
         s->since++;
-        if (prog >= s->start) {
-            s->dev += in->metric - (s->target - s->margin * (1 - prog));
+        if (mp >= s->start) {
+            s->dev += in->metric - required(a, s, mp);
             s->ndev++;
         }
         if (s->ndev > 0 && s->since >= (int)s->dwell) {
@@ -101,5 +181,6 @@ const gcomp__adapt_ctl gcomp__adapt_accuracy = {
     .keys = acc_keys,
     .create = acc_create,
     .free = acc_free,
+    .check = acc_check,
     .decide = acc_decide,
 };

@@ -34,7 +34,9 @@ typedef struct gcomp__adapt_in {
     double measure_s;          /* of which measuring, the slowest rank's (0 when none) */
     double bandwidth, latency; /* median over ranks that measured; 0: none */
     bool has_metric;
-    double metric; /* mean over ranks */
+    double metric;          /* mean over ranks */
+    double metric_progress; /* when the metrics were observed: steps then / total steps (mean
+                               over them and over ranks); NaN when the length is unknown */
     /* Per managed tensor m: |sum of its gradients over the interval|^2, summed over ranks;
      * NaN when not tracked. */
     const double *norm2;
@@ -56,7 +58,7 @@ typedef struct gcomp__adapt_plan {
 } gcomp__adapt_plan;
 
 /* Words of a statistics block before the per-tensor part (adapt.c's S_FIXED). */
-#define GCOMP__ADAPT_STATS_FIXED 14
+#define GCOMP__ADAPT_STATS_FIXED 15
 
 /* One key=value of the method string. */
 typedef struct gcomp__adapt_item {
@@ -102,7 +104,10 @@ struct gcomp_adapt {
     void *ctl_state[4];
     size_t nctl;
     bool track_norm, need_measure;
-    uint64_t fp; /* configuration fingerprint: every rank's statistics carry it */
+    uint64_t fp;    /* configuration fingerprint: every rank's statistics carry it */
+    uint64_t fp0;   /* the fingerprint of the method, ladder and tensors alone */
+    double *course; /* accuracy: a reference curve, ncourse (progress, metric) pairs */
+    size_t ncourse;
 
     /* decisions (identical on every rank) */
     int *level, *prev;
@@ -119,7 +124,7 @@ struct gcomp_adapt {
     double fwd, bwd, opt;
     uint64_t ncompute;
     double link_bw, link_lat;
-    double metric_sum;
+    double metric_sum, metric_step_sum;
     uint64_t metric_n;
     bool measuring, measured;
     double mtime_step, mtime; /* seconds spent measuring: this step, this interval */
@@ -142,6 +147,9 @@ struct gcomp__adapt_ctl {
     /* Reads its options (gcomp__adapt_opt), allocates its state. */
     gcomp_status (*create)(gcomp_adapt *a, void **state, gcomp_error *err);
     void (*free)(void *state);
+    /* Before each decision (NULL: always ready): GCOMP_OK, or the error that stops the
+     * decision on every rank alike, for an input the controller needs and lacks. */
+    gcomp_status (*check)(const gcomp_adapt *a, const void *state, gcomp_error *err);
     /* Transforms the plan; may update its state (decisions only). */
     void (*decide)(gcomp_adapt *a, void *state, const gcomp__adapt_in *in, gcomp__adapt_plan *plan);
 };

@@ -20,6 +20,8 @@
 #define _POSIX_C_SOURCE 200809L
 #include "train_adapt.h"
 
+#include "trainer.h"
+
 #include "gradcomp_mpi.h"
 
 #include <math.h>
@@ -189,6 +191,29 @@ int gtrain_adapt_observe(gtrain_adapt *a, const gtrain_exchange *ex, size_t i) {
      * fails on every rank with GCOMP_E_NONFINITE. */
     gcomp_status st = gcomp_adapt_observe(a->ad, i, a->t[i].g, gtrain_exchange_residual(ex, i));
     return st != GCOMP_OK && st != GCOMP_E_NONFINITE;
+}
+
+int gtrain_adapt_set_reference(gtrain_adapt *a, const gtrain_point *pts, size_t n, int epochs,
+                               int *used, char *err, size_t errlen) {
+    *used = 0;
+    if (!gcomp_adapt_uses(a->ad, "accuracy") || !n || epochs < 1) return 0;
+    double *prog = malloc(2 * n * sizeof(double)), *acc = prog + n;
+    if (!prog) return afail(err, errlen, "out of memory");
+    size_t k = 0;
+    for (size_t j = 0; j < n; j++) { /* the evaluation before training is not on the course */
+        double p = pts[j].epoch / epochs;
+        if (p > 0 && p <= 1 && (!k || p > prog[k - 1])) {
+            prog[k] = p;
+            acc[k++] = pts[j].test_acc;
+        }
+    }
+    gcomp_error e = {0};
+    int rc = 0;
+    if (k && gcomp_adapt_set_course(a->ad, prog, acc, k, &e) != GCOMP_OK)
+        rc = afail(err, errlen, "reference curve: %s", e.message);
+    *used = k && !rc;
+    free(prog);
+    return rc;
 }
 
 void gtrain_adapt_metric(gtrain_adapt *a, double accuracy) {

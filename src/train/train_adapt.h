@@ -41,6 +41,7 @@ typedef struct gtrain_decision {
 } gtrain_decision;
 
 typedef struct gtrain_adapt gtrain_adapt;
+struct gtrain_point; /* trainer.h */
 
 /* 1 when `method` is an adaptive method ("adapt:..."). */
 int gtrain_adapt_is_method(const char *method);
@@ -55,6 +56,11 @@ void gtrain_adapt_free(gtrain_adapt *a);
 const char *const *gtrain_adapt_specs(const gtrain_adapt *a);
 /* Tensor i's gradient is final: observe it (with what its compressor holds back). */
 int gtrain_adapt_observe(gtrain_adapt *a, const gtrain_exchange *ex, size_t i);
+/* The accuracy controller's course: a reference run's evaluations (epochs of `epochs`),
+ * those after the start (gcomp_adapt_set_course).  *used = 1 when the method steers by it
+ * (it has the accuracy controller); 0 with nothing done otherwise. */
+int gtrain_adapt_set_reference(gtrain_adapt *a, const struct gtrain_point *pts, size_t n,
+                               int epochs, int *used, char *err, size_t errlen);
 /* A test accuracy to steer by (every rank, the same value). */
 void gtrain_adapt_metric(gtrain_adapt *a, double accuracy);
 /* After the optimizer step: this step's compute; at a decision, decides with every rank

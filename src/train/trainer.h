@@ -63,8 +63,13 @@ typedef struct gtrain_config {
     double link_bps;
     gtrain_outer_cfg outer; /* local SGD / DiLoCo (outer.local_steps > 0); a method's own
                                items (local_steps=, outer=, ...) override it */
-    int slow_rank;          /* with slow_factor > 1: this (worker) rank computes each step */
-    double slow_factor;     /* slow_factor times slower (it sleeps the difference) */
+    /* Accuracy-driven adaptive methods: a reference run's evaluations, whose curve (shifted
+     * to end at the target) is the course they steer by (gcomp_adapt_set_course); the
+     * trainer's CLI passes the dense run of the same command.  NULL: the glide path. */
+    const struct gtrain_point *reference;
+    size_t nreference;
+    int slow_rank;      /* with slow_factor > 1: this (worker) rank computes each step */
+    double slow_factor; /* slow_factor times slower (it sleeps the difference) */
 } gtrain_config;
 
 typedef struct gtrain_point {
@@ -127,6 +132,7 @@ typedef struct gtrain_result {
     char **tensor_names;
     size_t ntensors;
     size_t decisions;
+    int steered_by_reference; /* accuracy: the course was cfg->reference's curve */
     double adapt_s;
     double error, error_uniform;  /* layers: mean total compression error, chosen vs uniform */
     struct gtrain_decision *dlog; /* every decision, a row per ladder candidate */

@@ -22,6 +22,7 @@ def make(method, **kw):
     ("adapt:norm;etta=1", "unknown key 'etta'"),
     ("adapt:norm;target=0.9", "belongs to the accuracy controller"),
     ("adapt:accuracy;target=140", "out of range"),
+    ("adapt:accuracy;target=ref-x", "expected ref-X"),
     ("adapt:layers;ladder=", "ladder is empty"),
     ("adapt:bandwidth,layers", "join controllers with '+'"),
 ])
@@ -81,3 +82,27 @@ def test_ranks_with_different_observations_decide_alike():
         other.end_step()
     with pytest.raises(gradcomp.MismatchError):
         ranks[0].decide(np.stack([ranks[0].stats(), other.stats()]))
+
+
+def test_accuracy_course_from_a_reference_curve():
+    # A reference that rises slowly and jumps at the end (a cosine rate's shape); a run 0.3 pp
+    # below it all along is on its course and keeps its setting.
+    progress = np.arange(1, 11) / 10
+    ref = 0.80 + 0.08 * progress ** 3
+    steered = make("adapt:accuracy;target=0.877;interval=10;dwell=1", total_steps=100)
+    steered.set_course(progress, ref)
+    start = steered.level(0)
+    for acc in ref - 0.003:
+        for _ in range(10):
+            steered.end_step()
+        steered.observe_metric(acc)
+        steered.decide(steered.stats()[None, :])
+    assert steered.level(0) == start
+    with pytest.raises(gradcomp.ArgumentError, match="fraction"):
+        steered.set_course(progress, 100 * ref)
+    with pytest.raises(gradcomp.ArgumentError, match="increase strictly"):
+        steered.set_course(progress[::-1], ref)
+    with pytest.raises(ValueError, match="3 progress values for 10"):
+        steered.set_course(progress[:3], ref)
+    with pytest.raises(gradcomp.ArgumentError, match="no accuracy controller"):
+        make("adapt:layers").set_course(progress, ref)

@@ -104,3 +104,30 @@ if not (dense["time_to_target_s"] is not None and dense["time_to_target_s"] <= d
 print("train_mpi budget: %d passed, %d failed" % (1 if not bad else 0, bad))
 sys.exit(1 if bad else 0)
 PYEOF
+
+# An accuracy-driven method steers by the curve of the dense run before it in --compare
+# (target=ref-X: X points below that curve's end); without one, target=ref-X has nothing to
+# steer by, and the run stops at its first decision saying so, on every rank, exit status 1.
+timeout 300 mpirun -np 2 "$G" train --data synthetic --model mlp --hidden 64 --epochs 1 \
+    --batch 16 --evals 8 --max-steps 80 --quiet --min-elements 100 \
+    --compare "dense,adapt:accuracy;target=ref-0.3;base=topk:density=0.01,feedback=ef;interval=10" \
+    --out course > course.log 2>&1
+rc=$?
+[ $rc -eq 0 ] || { cat course.log; echo "FAIL: gradcomp train with an accuracy course exited $rc"; exit 1; }
+grep -q "steered by dense's curve" course.log || { cat course.log; echo "FAIL: no course line"; exit 1; }
+"$PY" - <<'PYEOF' || exit 1
+import json, sys
+m = [m for m in json.load(open("course/results.json"))["methods"] if m["method"].startswith("adapt:")]
+ok = len(m) == 1 and m[0].get("accuracy_course") == "dense" and m[0]["adaptive_decisions"] >= 7
+print("train_mpi course: %d passed, %d failed" % (ok, not ok))
+sys.exit(0 if ok else 1)
+PYEOF
+timeout 300 mpirun -np 2 "$G" train --data synthetic --model mlp --hidden 64 --epochs 1 \
+    --batch 16 --evals 8 --max-steps 80 --quiet --min-elements 100 \
+    --compare "adapt:accuracy;target=ref-0.3;base=topk:density=0.01,feedback=ef;interval=10" \
+    --out nocourse > nocourse.log 2>&1
+rc=$?
+if [ $rc -ne 1 ] || [ "$(grep -c 'needs a reference curve' nocourse.log)" -lt 1 ]; then
+    cat nocourse.log; echo "FAIL: target=ref-0.3 without a dense run: exit $rc"; exit 1
+fi
+echo "train_mpi no course: 1 passed, 0 failed"

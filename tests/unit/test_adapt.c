@@ -664,9 +664,10 @@ static void test_bandwidth(void) {
 
 /* ---- accuracy -------------------------------------------------------------------------- */
 
+/* One interval, its metric taken at its end (as the trainer evaluates), then the decision. */
 static void acc_step(gcomp_adapt *a, double metric) {
-    gcomp_adapt_observe_metric(a, metric);
     for (uint64_t s = 0; s < gcomp_adapt_interval(a); s++) gcomp_adapt_end_step(a, NULL);
+    gcomp_adapt_observe_metric(a, metric);
     decide1(a);
 }
 
@@ -726,6 +727,114 @@ static void test_accuracy_noise_hold(void) {
     for (int k = 8; k <= 10; k++) acc_step(a, 0.99); /* p 0.8-1.0: held */
     CHECK_MSG(gcomp_adapt_level(a, 0) == 3, "heavier after hold: level %d",
               gcomp_adapt_level(a, 0));
+    gcomp_adapt_free(a);
+}
+
+/* A reference curve gives the course its shape.  The curve here rises slowly and jumps at
+ * the end, as accuracy does under a cosine rate: a run that follows it 0.3 pp below holds
+ * its setting, where the glide path reads the same run as behind and lightens. */
+static void test_accuracy_course(void) {
+    double prog[10], ref[10], target = 0.877;
+    for (int k = 0; k < 10; k++) {
+        prog[k] = (k + 1) / 10.0;
+        ref[k] = 0.80 + 0.08 * prog[k] * prog[k] * prog[k]; /* ends at 0.88 */
+    }
+    gcomp_adapt *a, *g;
+    gcomp_error e = {0};
+    CHECK_OK(make(&a, "adapt:accuracy;target=0.877;interval=10;dwell=1", 100, &e));
+    CHECK_OK(make(&g, "adapt:accuracy;target=0.877;interval=10;dwell=1;course=glide", 100, &e));
+    if (!a || !g) return;
+    CHECK_OK(gcomp_adapt_set_course(a, prog, ref, 10, &e));
+    CHECK_OK(gcomp_adapt_set_course(g, prog, ref, 10, &e));
+    for (int k = 0; k < 10; k++) {
+        acc_step(a, ref[k] - (0.88 - target));
+        acc_step(g, ref[k] - (0.88 - target));
+    }
+    CHECK_MSG(gcomp_adapt_level(a, 0) == 4, "on its course, it moved to level %d",
+              gcomp_adapt_level(a, 0));
+    CHECK_MSG(gcomp_adapt_level(g, 0) < 4, "the glide path did not read it as behind");
+    gcomp_adapt_free(a);
+    gcomp_adapt_free(g);
+
+    /* 0.5 pp below the course: lighter; 0.5 pp above, before hold: heavier */
+    CHECK_OK(make(&a, "adapt:accuracy;target=0.877;interval=10;dwell=1", 100, &e));
+    if (!a) return;
+    CHECK_OK(gcomp_adapt_set_course(a, prog, ref, 10, &e));
+    acc_step(a, ref[0] - 0.003 - 0.005);
+    CHECK_EQ_INT(gcomp_adapt_level(a, 0), 3);
+    acc_step(a, ref[1] - 0.003 + 0.005);
+    CHECK_EQ_INT(gcomp_adapt_level(a, 0), 4);
+    /* the point between two of the curve's: interpolated (0.25 is halfway from 0.2 to 0.3) */
+    for (int s = 0; s < 5; s++) gcomp_adapt_end_step(a, NULL);
+    gcomp_adapt_observe_metric(a, 0.5 * (ref[1] + ref[2]) - 0.003 - 0.001);
+    for (int s = 0; s < 5; s++) gcomp_adapt_end_step(a, NULL);
+    decide1(a); /* 0.1 pp behind at its own progress (0.25): within the band */
+    CHECK_EQ_INT(gcomp_adapt_level(a, 0), 4);
+
+    /* bad curves are refused and leave the course as it was */
+    double bad[10];
+    memcpy(bad, prog, sizeof bad);
+    bad[4] = bad[3];
+    CHECK_EQ_INT(gcomp_adapt_set_course(a, bad, ref, 10, &e), GCOMP_E_ARG);
+    CHECK(strstr(e.message, "progress[4]") != NULL);
+    bad[0] = 0;
+    CHECK_EQ_INT(gcomp_adapt_set_course(a, bad, ref, 1, &e), GCOMP_E_ARG);
+    CHECK(strstr(e.message, "progress[0]=0") != NULL);
+    memcpy(bad, ref, sizeof bad);
+    bad[9] = 88.0;
+    CHECK_EQ_INT(gcomp_adapt_set_course(a, prog, bad, 10, &e), GCOMP_E_ARG);
+    CHECK(strstr(e.message, "fraction") != NULL);
+    bad[9] = NAN;
+    CHECK_EQ_INT(gcomp_adapt_set_course(a, prog, bad, 10, &e), GCOMP_E_ARG);
+    CHECK_EQ_INT(gcomp_adapt_set_course(a, NULL, ref, 10, &e), GCOMP_E_ARG);
+    gcomp_adapt *l;
+    CHECK_OK(make(&l, "adapt:layers", 100, &e));
+    if (l) {
+        CHECK_EQ_INT(gcomp_adapt_set_course(l, prog, ref, 10, &e), GCOMP_E_ARG);
+        CHECK(strstr(e.message, "accuracy") != NULL);
+        gcomp_adapt_free(l);
+    }
+
+    /* the curve is part of the configuration: a rank given another one is a mismatch */
+    CHECK_OK(make(&g, "adapt:accuracy;target=0.877;interval=10;dwell=1", 100, &e));
+    if (g) {
+        for (int k = 0; k < 3; k++) acc_step(g, 0.9); /* the same decision index as a */
+        size_t len = gcomp_adapt_stats_size(a), la, lg;
+        double *all = malloc(2 * len * sizeof(double));
+        CHECK_OK(gcomp_adapt_stats(a, all, len, &la));
+        CHECK_OK(gcomp_adapt_stats(g, all + len, len, &lg));
+        CHECK_EQ_INT(gcomp_adapt_decide(a, all, len, 2, NULL, &e), GCOMP_E_MISMATCH);
+        /* the same curve on both: they agree again */
+        CHECK_OK(gcomp_adapt_set_course(g, prog, ref, 10, &e));
+        CHECK_OK(gcomp_adapt_stats(a, all, len, &la));
+        CHECK_OK(gcomp_adapt_stats(g, all + len, len, &lg));
+        CHECK_OK(gcomp_adapt_decide(a, all, len, 2, NULL, &e));
+        free(all);
+        gcomp_adapt_free(g);
+    }
+    /* course=bogus is a spec error */
+    expect_spec_error("adapt:accuracy;target=0.9;course=dense", "course=dense");
+    gcomp_adapt_free(a);
+
+    /* target=ref-0.3: 0.3 pp below the curve's end, so the same course as target=0.877 */
+    expect_spec_error("adapt:accuracy;target=ref-x", "expected ref-X");
+    expect_spec_error("adapt:accuracy;target=ref-100", "expected ref-X");
+    expect_spec_error("adapt:accuracy;target=ref-0.3;course=glide", "course=glide ignores");
+    CHECK_OK(make(&a, "adapt:accuracy;target=ref-0.3;interval=10;dwell=1", 100, &e));
+    if (!a) return;
+    for (uint64_t s = 0; s < gcomp_adapt_interval(a); s++) gcomp_adapt_end_step(a, NULL);
+    gcomp_adapt_observe_metric(a, 0.8);
+    size_t len = gcomp_adapt_stats_size(a), l1;
+    double *buf = malloc(len * sizeof(double));
+    CHECK_OK(gcomp_adapt_stats(a, buf, len, &l1));
+    CHECK_EQ_INT(gcomp_adapt_decide(a, buf, len, 1, NULL, &e), GCOMP_E_ARG);
+    CHECK_MSG(strstr(e.message, "needs a reference curve") != NULL, "message: %s", e.message);
+    free(buf);
+    CHECK_OK(gcomp_adapt_set_course(a, prog, ref, 10, &e));
+    acc_step(a, ref[1] - 0.003 - 0.001); /* within the band of ref - 0.3 pp: holds */
+    CHECK_EQ_INT(gcomp_adapt_level(a, 0), 4);
+    acc_step(a, ref[2] - 0.003 - 0.005); /* 0.5 pp behind: lighter */
+    CHECK_EQ_INT(gcomp_adapt_level(a, 0), 3);
     gcomp_adapt_free(a);
 }
 
@@ -802,6 +911,7 @@ int main(void) {
     test_bandwidth();
     test_accuracy();
     test_accuracy_noise_hold();
+    test_accuracy_course();
     test_ranks_agree();
     return CHECK_DONE();
 }

@@ -674,6 +674,7 @@ static int write_outputs(const opts *o, gtrain_result *r, int nr, double target,
             char st[2048];
             settings_text(x, x->npoints ? x->points[x->npoints - 1].epoch : 0, st, sizeof st);
             fprintf(f, ",\"adaptive_decisions\":%zu", x->decisions);
+            if (x->steered_by_reference) fprintf(f, ",\"accuracy_course\":\"dense\"");
             json_num(f, "adaptive_seconds", x->adapt_s);
             if (x->error_uniform > 0) {
                 json_num(f, "compression_error", x->error);
@@ -816,6 +817,9 @@ static void print_table(gtrain_result *r, int nr, double target, const char *why
                           sizeof st);
             printf("    adaptive: %zu decisions (%.2f s of the training time), ended at %s\n",
                    r[i].decisions, r[i].adapt_s, st);
+            if (r[i].steered_by_reference)
+                printf("    accuracy: steered by dense's curve in this command, shifted to end at "
+                       "the target\n");
             if (r[i].error_uniform > 0)
                 printf("    layers: total compression error %.4g against %.4g for the uniform "
                        "setting on the same gradients (%.1f%% less)\n",
@@ -943,6 +947,16 @@ int cmd_train(int argc, char **argv) {
             int failed;
             if (k < 0) { /* the collectives, on the workers */
                 if (server) continue;
+                /* An accuracy-driven method steers by the curve of the last dense run before
+                 * it: the same model, data, seed and schedule (identical on every rank). */
+                o.cfg.reference = NULL;
+                o.cfg.nreference = 0;
+                for (int j = nr - 1; j >= 0; j--)
+                    if (!strcmp(res[j].method, "dense") && !res[j].exchange[0]) {
+                        o.cfg.reference = res[j].points;
+                        o.cfg.nreference = res[j].npoints;
+                        break;
+                    }
                 failed = gtrain_run(&o.cfg, o.methods[i], &train, &test, wcomm, &res[nr], err,
                                     sizeof err);
             } else {
