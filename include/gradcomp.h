@@ -942,9 +942,11 @@ GCOMP_API gcomp_status gcomp_cost_break_even(const gcomp_cost_model *m,
  *              taken to cost: level L scores T_L * (1 + penalty)^(L - base))
  *   accuracy:  target=T (0 < T < 1, or a percentage), band=0.002, margin=0.02 (the glide
  *              path target - margin * (1 - progress)), start=0.1 (progress before which it
- *              holds), dwell=2 (metric decisions between moves), hold=0.8 (progress from
- *              which it only lightens), course=auto|glide (auto: the reference curve of
- *              gcomp_adapt_set_course when one is set, else the glide path)
+ *              holds), dwell=2 (metric decisions between moves), window=4 (the latest
+ *              deviations from the course it averages, since its last move), hold=0.8
+ *              (progress from which it only lightens), course=auto|glide (auto: the
+ *              reference curve of gcomp_adapt_set_course when one is set, else the glide
+ *              path)
  *   layers:    budget=uniform|BYTES (bytes per step of the compressed tensors)
  *   norm:      eta=0.5, low=VALUE|SPEC (the critical setting; default two ladder steps
  *              lighter than base)

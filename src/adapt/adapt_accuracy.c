@@ -20,14 +20,16 @@
  *
  * which has the schedule's shape by construction: "0.3 pp below dense" at every
  * evaluation.  Each metric from p >= start on (p: the progress when it was observed) is
- * compared with the course at its own progress, and the loop judges the mean d of these
- * deviations since its last move:
+ * compared with the course at its own progress, and the loop judges the mean d of the
+ * latest `window` (4) of these deviations since its last move:
  *     d < -band   ->  one ladder step lighter (more bytes)
  *     d > +band   ->  one ladder step heavier (never from p >= hold on)
  * with at least `dwell` metric decisions between two moves.  The dead band, the dwell and
  * the mean are the hysteresis: at a constant learning rate one evaluation swings by about
  * 1 pp from the next, and a loop that answered single evaluations moved with that noise
- * (docs/BENCHMARKS.md, accuracy-driven).  Late in the run a step to heavier compression
+ * (docs/BENCHMARKS.md, accuracy-driven).  The window keeps the mean recent: a mean over
+ * everything since the last move let a long stretch on course mask a drift below it at
+ * the end of a cosine run.  Late in the run a step to heavier compression
  * has no time left to be corrected if it costs accuracy, and the final accuracy is what
  * the target is about, so from `hold` on the loop only lightens.  One step per move and
  * the ladder's ends are the bounds.  The offset it keeps is relative
@@ -45,16 +47,19 @@
 #include <errno.h>
 #include <stdlib.h>
 
+#define ACC_WINDOW 64 /* the largest window= */
+
 typedef struct acc_state {
     double target, band, margin, start, dwell, hold;
-    double below; /* target=ref-X: the target is X (a fraction) below the curve's end; else NaN */
-    bool glide;   /* course=glide: ignore a reference curve */
-    double dev;   /* deviations from the course summed since the last move */
+    double below;  /* target=ref-X: the target is X (a fraction) below the curve's end; else NaN */
+    bool glide;    /* course=glide: ignore a reference curve */
+    double window; /* deviations the mean is taken over, at most */
+    double dev[ACC_WINDOW]; /* the latest deviations from the course since the last move */
     int ndev, offset, since;
 } acc_state;
 
-static const char *const acc_keys[] = {"target", "band", "margin", "start",
-                                       "dwell",  "hold", "course", NULL};
+static const char *const acc_keys[] = {"target", "band",   "margin", "start", "dwell",
+                                       "hold",   "course", "window", NULL};
 
 static void acc_free(void *p) {
     gcomp__free(p);
@@ -97,7 +102,8 @@ static gcomp_status acc_create(gcomp_adapt *a, void **out, gcomp_error *err) {
         (st = gcomp__adapt_num(a, "accuracy", "margin", 0.02, 0, 1, &s->margin, err)) ||
         (st = gcomp__adapt_num(a, "accuracy", "start", 0.1, 0, 1, &s->start, err)) ||
         (st = gcomp__adapt_num(a, "accuracy", "dwell", 2, 1, 1000, &s->dwell, err)) ||
-        (st = gcomp__adapt_num(a, "accuracy", "hold", 0.8, 0, 1, &s->hold, err)))
+        (st = gcomp__adapt_num(a, "accuracy", "hold", 0.8, 0, 1, &s->hold, err)) ||
+        (st = gcomp__adapt_num(a, "accuracy", "window", 4, 1, ACC_WINDOW, &s->window, err)))
         return st;
     const char *course = gcomp__adapt_opt(a, "course");
     if (course && strcmp(course, "auto") && strcmp(course, "glide"))
@@ -154,16 +160,18 @@ static void acc_decide(gcomp_adapt *a, void *p, const gcomp__adapt_in *in,
         double mp = isfinite(in->metric_progress) ? fmin(fmax(in->metric_progress, 0), 1) : prog;
         s->since++;
         if (mp >= s->start) {
-            s->dev += in->metric - required(a, s, mp);
+            s->dev[s->ndev % ACC_WINDOW] = in->metric - required(a, s, mp);
             s->ndev++;
         }
         if (s->ndev > 0 && s->since >= (int)s->dwell) {
-            double d = s->dev / s->ndev;
+            int w = s->ndev < (int)s->window ? s->ndev : (int)s->window;
+            double d = 0;
+            for (int k = 1; k <= w; k++) d += s->dev[(s->ndev - k) % ACC_WINDOW];
+            d /= w;
             int move = d < -s->band ? -1 : d > s->band && prog < s->hold ? 1 : 0;
             if (move) {
                 s->offset += move;
                 s->since = 0;
-                s->dev = 0;
                 s->ndev = 0;
             }
         }

@@ -730,6 +730,25 @@ static void test_accuracy_noise_hold(void) {
     gcomp_adapt_free(a);
 }
 
+/* The mean is over the latest `window` (4) deviations: a long stretch slightly ahead of the
+ * course must not hide a drift below it (the mean of all nine below is -0.03 pp, in the
+ * band; of the latest four -0.26 pp). */
+static void test_accuracy_window(void) {
+    gcomp_adapt *a;
+    gcomp_error e = {0};
+    CHECK_OK(make(&a, "adapt:accuracy;target=0.88;interval=10;dwell=1;start=0", 1000, &e));
+    if (!a) return;
+    for (int k = 1; k <= 9; k++) {
+        double p = 10.0 * k / 1000, course = 0.88 - 0.02 * (1 - p);
+        acc_step(a, course + (k <= 6 ? 0.0015 : -0.004));
+        CHECK_MSG(gcomp_adapt_level(a, 0) == (k < 9 ? 4 : 3), "metric %d: level %d", k,
+                  gcomp_adapt_level(a, 0));
+    }
+    gcomp_adapt_free(a);
+    expect_spec_error("adapt:accuracy;target=0.9;window=0", "window=0");
+    expect_spec_error("adapt:accuracy;target=0.9;window=65", "window=65");
+}
+
 /* A reference curve gives the course its shape.  The curve here rises slowly and jumps at
  * the end, as accuracy does under a cosine rate: a run that follows it 0.3 pp below holds
  * its setting, where the glide path reads the same run as behind and lightens. */
@@ -911,6 +930,7 @@ int main(void) {
     test_bandwidth();
     test_accuracy();
     test_accuracy_noise_hold();
+    test_accuracy_window();
     test_accuracy_course();
     test_ranks_agree();
     return CHECK_DONE();
