@@ -1114,6 +1114,29 @@ typedef struct gcomp_adapt_report {
 } gcomp_adapt_report;
 GCOMP_API void gcomp_adapt_get_report(const gcomp_adapt *a, gcomp_adapt_report *out);
 
+/**
+ * Checkpoints (docs/FORMAT.md, "Adaptive controllers' state"): one rank's state, taken
+ * between two steps (after gcomp_adapt_end_step, or after a decision): the decisions and
+ * every controller's memory (Accordion's last norms, L-GreCo's plan and measurement, the
+ * bandwidth controller's confirmation streak and codec rates, the accuracy loop's offset
+ * and deviations), the course, and this rank's observations since the last statistics.
+ * Loaded into an object created with the same method, tensors and options, the run decides
+ * from there as the uninterrupted one would have.  Local: each rank saves and loads its own.
+ */
+GCOMP_API size_t gcomp_adapt_state_bound(const gcomp_adapt *a);
+/** Returns GCOMP_OK, GCOMP_E_ARG or GCOMP_E_DST_SIZE (cap below gcomp_adapt_state_bound). */
+GCOMP_API gcomp_status gcomp_adapt_save_state(const gcomp_adapt *a, void *dst, size_t cap,
+                                              size_t *len);
+/**
+ * All or nothing: GCOMP_E_TRUNCATED (shorter than it says), GCOMP_E_BAD_MAGIC,
+ * GCOMP_E_VERSION (newer), GCOMP_E_CHECKSUM, GCOMP_E_MISMATCH (another method, ladder,
+ * tensors or interval), GCOMP_E_STATE (lengths or fields that do not add up: a level beyond
+ * the ladder, a flag other than 0 or 1, ...), GCOMP_E_NOMEM; on any error `a` is unchanged
+ * and *err names the cause.
+ */
+GCOMP_API gcomp_status gcomp_adapt_load_state(gcomp_adapt *a, const void *src, size_t len,
+                                              gcomp_error *err);
+
 /* ------------------------------------------------------------------------------------- */
 /* Low-rank (PowerSGD) multi-phase protocol: the transport runs the reductions             */
 

@@ -178,6 +178,27 @@ class Adapt:
                                          ctypes.byref(err))
         _core._check(st, "adapt set_course", err)
 
+    def save_state(self):
+        """This rank's state of the controllers (bytes; docs/FORMAT.md), taken between two
+        steps: their decisions and memory, the course, and this rank's observations since
+        the last statistics."""
+        h = self._handle()
+        cap = _lib.gcomp_adapt_state_bound(h)
+        buf = ctypes.create_string_buffer(cap)
+        n = ctypes.c_size_t()
+        st = _lib.gcomp_adapt_save_state(h, buf, cap, ctypes.byref(n))
+        if st:
+            _core._raise(st, "adapt save_state")
+        return buf.raw[:n.value]
+
+    def load_state(self, blob):
+        """Loads a save_state() blob of an Adapt with the same method, tensors and options;
+        all or nothing (StateError, MismatchError, ... naming the cause)."""
+        blob = bytes(blob)
+        err = _native.ErrorInfo()
+        st = _lib.gcomp_adapt_load_state(self._handle(), blob, len(blob), ctypes.byref(err))
+        _core._check(st, "adapt load_state", err)
+
     def end_step(self):
         """Ends the step; True when a decision is due now (on every rank alike)."""
         due = ctypes.c_int()

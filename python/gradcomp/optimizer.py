@@ -880,7 +880,8 @@ class _DistributedMixin:
             sd["gradcomp"]["ps"] = [self._gc_ps.save_state(b.mpi) for b in self._gc_buckets]
         if self._gc_adapt is not None:
             sd["gradcomp"]["adapt"] = {"method": self._gc_adapt.method, "step": self._gc_adapt_step,
-                                       "history": list(self._gc_history)}
+                                       "history": list(self._gc_history),
+                                       "controllers": self._gc_adapt.save_state()}
         return sd
 
     def load_state_dict(self, state_dict):
@@ -888,9 +889,9 @@ class _DistributedMixin:
         rank, number of ranks, each blob by the library) and loaded first; on any error
         nothing changes.  Adaptive methods: the buckets are first retuned to the specs
         saved (collective when a switch is structural: every rank loads at the same
-        point), so each tensor goes on with the setting and state it had; the controllers
-        start afresh (their first decision, step count 0) and the next decision retunes
-        whatever they choose differently."""
+        point), so each tensor goes on with the setting and state it had, and the
+        controllers' own state is loaded (a state saved before it was kept restarts them
+        from their first decision)."""
         self._gc_check_open()
         sd = dict(state_dict)
         g = sd.pop("gradcomp", None)
@@ -953,6 +954,8 @@ class _DistributedMixin:
             for load, blob, _ in steps:
                 load(blob)
                 done += 1
+            if ours is not None and saved_adapt.get("controllers") is not None:
+                self._gc_adapt.load_state(saved_adapt["controllers"])  # all or nothing
         except BaseException:
             try:  # best effort: back to the specs and states before
                 for e, sp in before_specs:

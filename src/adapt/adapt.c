@@ -1003,6 +1003,18 @@ void gcomp_adapt_observe_metric(gcomp_adapt *a, double value) {
     a->metric_n++;
 }
 
+/* The configuration's fingerprint with a course of n (progress, metric) pairs. */
+static uint64_t fp_with_course(uint64_t fp0, const double *course, size_t n) {
+    if (!n) return fp0;
+    uint64_t h = fp0;
+    for (size_t k = 0; k < 2 * n; k++) {
+        uint64_t b;
+        memcpy(&b, &course[k], sizeof b);
+        h = fnv_u64(h, b);
+    }
+    return fnv_u64(h, (uint64_t)n);
+}
+
 /* The course is an input of every decision the accuracy controller takes, so it is part of
  * the configuration: it goes into the fingerprint the statistics carry, and ranks that were
  * given different curves fail together at the next decision instead of steering apart. */
@@ -1028,19 +1040,14 @@ gcomp_status gcomp_adapt_set_course(gcomp_adapt *a, const double *progress, cons
     double *c = NULL;
     if (n && !(c = gcomp__alloc(2 * n * sizeof(double))))
         return gcomp__fail(err, GCOMP_E_NOMEM, "adapt: out of memory");
-    uint64_t h = a->fp0;
     for (size_t k = 0; k < n; k++) {
         c[2 * k] = progress[k];
         c[2 * k + 1] = metric[k];
-        uint64_t bp, bm;
-        memcpy(&bp, &progress[k], sizeof bp);
-        memcpy(&bm, &metric[k], sizeof bm);
-        h = fnv_u64(fnv_u64(h, bp), bm);
     }
     gcomp__free(a->course);
     a->course = c;
     a->ncourse = n;
-    a->fp = n ? fnv_u64(h, (uint64_t)n) : a->fp0;
+    a->fp = fp_with_course(a->fp0, c, n);
     return GCOMP_OK;
 }
 
@@ -1244,4 +1251,263 @@ gcomp_status gcomp_adapt_decide(gcomp_adapt *a, const double *all, size_t len, i
     gcomp__free(split);
     gcomp__free(work);
     return st;
+}
+
+/* ---- saved state ---------------------------------------------------------------------- */
+
+/*
+ * One rank's state (docs/FORMAT.md, "Adaptive controllers' state"): the decisions taken and
+ * the controllers' memory, identical on every rank, and this rank's observations since the
+ * last statistics, its own.  A run that saves between two steps and loads into an object
+ * created with the same method, tensors and options decides from there exactly as it would
+ * have.  The wall clock of the open interval restarts at load.
+ */
+#define STATE_MAGIC "GCad"
+#define STATE_VERSION 1u
+#define STATE_HEAD 40 /* magic, version, length, fingerprint, nm, K, controllers, course */
+
+/* Everything after the header and before the controllers' sections, in order; `ncourse`
+ * points of the course (a dry run sizes a blob holding that many). */
+static void state_body(const gcomp_adapt *a, size_t ncourse, gcomp__adapt_cursor *c) {
+    const uint64_t u[] = {a->decisions, a->step,     a->next_measure, a->measurements,
+                          a->ncompute,  a->metric_n, a->measured};
+    for (size_t k = 0; k < sizeof u / sizeof *u; k++) gcomp__adapt_w64(c, u[k]);
+    const double f[] = {a->fwd,
+                        a->bwd,
+                        a->opt,
+                        a->link_bw,
+                        a->link_lat,
+                        a->metric_sum,
+                        a->metric_step_sum,
+                        a->mtime,
+                        a->last_link_bw,
+                        a->last_link_lat};
+    for (size_t k = 0; k < sizeof f / sizeof *f; k++) gcomp__adapt_wf(c, f[k]);
+    const gcomp_adapt_report *r = &a->report;
+    gcomp__adapt_w64(c, r->decisions);
+    gcomp__adapt_w64(c, r->step);
+    const double rf[] = {r->bandwidth, r->latency, r->compute_s,     r->predicted_step_s, r->metric,
+                         r->budget,    r->error,   r->error_uniform, r->measure_s};
+    for (size_t k = 0; k < sizeof rf / sizeof *rf; k++) gcomp__adapt_wf(c, rf[k]);
+    gcomp__adapt_w64(c, (uint64_t)(int64_t)r->uniform_level);
+    gcomp__adapt_w64(c, (uint64_t)r->critical);
+    gcomp__adapt_w64(c, r->next_measure_step);
+    for (size_t m = 0; m < a->nm; m++) gcomp__adapt_w64(c, (uint64_t)a->level[m]);
+    for (size_t j = 0; j < a->K; j++) gcomp__adapt_wf(c, a->pred[j]);
+    for (size_t q = 0; q < a->nm * a->K * 4; q++)
+        gcomp__adapt_wf(c, a->measured ? a->meas[q] : NAN);
+    for (size_t k = 0; k < 2 * ncourse; k++) gcomp__adapt_wf(c, c->w ? a->course[k] : 0);
+    for (size_t m = 0; m < a->nm; m++) {
+        const gcomp__adapt_tensor *t = &a->t[a->mt[m]];
+        if (!t->acc) continue;
+        gcomp__adapt_w64(c, t->acc_used);
+        if (c->w)
+            for (size_t k = 0; k < t->n; k++) gcomp__putf(c->w + c->at + 4 * k, t->acc[k]);
+        c->at += 4 * t->n;
+    }
+}
+
+/* The whole blob's size with `ncourse` course points (controllers' sections included). */
+static size_t state_size(const gcomp_adapt *a, size_t ncourse) {
+    gcomp__adapt_cursor c = {0};
+    c.at = STATE_HEAD;
+    state_body(a, ncourse, &c);
+    for (size_t k = 0; k < a->nctl; k++) {
+        c.at += 8;
+        if (a->ctl[k]->save) a->ctl[k]->save(a, a->ctl_state[k], &c);
+    }
+    return c.at + 4;
+}
+
+size_t gcomp_adapt_state_bound(const gcomp_adapt *a) {
+    return a ? state_size(a, a->ncourse) : 0;
+}
+
+gcomp_status gcomp_adapt_save_state(const gcomp_adapt *a, void *dst, size_t cap, size_t *len) {
+    if (len) *len = 0;
+    if (!a || !dst || !len) return GCOMP_E_ARG;
+    size_t need = state_size(a, a->ncourse);
+    if (cap < need) return GCOMP_E_DST_SIZE;
+    uint8_t *p = dst;
+    memcpy(p, STATE_MAGIC, 4);
+    gcomp__put32(p + 4, STATE_VERSION);
+    gcomp__put64(p + 8, need);
+    gcomp__put64(p + 16, a->fp0);
+    gcomp__put32(p + 24, (uint32_t)a->nm);
+    gcomp__put32(p + 28, (uint32_t)a->K);
+    gcomp__put32(p + 32, (uint32_t)a->nctl);
+    gcomp__put32(p + 36, (uint32_t)a->ncourse);
+    gcomp__adapt_cursor c = {.w = p, .at = STATE_HEAD};
+    state_body(a, a->ncourse, &c);
+    for (size_t k = 0; k < a->nctl; k++) {
+        size_t at = c.at;
+        c.at += 8;
+        if (a->ctl[k]->save) a->ctl[k]->save(a, a->ctl_state[k], &c);
+        gcomp__put64(p + at, c.at - at - 8);
+    }
+    gcomp__put32(p + c.at, gcomp__crc32c(0, p, c.at));
+    *len = need;
+    return GCOMP_OK;
+}
+
+/* Reads the body; checks it, and puts it in place only when `apply`. */
+static gcomp_status load_body(gcomp_adapt *a, const uint8_t *p, size_t ncourse, bool apply,
+                              gcomp_error *err) {
+    gcomp__adapt_cursor c = {.r = p, .at = STATE_HEAD};
+    uint64_t u[7];
+    for (size_t k = 0; k < 7; k++) u[k] = gcomp__adapt_r64(&c);
+    double f[10];
+    for (size_t k = 0; k < 10; k++) f[k] = gcomp__adapt_rf(&c);
+    if (u[6] > 1 || u[1] < u[3] || (u[0] && u[1] < a->interval))
+        return gcomp__fail(err, GCOMP_E_STATE,
+                           "adapt: saved state: counters that do not add up (step %llu, "
+                           "decisions %llu, measurements %llu)",
+                           (unsigned long long)u[1], (unsigned long long)u[0],
+                           (unsigned long long)u[3]);
+    gcomp_adapt_report r = {0};
+    r.decisions = gcomp__adapt_r64(&c);
+    r.step = gcomp__adapt_r64(&c);
+    double *rf[] = {&r.bandwidth, &r.latency, &r.compute_s,     &r.predicted_step_s, &r.metric,
+                    &r.budget,    &r.error,   &r.error_uniform, &r.measure_s};
+    for (size_t k = 0; k < sizeof rf / sizeof *rf; k++) *rf[k] = gcomp__adapt_rf(&c);
+    r.uniform_level = (int)(int64_t)gcomp__adapt_r64(&c);
+    r.critical = (size_t)gcomp__adapt_r64(&c);
+    r.next_measure_step = gcomp__adapt_r64(&c);
+    if (r.uniform_level < 0 || r.uniform_level >= (int)a->K || r.critical > a->nm)
+        return gcomp__fail(err, GCOMP_E_STATE, "adapt: saved state: a report out of range");
+    size_t lv = c.at;
+    for (size_t m = 0; m < a->nm; m++)
+        if (gcomp__adapt_r64(&c) >= a->K)
+            return gcomp__fail(err, GCOMP_E_STATE,
+                               "adapt: saved state: tensor %s at a level beyond the ladder's %zu",
+                               a->t[a->mt[m]].name, a->K);
+    size_t pr = c.at;
+    c.at += 8 * a->K + 32 * a->nm * a->K;
+    double before = 0;
+    for (size_t k = 0; k < ncourse; k++) {
+        double x = gcomp__adapt_rf(&c), y = gcomp__adapt_rf(&c);
+        if (!(x > before && x <= 1) || !(y >= 0 && y <= 1))
+            return gcomp__fail(err, GCOMP_E_STATE,
+                               "adapt: saved state: course point %zu is not a progress in "
+                               "(previous, 1] and a fraction",
+                               k);
+        before = x;
+    }
+    size_t ac = c.at;
+    for (size_t m = 0; m < a->nm; m++) {
+        const gcomp__adapt_tensor *t = &a->t[a->mt[m]];
+        if (!t->acc) continue;
+        if (gcomp__adapt_r64(&c) > 1)
+            return gcomp__fail(err, GCOMP_E_STATE, "adapt: saved state: a flag other than 0 or 1");
+        c.at += 4 * t->n;
+    }
+    double *course = NULL;
+    if (apply && ncourse && !(course = gcomp__alloc(2 * ncourse * sizeof(double))))
+        return gcomp__fail(err, GCOMP_E_NOMEM, "adapt: out of memory");
+    if (!apply) return GCOMP_OK;
+
+    a->decisions = u[0];
+    a->step = u[1];
+    a->next_measure = u[2];
+    a->measurements = u[3];
+    a->ncompute = u[4];
+    a->metric_n = u[5];
+    a->measured = u[6] != 0;
+    double *dst[] = {&a->fwd,
+                     &a->bwd,
+                     &a->opt,
+                     &a->link_bw,
+                     &a->link_lat,
+                     &a->metric_sum,
+                     &a->metric_step_sum,
+                     &a->mtime,
+                     &a->last_link_bw,
+                     &a->last_link_lat};
+    for (size_t k = 0; k < 10; k++) *dst[k] = f[k];
+    a->report = r;
+    c.at = lv;
+    for (size_t m = 0; m < a->nm; m++) {
+        a->level[m] = a->prev[m] = (int)gcomp__adapt_r64(&c);
+        a->changed[a->mt[m]] = 0;
+    }
+    c.at = pr;
+    for (size_t j = 0; j < a->K; j++) a->pred[j] = gcomp__adapt_rf(&c);
+    for (size_t q = 0; q < a->nm * a->K * 4; q++) a->meas[q] = gcomp__adapt_rf(&c);
+    for (size_t k = 0; k < 2 * ncourse; k++) course[k] = gcomp__adapt_rf(&c);
+    gcomp__free(a->course);
+    a->course = course;
+    a->ncourse = ncourse;
+    a->fp = fp_with_course(a->fp0, course, ncourse);
+    c.at = ac;
+    for (size_t m = 0; m < a->nm; m++) {
+        gcomp__adapt_tensor *t = &a->t[a->mt[m]];
+        if (!t->acc) continue;
+        t->acc_used = gcomp__adapt_r64(&c) != 0;
+        for (size_t k = 0; k < t->n; k++) t->acc[k] = gcomp__getf(p + c.at + 4 * k);
+        c.at += 4 * t->n;
+    }
+    return GCOMP_OK;
+}
+
+gcomp_status gcomp_adapt_load_state(gcomp_adapt *a, const void *src, size_t len, gcomp_error *err) {
+    if (!a || !src) return gcomp__fail(err, GCOMP_E_ARG, "adapt: load_state: NULL argument");
+    const uint8_t *p = src;
+    if (len < STATE_HEAD + 4)
+        return gcomp__fail(err, GCOMP_E_TRUNCATED,
+                           "adapt: saved state of %zu bytes: shorter than its header", len);
+    if (memcmp(p, STATE_MAGIC, 4))
+        return gcomp__fail(err, GCOMP_E_BAD_MAGIC,
+                           "adapt: not an adaptive controllers' saved state (magic)");
+    if (gcomp__get32(p + 4) > STATE_VERSION)
+        return gcomp__fail(err, GCOMP_E_VERSION,
+                           "adapt: saved state version %u, this library reads up to %u",
+                           gcomp__get32(p + 4), STATE_VERSION);
+    uint64_t total = gcomp__get64(p + 8);
+    if (total > len)
+        return gcomp__fail(err, GCOMP_E_TRUNCATED,
+                           "adapt: saved state of %zu bytes, its header says %llu", len,
+                           (unsigned long long)total);
+    if (total != len || gcomp__get32(p + 4) != STATE_VERSION)
+        return gcomp__fail(err, GCOMP_E_STATE,
+                           "adapt: saved state of %zu bytes, its header says %llu (version %u)",
+                           len, (unsigned long long)total, gcomp__get32(p + 4));
+    if (gcomp__get32(p + len - 4) != gcomp__crc32c(0, p, len - 4))
+        return gcomp__fail(err, GCOMP_E_CHECKSUM, "adapt: saved state: checksum mismatch");
+    if (gcomp__get64(p + 16) != a->fp0 || gcomp__get32(p + 24) != a->nm ||
+        gcomp__get32(p + 28) != a->K || gcomp__get32(p + 32) != a->nctl)
+        return gcomp__fail(err, GCOMP_E_MISMATCH,
+                           "adapt: saved state of another adaptive configuration (method, "
+                           "ladder, tensors or interval differ)");
+    size_t ncourse = gcomp__get32(p + 36);
+    if (ncourse > (len - STATE_HEAD) / 16 || state_size(a, ncourse) != len)
+        return gcomp__fail(err, GCOMP_E_STATE,
+                           "adapt: saved state of %zu bytes, this configuration's is %zu", len,
+                           ncourse > (len - STATE_HEAD) / 16 ? 0 : state_size(a, ncourse));
+    /* Check everything, then apply: a blob loads whole or not at all. */
+    for (int apply = 0; apply < 2; apply++) {
+        gcomp_status st = load_body(a, p, ncourse, apply, err);
+        if (st != GCOMP_OK) return st; /* only NOMEM once applying: nothing applied yet */
+        gcomp__adapt_cursor c = {.r = p, .at = STATE_HEAD};
+        state_body(a, ncourse, &c); /* dry (c.w is NULL): skips to the controllers' sections */
+        for (size_t k = 0; k < a->nctl; k++) {
+            uint64_t sec = gcomp__adapt_r64(&c);
+            gcomp__adapt_cursor d = {.at = 0};
+            if (a->ctl[k]->save) a->ctl[k]->save(a, a->ctl_state[k], &d);
+            if (sec != d.at)
+                return gcomp__fail(err, GCOMP_E_STATE,
+                                   "adapt: saved state: the %s controller's section is %llu "
+                                   "bytes, %zu expected",
+                                   a->ctl[k]->name, (unsigned long long)sec, d.at);
+            if (a->ctl[k]->load) {
+                gcomp__adapt_cursor e = {.r = p + c.at};
+                st = a->ctl[k]->load(a, a->ctl_state[k], &e, apply, err);
+                if (st != GCOMP_OK) return st;
+            }
+            c.at += d.at;
+        }
+    }
+    a->measuring = a->need_measure && a->step == a->next_measure;
+    a->mtime_step = 0;
+    a->wall_ns = gcomp__now_ns();
+    return GCOMP_OK;
 }

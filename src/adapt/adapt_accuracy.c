@@ -152,6 +152,39 @@ static gcomp_status acc_check(const gcomp_adapt *a, const void *p, gcomp_error *
     return GCOMP_OK;
 }
 
+static gcomp_status bad(gcomp_error *err, const char *ctl) {
+    return gcomp__fail(err, GCOMP_E_STATE,
+                       "adapt: saved state: the %s controller's fields are "
+                       "out of range",
+                       ctl);
+}
+
+static void acc_save(const gcomp_adapt *a, const void *p, gcomp__adapt_cursor *c) {
+    const acc_state *s = p;
+    (void)a;
+    gcomp__adapt_w64(c, (uint64_t)s->ndev);
+    gcomp__adapt_w64(c, (uint64_t)(int64_t)s->offset);
+    gcomp__adapt_w64(c, (uint64_t)s->since);
+    for (int k = 0; k < ACC_WINDOW; k++) gcomp__adapt_wf(c, s->dev[k]);
+}
+
+static gcomp_status acc_load(const gcomp_adapt *a, void *p, gcomp__adapt_cursor *c, bool apply,
+                             gcomp_error *err) {
+    acc_state *s = p;
+    uint64_t ndev = gcomp__adapt_r64(c);
+    int64_t offset = (int64_t)gcomp__adapt_r64(c);
+    uint64_t since = gcomp__adapt_r64(c);
+    if (ndev > INT32_MAX || since > INT32_MAX || offset <= -(int64_t)a->K ||
+        offset >= (int64_t)a->K)
+        return bad(err, "accuracy");
+    if (!apply) return GCOMP_OK;
+    s->ndev = (int)ndev;
+    s->offset = (int)offset;
+    s->since = (int)since;
+    for (int k = 0; k < ACC_WINDOW; k++) s->dev[k] = gcomp__adapt_rf(c);
+    return GCOMP_OK;
+}
+
 static void acc_decide(gcomp_adapt *a, void *p, const gcomp__adapt_in *in,
                        gcomp__adapt_plan *plan) {
     acc_state *s = p;
@@ -190,5 +223,7 @@ const gcomp__adapt_ctl gcomp__adapt_accuracy = {
     .create = acc_create,
     .free = acc_free,
     .check = acc_check,
+    .save = acc_save,
+    .load = acc_load,
     .decide = acc_decide,
 };

@@ -123,6 +123,39 @@ static double predict(gcomp_adapt *a, bw_state *s, gcomp_cost_calibration *cal,
     return T;
 }
 
+static void bw_save(const gcomp_adapt *a, const void *p, gcomp__adapt_cursor *c) {
+    const bw_state *s = p;
+    gcomp__adapt_w64(c, (uint64_t)s->chosen);
+    gcomp__adapt_w64(c, (uint64_t)s->candidate);
+    gcomp__adapt_w64(c, (uint64_t)s->streak);
+    gcomp__adapt_w64(c, s->have_link);
+    for (size_t j = 0; j < a->K; j++) {
+        gcomp__adapt_wf(c, s->enc_pe[j]);
+        gcomp__adapt_wf(c, s->dec_pe[j]);
+    }
+}
+
+static gcomp_status bw_load(const gcomp_adapt *a, void *p, gcomp__adapt_cursor *c, bool apply,
+                            gcomp_error *err) {
+    bw_state *s = p;
+    uint64_t chosen = gcomp__adapt_r64(c), candidate = gcomp__adapt_r64(c);
+    uint64_t streak = gcomp__adapt_r64(c), have = gcomp__adapt_r64(c);
+    if (chosen >= a->K || candidate >= a->K || streak > INT32_MAX || have > 1)
+        return gcomp__fail(err, GCOMP_E_STATE,
+                           "adapt: saved state: the bandwidth controller's fields are out of "
+                           "range");
+    if (!apply) return GCOMP_OK;
+    s->chosen = (int)chosen;
+    s->candidate = (int)candidate;
+    s->streak = (int)streak;
+    s->have_link = have != 0;
+    for (size_t j = 0; j < a->K; j++) {
+        s->enc_pe[j] = gcomp__adapt_rf(c);
+        s->dec_pe[j] = gcomp__adapt_rf(c);
+    }
+    return GCOMP_OK;
+}
+
 static void bw_decide(gcomp_adapt *a, void *p, const gcomp__adapt_in *in, gcomp__adapt_plan *plan) {
     bw_state *s = p;
     take_rates(a, s, in);
@@ -202,5 +235,7 @@ const gcomp__adapt_ctl gcomp__adapt_bandwidth = {
                       "topk:density=0.0001,values=f16,feedback=ef",
     .create = bw_create,
     .free = bw_free,
+    .save = bw_save,
+    .load = bw_load,
     .decide = bw_decide,
 };

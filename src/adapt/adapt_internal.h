@@ -81,6 +81,36 @@ typedef struct gcomp__adapt_tensor {
 
 typedef struct gcomp__adapt_ctl gcomp__adapt_ctl;
 
+/* Sequential little-endian fields of a saved state (adapt.c, gcomp_adapt_save_state).  With
+ * w NULL a writer only counts: the size of a section is its save run dry.  A reader's input
+ * has the exact size a dry save gives, checked before any field is read. */
+typedef struct gcomp__adapt_cursor {
+    uint8_t *w;
+    const uint8_t *r;
+    size_t at;
+} gcomp__adapt_cursor;
+
+static inline void gcomp__adapt_w64(gcomp__adapt_cursor *c, uint64_t v) {
+    if (c->w) gcomp__put64(c->w + c->at, v);
+    c->at += 8;
+}
+static inline void gcomp__adapt_wf(gcomp__adapt_cursor *c, double v) {
+    uint64_t b;
+    memcpy(&b, &v, sizeof b);
+    gcomp__adapt_w64(c, b);
+}
+static inline uint64_t gcomp__adapt_r64(gcomp__adapt_cursor *c) {
+    uint64_t v = gcomp__get64(c->r + c->at);
+    c->at += 8;
+    return v;
+}
+static inline double gcomp__adapt_rf(gcomp__adapt_cursor *c) {
+    uint64_t b = gcomp__adapt_r64(c);
+    double v;
+    memcpy(&v, &b, sizeof v);
+    return v;
+}
+
 struct gcomp_adapt {
     char *method; /* canonical text: controllers and items as given */
     size_t nt, nm, K;
@@ -150,6 +180,13 @@ struct gcomp__adapt_ctl {
     /* Before each decision (NULL: always ready): GCOMP_OK, or the error that stops the
      * decision on every rank alike, for an input the controller needs and lacks. */
     gcomp_status (*check)(const gcomp_adapt *a, const void *state, gcomp_error *err);
+    /* Its state in a saved blob (NULL: it keeps none between decisions): save writes it
+     * through the cursor (dry when c->w is NULL); load reads the same fields, checks them
+     * and, only when `apply`, puts them in place (adapt.c calls every controller's load
+     * without apply first, so a blob loads whole or not at all). */
+    void (*save)(const gcomp_adapt *a, const void *state, gcomp__adapt_cursor *c);
+    gcomp_status (*load)(const gcomp_adapt *a, void *state, gcomp__adapt_cursor *c, bool apply,
+                         gcomp_error *err);
     /* Transforms the plan; may update its state (decisions only). */
     void (*decide)(gcomp_adapt *a, void *state, const gcomp__adapt_in *in, gcomp__adapt_plan *plan);
 };

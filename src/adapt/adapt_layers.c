@@ -85,6 +85,35 @@ static gcomp_status layers_create(gcomp_adapt *a, void **out, gcomp_error *err) 
     return GCOMP_OK;
 }
 
+static void layers_save(const gcomp_adapt *a, const void *p, gcomp__adapt_cursor *c) {
+    const layers_state *s = p;
+    gcomp__adapt_w64(c, s->has_err);
+    for (size_t m = 0; m < a->nm; m++) gcomp__adapt_w64(c, (uint64_t)(int64_t)s->cur[m]);
+    for (size_t q = 0; q < a->nm * a->K; q++) gcomp__adapt_wf(c, s->has_err ? s->err[q] : 0);
+}
+
+static gcomp_status layers_load(const gcomp_adapt *a, void *p, gcomp__adapt_cursor *c, bool apply,
+                                gcomp_error *err) {
+    layers_state *s = p;
+    size_t at = c->at;
+    uint64_t has = gcomp__adapt_r64(c);
+    bool ok = has <= 1;
+    for (size_t m = 0; m < a->nm; m++) {
+        int64_t v = (int64_t)gcomp__adapt_r64(c);
+        ok &= v >= -1 && v < (int64_t)a->K;
+    }
+    if (!ok)
+        return gcomp__fail(err, GCOMP_E_STATE,
+                           "adapt: saved state: the layers controller's fields are out of "
+                           "range");
+    if (!apply) return GCOMP_OK;
+    c->at = at;
+    s->has_err = gcomp__adapt_r64(c) != 0;
+    for (size_t m = 0; m < a->nm; m++) s->cur[m] = (int)(int64_t)gcomp__adapt_r64(c);
+    for (size_t q = 0; q < a->nm * a->K; q++) s->err[q] = gcomp__adapt_rf(c);
+    return GCOMP_OK;
+}
+
 static void layers_decide(gcomp_adapt *a, void *p, const gcomp__adapt_in *in,
                           gcomp__adapt_plan *plan) {
     layers_state *s = p;
@@ -179,5 +208,7 @@ const gcomp__adapt_ctl gcomp__adapt_layers = {
     .needs_measure = true,
     .create = layers_create,
     .free = layers_free,
+    .save = layers_save,
+    .load = layers_load,
     .decide = layers_decide,
 };

@@ -69,6 +69,32 @@ static gcomp_status norm_create(gcomp_adapt *a, void **out, gcomp_error *err) {
     return GCOMP_OK;
 }
 
+static void norm_save(const gcomp_adapt *a, const void *p, gcomp__adapt_cursor *c) {
+    const norm_state *s = p;
+    for (size_t m = 0; m < a->nm; m++) {
+        gcomp__adapt_wf(c, s->prev[m]);
+        gcomp__adapt_w64(c, s->crit[m]);
+    }
+}
+
+static gcomp_status norm_load(const gcomp_adapt *a, void *p, gcomp__adapt_cursor *c, bool apply,
+                              gcomp_error *err) {
+    norm_state *s = p;
+    for (size_t m = 0; m < a->nm; m++) {
+        double prev = gcomp__adapt_rf(c);
+        uint64_t crit = gcomp__adapt_r64(c);
+        if (crit > 1 || !(isnan(prev) || prev >= 0))
+            return gcomp__fail(err, GCOMP_E_STATE,
+                               "adapt: saved state: the norm controller's fields are out of "
+                               "range");
+        if (apply) {
+            s->prev[m] = prev;
+            s->crit[m] = (unsigned char)crit;
+        }
+    }
+    return GCOMP_OK;
+}
+
 static void norm_decide(gcomp_adapt *a, void *p, const gcomp__adapt_in *in,
                         gcomp__adapt_plan *plan) {
     norm_state *s = p;
@@ -95,5 +121,7 @@ const gcomp__adapt_ctl gcomp__adapt_norm = {
     .needs_norm = true,
     .create = norm_create,
     .free = norm_free,
+    .save = norm_save,
+    .load = norm_load,
     .decide = norm_decide,
 };

@@ -7,6 +7,8 @@
 #ifndef GCOMP_FUZZ_COMMON_H
 #define GCOMP_FUZZ_COMMON_H
 
+#include "gradcomp.h"
+
 #include <float.h>
 #include <math.h>
 #include <stddef.h>
@@ -116,6 +118,42 @@ static inline float fz_maxabs(const float *x, size_t n) {
     float m = 0.0f;
     for (size_t i = 0; i < n; i++) m = fabsf(x[i]) > m ? fabsf(x[i]) : m;
     return m;
+}
+
+/* The adaptive controllers whose saved state fuzz_state loads (docs/FORMAT.md, "Adaptive
+ * controllers' state"), and a run that fills it: the seed corpus (make_corpus.c) saves this
+ * object, so blobs get past the configuration check to the fields. */
+#define FZ_ADAPT_METHOD                                                                            \
+    "adapt:bandwidth+accuracy+layers+norm;target=0.8;interval=2;measure=2;confirm=2;"              \
+    "ladder=0.5/0.1/0.02;base=topk:density=0.1,feedback=ef;min_elements=16"
+static inline gcomp_adapt *fz_adapt_make(void) {
+    static const gcomp_tensor_desc t[] = {{"a", 64, 8, 8}, {"b", 32, 0, 0}, {"c", 4, 0, 0}};
+    gcomp_adapt_options o = {0};
+    o.total_steps = 40;
+    o.workers = 2;
+    gcomp_adapt *a = NULL;
+    return gcomp_adapt_create(&a, FZ_ADAPT_METHOD, t, 3, &o, NULL) == GCOMP_OK ? a : NULL;
+}
+/* `steps` steps of made-up gradients, compute, link and metrics, deciding when due. */
+static inline void fz_adapt_run(gcomp_adapt *a, int steps) {
+    float g[64];
+    for (int s = 0; s < steps; s++) {
+        for (size_t i = 0; i < gcomp_adapt_count(a); i++) {
+            for (int k = 0; k < 64; k++) g[k] = (float)((k * 7 + s * 3) % 11 - 5) / (1.0f + s);
+            gcomp_adapt_observe(a, i, g, NULL);
+        }
+        gcomp_adapt_observe_compute(a, 1e-3, 2e-3, 1e-4);
+        gcomp_adapt_observe_link(a, 1e8 / (1 + s % 3), 1e-5);
+        if (s % 2) gcomp_adapt_observe_metric(a, 0.5 + 0.01 * s);
+        int due;
+        gcomp_adapt_end_step(a, &due);
+        if (due) {
+            double st[4096];
+            size_t len;
+            if (gcomp_adapt_stats(a, st, 4096, &len) == GCOMP_OK)
+                gcomp_adapt_decide(a, st, len, 1, NULL, NULL);
+        }
+    }
 }
 
 #endif

@@ -19,6 +19,12 @@
  *     above 2^16 elements the allocator refuses past 64 bytes per blob byte (fuzz_alloc.c,
  *     soft limit) and the loader must answer a clean status, never crash.
  *
+ * The adaptive controllers' state ("GCad", gcomp_adapt_load_state) goes into
+ * fz_adapt_make's object after a few steps (the repair bit fixes its length's low word and
+ * its CRC the same way): a refused load leaves that object's saved state byte-identical; an
+ * accepted one survives save -> load -> save byte for byte, every tensor's level is on the
+ * ladder (its spec the ladder's), and the object still decides.
+ *
  * The MPI layer's bucket blob ("GCmb", gcomp_mpi_bucket_load_state) is not fuzzed here: its
  * loader checks the blob against a live bucket (communicator size, rank, node layout,
  * per-tensor fingerprints), and a bucket exists only on an MPI communicator, so loading it
@@ -61,6 +67,14 @@ static blob save(const gcomp_compressor *c) {
     size_t cap = gcomp_state_bound(c);
     b.p = malloc(cap ? cap : 1);
     if (!b.p || gcomp_state_save(c, b.p, cap, &b.len) != GCOMP_OK) abort();
+    return b;
+}
+
+static blob adapt_save(const gcomp_adapt *a) {
+    blob b;
+    size_t cap = gcomp_adapt_state_bound(a);
+    b.p = malloc(cap);
+    if (!b.p || gcomp_adapt_save_state(a, b.p, cap, &b.len) != GCOMP_OK) abort();
     return b;
 }
 
@@ -159,6 +173,36 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     free(before.p);
     free(after.p);
     gcomp_compressor_free(live);
+
+    /* the adaptive controllers' state: all or nothing, then a working object */
+    gcomp_adapt *ad = fz_adapt_make();
+    if (!ad) abort();
+    fz_adapt_run(ad, 3);
+    blob ab = adapt_save(ad);
+    fuzz_alloc_begin(limit);
+    st = gcomp_adapt_load_state(ad, b, len, NULL);
+    fuzz_alloc_end();
+    blob aa = adapt_save(ad);
+    if (st != GCOMP_OK && !same(ab, aa)) abort(); /* a refused load changed the state */
+    if (st == GCOMP_OK) {
+        gcomp_adapt *ad2 = fz_adapt_make();
+        if (!ad2 || gcomp_adapt_load_state(ad2, aa.p, aa.len, NULL) != GCOMP_OK) abort();
+        blob a2 = adapt_save(ad2);
+        if (!same(aa, a2)) abort(); /* save -> load -> save changed the state */
+        free(a2.p);
+        gcomp_adapt_free(ad2);
+        for (size_t i = 0; i < gcomp_adapt_count(ad); i++) { /* what a caller retunes to */
+            int lv = gcomp_adapt_level(ad, i);
+            const char *sp = gcomp_adapt_spec(ad, i);
+            if (!sp || lv >= (int)gcomp_adapt_ladder_size(ad) ||
+                (lv >= 0 && strcmp(sp, gcomp_adapt_candidate(ad, (size_t)lv))))
+                abort(); /* a loaded level outside the ladder */
+        }
+        fz_adapt_run(ad, 5); /* decides from the loaded state */
+    }
+    free(ab.p);
+    free(aa.p);
+    gcomp_adapt_free(ad);
     free(b);
     return 0;
 }

@@ -10,6 +10,7 @@
  * a program in the tree); the inputs the fuzzers found live in tests/fuzz/regress/.
  * usage: make_corpus ROOT
  */
+#include "fuzz_common.h"
 #include "gradcomp.h"
 
 #include <math.h>
@@ -131,6 +132,30 @@ static void blobs(void) {
     }
 }
 
+/* The adaptive controllers' state (fuzz_state loads it into fz_adapt_make's object): after
+ * a decision, mid-interval, and with a course; plain and repaired. */
+static void adapt_blobs(void) {
+    for (int k = 0; k < 3; k++) {
+        gcomp_adapt *a = fz_adapt_make();
+        if (!a) continue;
+        if (k == 2) {
+            double p[2] = {0.5, 1.0}, m[2] = {0.7, 0.8};
+            gcomp_adapt_set_course(a, p, m, 2, NULL);
+        }
+        fz_adapt_run(a, k == 0 ? 4 : 7);
+        size_t cap = gcomp_adapt_state_bound(a), got;
+        unsigned char *b = malloc(cap);
+        if (b && gcomp_adapt_save_state(a, b, cap, &got) == GCOMP_OK)
+            for (unsigned char mode = 0; mode < 2; mode++) {
+                char name[64];
+                snprintf(name, sizeof name, "adapt-%d-%u.gcad", k, mode);
+                put2("state", name, &mode, 1, b, got);
+            }
+        free(b);
+        gcomp_adapt_free(a);
+    }
+}
+
 static void roundtrips(void) {
     /* codec byte, then parameter bytes (odd: set), then n, shape, steps, huge, data. */
     for (size_t i = 0; i < gcomp_codec_count(); i++) {
@@ -200,6 +225,7 @@ int main(int argc, char **argv) {
     }
     messages();
     blobs();
+    adapt_blobs();
     roundtrips();
     specs();
     return 0;

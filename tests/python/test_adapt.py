@@ -106,3 +106,25 @@ def test_accuracy_course_from_a_reference_curve():
         steered.set_course(progress[:3], ref)
     with pytest.raises(gradcomp.ArgumentError, match="no accuracy controller"):
         make("adapt:layers").set_course(progress, ref)
+
+
+def test_controllers_state_round_trip_and_refusals():
+    a = make("adapt:norm;interval=2", total_steps=100)
+    rng = np.random.default_rng(3)
+    for _ in range(5):
+        for i, (_, shape) in enumerate(TENSORS):
+            a.observe(i, rng.standard_normal(shape).astype(np.float32))
+        if a.end_step():
+            a.decide(a.stats()[None, :])
+    blob = a.save_state()
+    b = make("adapt:norm;interval=2", total_steps=100)
+    b.load_state(blob)
+    assert b.save_state() == blob and b.report["decisions"] == 2
+    bad = bytearray(blob)
+    bad[len(bad) // 2] ^= 1
+    with pytest.raises(gradcomp.Error, match="checksum"):
+        b.load_state(bytes(bad))
+    with pytest.raises(gradcomp.MismatchError, match="another adaptive configuration"):
+        make("adapt:norm;interval=3", total_steps=100).load_state(blob)
+    with pytest.raises(gradcomp.Error, match="shorter"):
+        b.load_state(blob[:10])

@@ -857,6 +857,155 @@ static void test_accuracy_course(void) {
     gcomp_adapt_free(a);
 }
 
+/* ---- checkpoints ------------------------------------------------------------------------ */
+
+/* Step `step` of a synthetic run, the same whatever object runs it: gradients, compute and
+ * (every third step) a metric from the step's own seed; a decision when due. */
+static void state_step(gcomp_adapt *a, size_t step, float *g) {
+    unsigned long long seed = 1000 + step;
+    for (size_t i = 0; i < NMLP; i++) {
+        if (!gcomp_adapt_managed(a, i)) continue;
+        /* a consistent direction whose accumulated norm falls, then jumps (Accordion) */
+        double scale = step < 40 ? 1.0 / (1.0 + 0.2 * (double)step) : step < 56 ? 0.1 : 1.0;
+        for (size_t k = 0; k < MLP[i].n; k++)
+            g[k] = (float)(scale * (1.0 + 0.3 * test_gauss(&seed)));
+        CHECK_OK(gcomp_adapt_observe(a, i, g, NULL));
+    }
+    gcomp_adapt_observe_compute(a, 0.001, 0.002 + 0.0001 * (double)(step % 5), 0.0005);
+    if (step % 3 == 2) gcomp_adapt_observe_metric(a, 0.5 + 0.01 * (double)(step % 11));
+    int due;
+    gcomp_adapt_end_step(a, &due);
+    if (due) decide1(a);
+}
+
+static bool same_decisions(gcomp_adapt *x, gcomp_adapt *y) {
+    bool same = true;
+    for (size_t i = 0; i < NMLP; i++)
+        same &= !strcmp(gcomp_adapt_spec(x, i), gcomp_adapt_spec(y, i));
+    gcomp_adapt_report rx, ry;
+    gcomp_adapt_get_report(x, &rx);
+    gcomp_adapt_get_report(y, &ry);
+    return same && rx.decisions == ry.decisions && rx.step == ry.step &&
+           rx.critical == ry.critical && rx.error == ry.error &&
+           rx.error_uniform == ry.error_uniform && rx.uniform_level == ry.uniform_level &&
+           (rx.metric == ry.metric || (isnan(rx.metric) && isnan(ry.metric)));
+}
+
+/* Saved mid-interval and loaded into a fresh object, a run decides from there exactly as the
+ * uninterrupted one (every controller but bandwidth, whose inputs are wall-clock times); a
+ * fresh object without the load does not.  Bad blobs are refused and change nothing. */
+static void test_state(void) {
+    const char *method = "adapt:accuracy+layers+norm;target=0.6;interval=4;measure=8;dwell=1";
+    gcomp_adapt *a, *b, *c;
+    gcomp_error e = {0};
+    CHECK_OK(make(&a, method, 200, &e));
+    CHECK_OK(make(&b, method, 200, &e));
+    CHECK_OK(make(&c, method, 200, &e));
+    if (!a || !b || !c) return;
+    double prog[3] = {0.2, 0.5, 1.0}, ref[3] = {0.5, 0.55, 0.6};
+    CHECK_OK(gcomp_adapt_set_course(a, prog, ref, 3, &e));
+    CHECK_OK(gcomp_adapt_set_course(c, prog, ref, 3, &e));
+    float *g = malloc(256 * 256 * sizeof(float));
+    size_t step = 0;
+    for (; step < 30; step++) state_step(a, step, g); /* 7 decisions, 2 steps into the 8th */
+    size_t cap = gcomp_adapt_state_bound(a), len;
+    uint8_t *blob = malloc(cap), *bad = malloc(cap + 8);
+    CHECK_EQ_INT(gcomp_adapt_save_state(a, blob, cap - 1, &len), GCOMP_E_DST_SIZE);
+    CHECK_OK(gcomp_adapt_save_state(a, blob, cap, &len));
+    CHECK_EQ_INT(len, cap);
+
+    /* refused, and b is left as it was (its own blob does not change) */
+    size_t blen;
+    uint8_t *before = malloc(cap), *after = malloc(cap); /* b's blob has no course: smaller */
+    CHECK_OK(gcomp_adapt_save_state(b, before, cap, &blen));
+    CHECK_EQ_INT(gcomp_adapt_load_state(b, blob, len - 1, &e), GCOMP_E_TRUNCATED);
+    memcpy(bad, blob, len);
+    bad[0] ^= 1;
+    CHECK_EQ_INT(gcomp_adapt_load_state(b, bad, len, &e), GCOMP_E_BAD_MAGIC);
+    memcpy(bad, blob, len);
+    bad[4] = 2;
+    CHECK_EQ_INT(gcomp_adapt_load_state(b, bad, len, &e), GCOMP_E_VERSION);
+    memcpy(bad, blob, len);
+    bad[len / 2] ^= 0x40;
+    CHECK_EQ_INT(gcomp_adapt_load_state(b, bad, len, &e), GCOMP_E_CHECKSUM);
+    /* a level beyond the ladder, with a valid checksum: read field by field, refused */
+    memcpy(bad, blob, len);
+    gcomp__put64(bad + 288, 99); /* the first managed tensor's level */
+    gcomp__put32(bad + len - 4, gcomp__crc32c(0, bad, len - 4));
+    CHECK_EQ_INT(gcomp_adapt_load_state(b, bad, len, &e), GCOMP_E_STATE);
+    CHECK_MSG(strstr(e.message, "beyond the ladder") != NULL, "message: %s", e.message);
+    /* a controller's field out of range (the norm controller's last flag is 2) */
+    memcpy(bad, blob, len);
+    gcomp__put64(bad + len - 4 - 8, 2);
+    gcomp__put32(bad + len - 4, gcomp__crc32c(0, bad, len - 4));
+    CHECK_EQ_INT(gcomp_adapt_load_state(b, bad, len, &e), GCOMP_E_STATE);
+    CHECK_MSG(strstr(e.message, "norm") != NULL, "message: %s", e.message);
+    size_t alen;
+    CHECK_OK(gcomp_adapt_save_state(b, after, cap, &alen));
+    CHECK(alen == blen && memcmp(before, after, blen) == 0);
+    gcomp_adapt *other;
+    CHECK_OK(make(&other, "adapt:accuracy+layers+norm;target=0.6;interval=5;measure=10;dwell=1",
+                  200, &e));
+    if (other) {
+        CHECK_EQ_INT(gcomp_adapt_load_state(other, blob, len, &e), GCOMP_E_MISMATCH);
+        gcomp_adapt_free(other);
+    }
+
+    CHECK_OK(gcomp_adapt_load_state(b, blob, len, &e));
+    CHECK_OK(gcomp_adapt_save_state(b, after, cap, &alen)); /* everything saved came back */
+    CHECK(alen == len && memcmp(after, blob, len) == 0);
+    int differ_c = 0;
+    for (; step < 80; step++) {
+        state_step(a, step, g);
+        state_step(b, step, g);
+        state_step(c, step, g);
+        CHECK_MSG(same_decisions(a, b), "step %zu: the loaded run decides otherwise", step);
+        differ_c += !same_decisions(a, c);
+    }
+    CHECK_MSG(differ_c > 0, "a fresh object decides as the loaded one: the test proves nothing");
+    /* the course came with the blob: b's statistics still match a's configuration */
+    size_t sl = gcomp_adapt_stats_size(a), got;
+    double *all = malloc(2 * sl * sizeof(double));
+    CHECK_OK(gcomp_adapt_stats(a, all, sl, &got));
+    CHECK_OK(gcomp_adapt_stats(b, all + sl, sl, &got));
+    CHECK_OK(gcomp_adapt_decide(a, all, sl, 2, NULL, &e));
+    free(all);
+    free(before);
+    free(after);
+    free(bad);
+    free(blob);
+    gcomp_adapt_free(a);
+    gcomp_adapt_free(b);
+    gcomp_adapt_free(c);
+
+    /* the bandwidth controller's memory (streak, codec rates) too: saved, loaded, saved again
+     * gives the same bytes */
+    const char *bw = "adapt:bandwidth+layers+norm;interval=4;measure=4;confirm=3";
+    CHECK_OK(make(&a, bw, 0, &e));
+    CHECK_OK(make(&b, bw, 0, &e));
+    if (a && b) {
+        for (step = 0; step < 14; step++) {
+            gcomp_adapt_observe_link(a, 1e7 * (double)(1 + step % 4), 1e-5);
+            state_step(a, step, g);
+        }
+        cap = gcomp_adapt_state_bound(a);
+        blob = malloc(cap);
+        after = malloc(cap);
+        CHECK_OK(gcomp_adapt_save_state(a, blob, cap, &len));
+        CHECK_OK(gcomp_adapt_load_state(b, blob, len, &e));
+        CHECK_OK(gcomp_adapt_save_state(b, after, cap, &alen));
+        CHECK(alen == len && memcmp(after, blob, len) == 0);
+        gcomp_adapt_report r;
+        gcomp_adapt_get_report(b, &r);
+        CHECK(r.decisions == 3 && r.bandwidth > 0);
+        free(blob);
+        free(after);
+    }
+    gcomp_adapt_free(a);
+    gcomp_adapt_free(b);
+    free(g);
+}
+
 /* ---- the same decision on every rank ----------------------------------------------------- */
 
 static void test_ranks_agree(void) {
@@ -932,6 +1081,7 @@ int main(void) {
     test_accuracy_noise_hold();
     test_accuracy_window();
     test_accuracy_course();
+    test_state();
     test_ranks_agree();
     return CHECK_DONE();
 }

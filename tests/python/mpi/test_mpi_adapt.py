@@ -423,10 +423,10 @@ def save(model, opt):
 
 @needs_torch
 def test_optimizer_state_dict_restores_specs_and_state():
-    # Saved right after a decision, the resumed run is the uninterrupted one bit for bit
-    # until the next decision: the controllers (not saved: the library has no save for
-    # them) restart then, in step with the first run's schedule.
-    K, M = 8, 4
+    # Saved right after a decision, the resumed run is the uninterrupted one bit for bit,
+    # through the decisions after it: the controllers' state (Accordion's last norms and
+    # verdicts) is in the checkpoint too.
+    K, M = 8, 12
     model = make_model()
     opt = wrap(model)
     train(model, opt, K, check=False)
@@ -448,6 +448,30 @@ def test_optimizer_state_dict_restores_specs_and_state():
     train(fresh, fopt, M, start=K, check=False)
     assert digest(fresh) == ref, "the resumed run differs from the uninterrupted one"
     fopt.close()
+
+    # a checkpoint without the controllers' state (as saved before it was kept): they
+    # restart from their first decision, and the run must then differ
+    old = make_model(seed=123)
+    old.load_state_dict(ck["model"])
+    oopt = wrap(old)
+    g = dict(ck["opt"]["gradcomp"])
+    g["adapt"] = {k: v for k, v in g["adapt"].items() if k != "controllers"}
+    oopt.load_state_dict(dict(ck["opt"], gradcomp=g))
+    train(old, oopt, M, start=K, check=False)
+    assert digest(old) != ref, "the controllers' state made no difference: the test proves nothing"
+    oopt.close()
+    # a corrupt controllers' state is refused and nothing changes
+    bad = make_model(seed=123)
+    bopt = wrap(bad)
+    before = bopt.specs()
+    g = dict(ck["opt"]["gradcomp"])
+    blob = bytearray(g["adapt"]["controllers"])
+    blob[len(blob) // 2] ^= 1
+    g["adapt"] = dict(g["adapt"], controllers=bytes(blob))
+    with pytest.raises(gradcomp.Error, match="checksum"):
+        bopt.load_state_dict(dict(ck["opt"], gradcomp=g))
+    assert bopt.specs() == before
+    bopt.close()
 
     # without the buckets' part the residuals are lost: the run must then differ
     lost = make_model(seed=123)
