@@ -69,9 +69,8 @@ rank's state of every bucket (residuals, DGC momentum, PowerSGD's Q, the step co
 key random draws).  It is per rank: save one file per rank, load each rank's own.
 load_state_dict() into an optimizer built the same way on the same number of ranks
 resumes bit for bit.  For an adaptive method the state also holds every tensor's spec (the
-buckets are retuned to them before their states load) but not the controllers' own state,
-which the library cannot save: they restart from their first decision, so a resumed run
-follows the uninterrupted one bit for bit only until its next decision.
+buckets are retuned to them before their states load) and the controllers' own state
+(Adapt.save_state), so a resumed run decides on as the uninterrupted one would.
 
 Parameter server: strategy="ps" with ps=gradcomp.mpi.ParameterServer(...) in sync aggregate
 mode (BytePS): the workers push and pull through S server ranks, which call opt.serve()

@@ -119,9 +119,10 @@ class AdaptivePolicy:
     controller needs state.observe_link(bandwidth, latency) and the accuracy controller
     state.observe_metric(accuracy) from the training loop; observe_compute likewise.  A
     tensor the controllers switch to dense travels as a dense message (all-gathered), so
-    that what its compressor held back goes with it.  Pickled, it keeps the method; the
-    controllers restart from their first decision on restore, and each compressor keeps
-    its state (retuned to the new first decision).
+    that what its compressor held back goes with it.  Pickled, it keeps the method and
+    the controllers' state (Adapt.save_state), so a restored hook goes on deciding where
+    it stopped; each compressor keeps its state.  A pickle made before the controllers'
+    state was kept restarts them from their first decision (each compressor retuned to it).
     """
 
     def __init__(self, method, min_elements=1024, total_steps=0):
@@ -134,12 +135,15 @@ class AdaptivePolicy:
     def __getstate__(self):
         return {"method": self.method, "min_elements": self.min_elements,
                 "total_steps": self.total_steps, "tensors": getattr(self, "_tensors", None),
-                "world": getattr(self, "_world", 1)}
+                "world": getattr(self, "_world", 1),
+                "controllers": self.adapt.save_state() if self.adapt is not None else None}
 
     def __setstate__(self, d):
         self.__init__(d["method"], d["min_elements"], d["total_steps"])
         if d.get("tensors"):
             self.start(d["tensors"], d.get("world", 1))
+            if d.get("controllers") is not None:
+                self.adapt.load_state(d["controllers"])
 
     def start(self, tensors, world):
         """Creates the controllers for [(key, shape), ...]."""

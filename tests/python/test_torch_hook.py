@@ -182,3 +182,19 @@ def test_adaptive_method_needs_the_model():
     import gradcomp.torch as gt
     with pytest.raises(gradcomp.ArgumentError, match="needs the model"):
         gt.hook("adapt:norm")
+
+
+def test_adaptive_policy_pickles_its_controllers():
+    import numpy as np
+    from gradcomp.torch import AdaptivePolicy
+    pol = AdaptivePolicy("adapt:norm;base=topk:density=0.05,feedback=ef;interval=2",
+                         min_elements=16, total_steps=100)
+    pol.start([("w", (16, 8)), ("b", (16,))], 2)
+    rng = np.random.default_rng(5)
+    for _ in range(5):
+        pol.adapt.observe(0, rng.standard_normal((16, 8)).astype(np.float32))
+        if pol.adapt.end_step():
+            pol.adapt.decide(pol.adapt.stats()[None, :])
+    back = pickle.loads(pickle.dumps(pol))
+    assert back.adapt.save_state() == pol.adapt.save_state()
+    assert back.adapt.report["decisions"] == 2
