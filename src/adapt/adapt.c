@@ -1370,11 +1370,12 @@ static gcomp_status load_body(gcomp_adapt *a, const uint8_t *p, size_t ncourse, 
     double *rf[] = {&r.bandwidth, &r.latency, &r.compute_s,     &r.predicted_step_s, &r.metric,
                     &r.budget,    &r.error,   &r.error_uniform, &r.measure_s};
     for (size_t k = 0; k < sizeof rf / sizeof *rf; k++) *rf[k] = gcomp__adapt_rf(&c);
-    r.uniform_level = (int)(int64_t)gcomp__adapt_r64(&c);
-    r.critical = (size_t)gcomp__adapt_r64(&c);
+    uint64_t uniform = gcomp__adapt_r64(&c), critical = gcomp__adapt_r64(&c);
     r.next_measure_step = gcomp__adapt_r64(&c);
-    if (r.uniform_level < 0 || r.uniform_level >= (int)a->K || r.critical > a->nm)
+    if (uniform >= a->K || critical > a->nm)
         return gcomp__fail(err, GCOMP_E_STATE, "adapt: saved state: a report out of range");
+    r.uniform_level = (int)uniform;
+    r.critical = (size_t)critical;
     size_t lv = c.at;
     for (size_t m = 0; m < a->nm; m++)
         if (gcomp__adapt_r64(&c) >= a->K)
