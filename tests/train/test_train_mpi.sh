@@ -108,10 +108,13 @@ PYEOF
 # An accuracy-driven method steers by the curve of the dense run before it in --compare
 # (target=ref-X: X points below that curve's end); without one, target=ref-X has nothing to
 # steer by, and the run stops at its first decision saying so, on every rank, exit status 1.
-timeout 300 mpirun -np 2 "$G" train --data synthetic --model mlp --hidden 64 --epochs 1 \
-    --batch 16 --evals 8 --max-steps 80 --quiet --min-elements 100 \
-    --compare "dense,adapt:accuracy;target=ref-0.3;base=topk:density=0.01,feedback=ef;interval=10" \
-    --out course > course.log 2>&1
+course_run() { # OUT METHODS
+    timeout 300 mpirun -np 2 "$G" train --data synthetic --model mlp --hidden 64 --epochs 1 \
+        --batch 16 --evals 8 --max-steps 80 --quiet --min-elements 100 --compare "$2" \
+        --out "$1" > "$1.log" 2>&1
+}
+A="adapt:accuracy;target=ref-0.3;base=topk:density=0.01,feedback=ef;interval=10"
+course_run course "dense,$A"
 rc=$?
 [ $rc -eq 0 ] || { cat course.log; echo "FAIL: gradcomp train with an accuracy course exited $rc"; exit 1; }
 grep -q "steered by dense's curve" course.log || { cat course.log; echo "FAIL: no course line"; exit 1; }
@@ -122,10 +125,7 @@ ok = len(m) == 1 and m[0].get("accuracy_course") == "dense" and m[0]["adaptive_d
 print("train_mpi course: %d passed, %d failed" % (ok, not ok))
 sys.exit(0 if ok else 1)
 PYEOF
-timeout 300 mpirun -np 2 "$G" train --data synthetic --model mlp --hidden 64 --epochs 1 \
-    --batch 16 --evals 8 --max-steps 80 --quiet --min-elements 100 \
-    --compare "adapt:accuracy;target=ref-0.3;base=topk:density=0.01,feedback=ef;interval=10" \
-    --out nocourse > nocourse.log 2>&1
+course_run nocourse "$A"
 rc=$?
 if [ $rc -ne 1 ] || [ "$(grep -c 'needs a reference curve' nocourse.log)" -lt 1 ]; then
     cat nocourse.log; echo "FAIL: target=ref-0.3 without a dense run: exit $rc"; exit 1

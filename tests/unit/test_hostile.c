@@ -31,12 +31,9 @@ static void test_scale(void) {
     const size_t n = 4000;
     float *g = malloc(n * 4), *acc = calloc(n, 4);
     test_fill(g, n, 3);
-    const char *specs[] = {"topk:density=0.05",
-                           "randomk:density=0.1",
-                           "none",
-                           "threshold:tau=1,values=f16",
-                           "qsgd",
-                           "block:block=16"};
+    const char *specs[] = {
+        "topk:density=0.05", "randomk:density=0.1", "none", "threshold:tau=1,values=f16", "qsgd",
+        "block:block=16"};
     const float bad[] = {INFINITY, -INFINITY, NAN};
     for (size_t s = 0; s < sizeof specs / sizeof *specs; s++) {
         gcomp_compressor *c = make(specs[s], n);
