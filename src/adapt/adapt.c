@@ -1319,6 +1319,11 @@ static size_t state_size(const gcomp_adapt *a, size_t ncourse) {
     return c.at + 4;
 }
 
+gcomp_status gcomp__adapt_bad_state(gcomp_error *err, const char *ctl) {
+    return gcomp__fail(err, GCOMP_E_STATE,
+                       "adapt: saved state: the %s controller's fields are out of range", ctl);
+}
+
 size_t gcomp_adapt_state_bound(const gcomp_adapt *a) {
     return a ? state_size(a, a->ncourse) : 0;
 }

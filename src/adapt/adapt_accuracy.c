@@ -152,13 +152,6 @@ static gcomp_status acc_check(const gcomp_adapt *a, const void *p, gcomp_error *
     return GCOMP_OK;
 }
 
-static gcomp_status bad(gcomp_error *err, const char *ctl) {
-    return gcomp__fail(err, GCOMP_E_STATE,
-                       "adapt: saved state: the %s controller's fields are "
-                       "out of range",
-                       ctl);
-}
-
 static void acc_save(const gcomp_adapt *a, const void *p, gcomp__adapt_cursor *c) {
     const acc_state *s = p;
     (void)a;
@@ -176,7 +169,7 @@ static gcomp_status acc_load(const gcomp_adapt *a, void *p, gcomp__adapt_cursor 
     uint64_t since = gcomp__adapt_r64(c);
     if (ndev > INT32_MAX || since > INT32_MAX || offset <= -(int64_t)a->K ||
         offset >= (int64_t)a->K)
-        return bad(err, "accuracy");
+        return gcomp__adapt_bad_state(err, "accuracy");
     if (!apply) return GCOMP_OK;
     s->ndev = (int)ndev;
     s->offset = (int)offset;

@@ -141,9 +141,7 @@ static gcomp_status bw_load(const gcomp_adapt *a, void *p, gcomp__adapt_cursor *
     uint64_t chosen = gcomp__adapt_r64(c), candidate = gcomp__adapt_r64(c);
     uint64_t streak = gcomp__adapt_r64(c), have = gcomp__adapt_r64(c);
     if (chosen >= a->K || candidate >= a->K || streak > INT32_MAX || have > 1)
-        return gcomp__fail(err, GCOMP_E_STATE,
-                           "adapt: saved state: the bandwidth controller's fields are out of "
-                           "range");
+        return gcomp__adapt_bad_state(err, "bandwidth");
     if (!apply) return GCOMP_OK;
     s->chosen = (int)chosen;
     s->candidate = (int)candidate;

@@ -102,10 +102,7 @@ static gcomp_status layers_load(const gcomp_adapt *a, void *p, gcomp__adapt_curs
         int64_t v = (int64_t)gcomp__adapt_r64(c);
         ok &= v >= -1 && v < (int64_t)a->K;
     }
-    if (!ok)
-        return gcomp__fail(err, GCOMP_E_STATE,
-                           "adapt: saved state: the layers controller's fields are out of "
-                           "range");
+    if (!ok) return gcomp__adapt_bad_state(err, "layers");
     if (!apply) return GCOMP_OK;
     c->at = at;
     s->has_err = gcomp__adapt_r64(c) != 0;
