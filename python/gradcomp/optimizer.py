@@ -38,7 +38,8 @@ bucket_bytes=0 gives it, as `gradcomp train` does).
 Compression: `compression` is a spec ("topk:density=0.01,feedback=ef"), a C policy string
 ("spec=dgc:density=0.001;min_elements=8192;dense=none:values=f16"), a LayerPolicy, or any
 callable (name, shape) -> spec or None (None: dense f32).  A spec means LayerPolicy(spec):
-tensors under 1024 elements and 1-D tensors (biases, norms) go dense.  `strategy` applies
+tensors under 1024 elements and 1-D tensors (biases, norms) go dense, and a density codec
+sends at least 512 values of a tensor a step (min_k).  `strategy` applies
 to the tensors that get the method's spec; dense ones keep "auto" (allreduce).
 
 Adaptive methods: compression="adapt:CONTROLLER[+...][;KEY=VALUE...]" (gradcomp.h,

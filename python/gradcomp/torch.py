@@ -66,20 +66,24 @@ def _is_policy_string(text):
 class LayerPolicy:
     """The default policy: the C layer-wise policy (gcomp_policy, src/adapt/policy.c).
 
-    LayerPolicy(spec, min_elements=1024, vectors=False) compresses a tensor with `spec`
-    unless it has fewer than `min_elements` elements or is 1-D (biases, norm scales; with
-    vectors=False): those go dense, as a plain fp32 all_reduce.  Small tensors cost more
-    in per-message overhead and latency than they save, and 1-D ones are sensitive to
-    compression error.  LayerPolicy("spec=...;min_elements=...;embed*=...") takes a full
+    LayerPolicy(spec, min_elements=1024, vectors=False, min_k=512) compresses a tensor with
+    `spec` unless it has fewer than `min_elements` elements or is 1-D (biases, norm scales;
+    with vectors=False): those go dense, as a plain fp32 all_reduce.  Small tensors cost
+    more in per-message overhead and latency than they save, and 1-D ones are sensitive to
+    compression error.  A spec whose codec counts from density= (topk, dgc, randomk,
+    sampled) sends at least `min_k` values of a tensor a step unless it sets min_k itself
+    (0: exactly ceil(density * n)): at density 0.001 a 10 x 1024 classifier would otherwise
+    send 11, and lose 1-2 points of accuracy (docs/BENCHMARKS.md, "Good defaults").  LayerPolicy("spec=...;min_elements=...;embed*=...") takes a full
     C policy string instead (name globs match the parameter key).
     A policy is any picklable callable (key, shape) -> spec string or None (dense).
     """
 
-    def __init__(self, spec, min_elements=1024, vectors=False):
+    def __init__(self, spec, min_elements=1024, vectors=False, min_k=512):
         if _is_policy_string(spec):
             text = spec
         else:
-            text = f"spec={_core.canonical(spec)};min_elements={int(min_elements)};dense_1d={0 if vectors else 1}"
+            text = (f"spec={_core.canonical(spec)};min_elements={int(min_elements)};"
+                    f"min_k={int(min_k)};dense_1d={0 if vectors else 1}")
         self.text = text
         self.spec = spec if _is_policy_string(spec) else _core.canonical(spec)
         self._c = _core.Policy(text)

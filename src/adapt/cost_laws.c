@@ -115,12 +115,14 @@ static double varint_bytes(double k, double n) {
     return e;
 }
 
-/* The elements a sparse codec keeps: k = density x n (dense codecs: all of them). */
+/* The elements a sparse codec keeps: k = density x n, at least min_k (dense codecs: all
+ * of them). */
 static double kept(const law_in *in) {
     double n = (double)in->t->n;
     if (!(in->ci->flags & GCOMP_CODEC_SPARSE)) return n;
     double d = gcomp__cost_spec_num(in->canon, "density", 1);
-    double k = ceil(d * n);
+    double k = ceil(d * n), floor_k = gcomp__cost_spec_num(in->canon, "min_k", 0);
+    if (k < floor_k) k = floor_k;
     return k < 1 ? 1 : k > n ? n : k;
 }
 

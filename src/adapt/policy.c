@@ -10,13 +10,17 @@
  *
  * Grammar (include/gradcomp.h has the user's view): items split on ';', the key ends at
  * the first '=' of the item, so a value can be any spec (which uses ':', ',' and '=',
- * never ';').  Keywords: spec, dense, min_elements, dense_1d; every other key is a glob.
+ * never ';').  Keywords: spec, dense, min_elements, min_k, dense_1d; every other key is a
+ * glob.
  * A typo in a keyword becomes a glob whose value must still be a valid spec, so most
  * typos are caught at create (`min_element=100`: "unknown codec '100'").
  *
  * Decision for a tensor: the first glob that matches its name, else 1-D -> dense (when
  * dense_1d), else fewer than min_elements -> dense, else spec.  Overrides come first
- * because they are the user's explicit word about one tensor.
+ * because they are the user's explicit word about one tensor.  min_k=K puts a floor of K
+ * elements a step into spec= (the codec's own min_k, so it travels with the spec through
+ * retunes and warm-ups): a tensor just above min_elements is compressed, but not down to a
+ * handful of values.  Overrides are left as written.
  *
  * Bytes per step: the encode bound of the spec for that tensor in the steady state (the
  * codec's init at the spec's own density, no warm-up), computed on a compressor object
@@ -29,6 +33,7 @@
 
 #include <ctype.h>
 #include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 
 #define DEFAULT_SPEC "topk:density=0.001,feedback=ef"
@@ -42,7 +47,8 @@ typedef struct override {
 struct gcomp_policy {
     char *buf; /* the policy text, split in place */
     const char *spec, *dense;
-    size_t min_elements;
+    char *spec_k; /* spec with min_k=K (min_k > 0 and the codec takes it), else NULL */
+    size_t min_elements, min_k;
     bool dense_1d;
     override *over;
     size_t nover;
@@ -51,6 +57,7 @@ struct gcomp_policy {
 void gcomp_policy_free(gcomp_policy *p) {
     if (!p) return;
     gcomp__free(p->buf);
+    gcomp__free(p->spec_k);
     gcomp__free(p->over);
     gcomp__free(p);
 }
@@ -69,6 +76,35 @@ static gcomp_status check_spec(const char *key, const char *spec, gcomp_error *e
     gcomp_status st = gcomp__spec_parse(spec, &parsed, &local);
     if (st != GCOMP_OK) return gcomp__fail(err, st, "policy: %s=%s: %s", key, spec, local.message);
     return GCOMP_OK;
+}
+
+static gcomp_status parse_count(const char *key, const char *val, size_t *out, gcomp_error *err) {
+    char *end;
+    errno = 0;
+    unsigned long long v = strtoull(val, &end, 10);
+    if (!isdigit((unsigned char)val[0]) || *end || errno || v > SIZE_MAX)
+        return gcomp__fail(err, GCOMP_E_SPEC, "policy: %s=%s: expected a non-negative integer",
+                           key, val);
+    *out = (size_t)v;
+    return GCOMP_OK;
+}
+
+/* spec= with min_k=K, where the codec counts its elements from density= (it has min_k) and
+ * the spec sets no floor of its own.  Other codecs keep spec= as it is. */
+static gcomp_status floor_spec(gcomp_policy *p, gcomp_error *err) {
+    char have[32], num[32];
+    if (!p->min_k || gcomp_spec_get(p->spec, "min_k", have, sizeof have, NULL) != GCOMP_OK ||
+        strcmp(have, "0"))
+        return GCOMP_OK;
+    if (p->min_k > UINT32_MAX)
+        return gcomp__fail(err, GCOMP_E_SPEC, "policy: min_k=%zu: at most %u", p->min_k,
+                           (unsigned)UINT32_MAX);
+    snprintf(num, sizeof num, "%zu", p->min_k);
+    size_t cap = strlen(p->spec) + sizeof num + GCOMP__SPEC_MAX;
+    if (!(p->spec_k = gcomp__alloc(cap))) return gcomp__fail(err, GCOMP_E_NOMEM, "policy: out of memory");
+    gcomp_error local;
+    gcomp_status st = gcomp_spec_set(p->spec, "min_k", num, p->spec_k, cap, &local);
+    return st == GCOMP_OK ? st : gcomp__fail(err, st, "policy: min_k=%s: %s", num, local.message);
 }
 
 gcomp_status gcomp_policy_create(gcomp_policy **out, const char *policy, gcomp_error *err) {
@@ -93,7 +129,7 @@ gcomp_status gcomp_policy_create(gcomp_policy **out, const char *policy, gcomp_e
     p->dense = DEFAULT_DENSE;
     p->min_elements = 16384;
     p->dense_1d = true;
-    bool seen_spec = false, seen_dense = false, seen_min = false, seen_1d = false;
+    bool seen_spec = false, seen_dense = false, seen_min = false, seen_k = false, seen_1d = false;
 
     gcomp_status st = GCOMP_OK;
     char *item = p->buf;
@@ -108,7 +144,7 @@ gcomp_status gcomp_policy_create(gcomp_policy **out, const char *policy, gcomp_e
         if (!eq) {
             st = gcomp__fail(err, GCOMP_E_SPEC,
                              "policy: item %zu '%s': expected key=value (spec=, dense=, "
-                             "min_elements=, dense_1d= or GLOB=SPEC)",
+                             "min_elements=, min_k=, dense_1d= or GLOB=SPEC)",
                              no, text);
             break;
         }
@@ -133,13 +169,11 @@ gcomp_status gcomp_policy_create(gcomp_policy **out, const char *policy, gcomp_e
         } else if (!strcmp(key, "min_elements")) {
             dup = seen_min;
             seen_min = true;
-            char *end;
-            errno = 0;
-            unsigned long long v = strtoull(val, &end, 10);
-            if (!isdigit((unsigned char)val[0]) || *end || errno)
-                st = gcomp__fail(err, GCOMP_E_SPEC,
-                                 "policy: min_elements=%s: expected a non-negative integer", val);
-            p->min_elements = (size_t)v;
+            st = parse_count(key, val, &p->min_elements, err);
+        } else if (!strcmp(key, "min_k")) {
+            dup = seen_k;
+            seen_k = true;
+            st = parse_count(key, val, &p->min_k, err);
         } else if (!strcmp(key, "dense_1d")) {
             dup = seen_1d;
             seen_1d = true;
@@ -157,6 +191,7 @@ gcomp_status gcomp_policy_create(gcomp_policy **out, const char *policy, gcomp_e
             st = gcomp__fail(err, GCOMP_E_SPEC, "policy: '%s' given twice", key);
         if (st != GCOMP_OK) break;
     }
+    if (st == GCOMP_OK) st = floor_spec(p, err);
     if (st != GCOMP_OK) {
         gcomp_policy_free(p);
         return st;
@@ -221,7 +256,7 @@ gcomp_status gcomp_policy_choose(const gcomp_policy *p, const gcomp_tensor_desc 
     bool one_d = t->rows == 0 || t->rows == 1 || t->cols == 1;
     out->rule = GCOMP_RULE_DEFAULT;
     out->reason = "default";
-    out->spec = p->spec;
+    out->spec = p->spec_k ? p->spec_k : p->spec;
     size_t j = 0;
     for (; j < p->nover; j++)
         if (glob_match(p->over[j].glob, name)) break;

@@ -271,7 +271,8 @@ void gcomp__topk_plan_done(gcomp_compressor *c, const gcomp__topk_plan *p, const
                            size_t m);
 
 /* Effective density of this step (select_topk.c): c->density_override when > 0 (DGC's
- * warm-up sets it per epoch), else the spec's density=; and k = ceil(density * n) <= n.
+ * warm-up sets it per epoch), else the spec's density=; and k = ceil(density * n), raised
+ * to min_k= where the codec has it, and at most n.
  * Selectors that take a count from density= read these, so schedules apply to them. */
 double gcomp__density(const gcomp_compressor *c);
 size_t gcomp__density_k(const gcomp_compressor *c);
@@ -349,6 +350,13 @@ const gcomp__codec *gcomp__codec_find(const char *name);
     {                                                                                              \
         "density", GCOMP_PARAM_FLOAT, 0, 1, 1, dflt, NULL,                                         \
             "fraction of elements sent: k = ceil(density * n)"                                     \
+    }
+/* The floor on that count, next to density= in every codec that takes a count from it. */
+#define GCOMP__PARAM_MIN_K                                                                         \
+    {                                                                                              \
+        "min_k", GCOMP_PARAM_INT, 0, 4294967295.0, 0, "0", NULL,                                   \
+            "at least this many elements a step (all of them when n is smaller): "                 \
+            "k = max(ceil(density * n), min(min_k, n))"                                            \
     }
 /* The dense codec of a value coder registered with GCOMP__QUANTIZER: every element, coded
  * by gcomp__vcoder_<name>, whose parameter table is the codec's own.  `feedback`: NULL, or

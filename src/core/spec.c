@@ -4,7 +4,8 @@
  * A spec is checked against the parameter tables (the codec's own, its value coder's,
  * the common keys, and the chosen feedback's) -- the same tables `gradcomp list-codecs`
  * prints -- so nothing is hard-coded twice.  The canonical form lists every parameter
- * of those tables in table order with its value, defaults included; its FNV-1a hash is
+ * of those tables in table order with its value, defaults included (but for the few
+ * late_key()s, left out at their "off" default); its FNV-1a hash is
  * the fingerprint that every message carries, so two ranks with different settings are
  * caught even when one of them spelled out a default and the other did not.
  */
@@ -15,6 +16,16 @@
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+
+/* Keys added to a codec after its specs were in use, written into the canonical form only
+ * when set to something other than their default.  A spec that leaves them alone keeps the
+ * canonical form, so the fingerprint, that its messages and saved states already carry;
+ * two spellings of the same setting still agree.  Only for keys whose default means "off"
+ * and will never change (a changed default must change the fingerprint).  min_k: the
+ * floor on k of the density codecs. */
+static bool late_key(const gcomp_param_info *p) {
+    return !strcmp(p->name, "min_k");
+}
 
 static const gcomp_param_info common_params[] = {
     {"feedback", GCOMP_PARAM_ENUM, 0, 0, 0, "none", GCOMP__FEEDBACK_CHOICES,
@@ -333,6 +344,7 @@ gcomp_status gcomp__spec_parse(const char *text, gcomp__spec *out, gcomp_error *
             out->count++;
             char vbuf[64];
             format_value(p, v, vbuf, sizeof vbuf);
+            if (late_key(p) && !strcmp(vbuf, p->deflt)) continue;
             w = snprintf(out->canonical + used, sizeof out->canonical - used, "%c%s=%s", sep,
                          p->name, vbuf);
             if (w < 0 || (size_t)w >= sizeof out->canonical - used)

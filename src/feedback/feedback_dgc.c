@@ -402,6 +402,7 @@ static gcomp_status dgc_select(gcomp_compressor *c, const float *x, gcomp__selec
 
 static const gcomp_param_info dgc_codec_params[] = {
     GCOMP__PARAM_DENSITY("0.001"),
+    GCOMP__PARAM_MIN_K,
     GCOMP__PARAM_VALUES,
 };
 

@@ -191,6 +191,7 @@ static gcomp_status any_k_init(gcomp_compressor *c, gcomp_error *err) {
 
 static const gcomp_param_info randomk_params[] = {
     GCOMP__PARAM_DENSITY("0.01"),
+    GCOMP__PARAM_MIN_K,
     {"unbiased", GCOMP_PARAM_BOOL, 0, 1, 0, "0", NULL,
      "1: scale kept values by n/k so the message is an unbiased estimate"},
     GCOMP__PARAM_VALUES,

@@ -129,6 +129,7 @@ static const gcomp_param_info threshold_params[] = {
 };
 static const gcomp_param_info sampled_params[] = {
     GCOMP__PARAM_DENSITY("0.001"),
+    GCOMP__PARAM_MIN_K,
     {"sample", GCOMP_PARAM_FLOAT, 0, 1, 1, "0.01", NULL,
      "fraction of the elements sampled to estimate the threshold (DGC uses 0.1%-1%)"},
     {"exact", GCOMP_PARAM_BOOL, 0, 1, 0, "0", NULL,

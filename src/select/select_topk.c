@@ -17,9 +17,16 @@ double gcomp__density(const gcomp_compressor *c) {
                                      : gcomp__spec_num(&c->spec, "density", 1.0);
 }
 
+/* min_k= (0 where the codec has no such key) floors k: at density 0.001 a 10 x 1024
+ * classifier would send 11 values a step, each of its weights about once a thousand steps,
+ * and that layer is the one whose error shows in the accuracy (docs/BENCHMARKS.md, "Good
+ * defaults").  A floor in the spec, not a density picked per tensor by the caller, so that
+ * it holds through a retune of density= and under DGC's warm-up, and every rank's spec
+ * fingerprint says the same. */
 size_t gcomp__density_k(const gcomp_compressor *c) {
     double d = gcomp__density(c);
-    double k = ceil(d * (double)c->n);
+    double k = ceil(d * (double)c->n), floor_k = gcomp__spec_num(&c->spec, "min_k", 0);
+    if (k < floor_k) k = floor_k;
     return k > (double)c->n ? c->n : (size_t)k;
 }
 
@@ -36,7 +43,8 @@ static gcomp_status topk_select(gcomp_compressor *c, const float *x, gcomp__sele
 }
 
 static const gcomp_param_info none_params[] = {GCOMP__PARAM_VALUES};
-static const gcomp_param_info topk_params[] = {GCOMP__PARAM_DENSITY("0.01"), GCOMP__PARAM_VALUES};
+static const gcomp_param_info topk_params[] = {GCOMP__PARAM_DENSITY("0.01"), GCOMP__PARAM_MIN_K,
+                                                 GCOMP__PARAM_VALUES};
 
 const gcomp__codec gcomp__codec_none = {
     .info = {GCOMP__CODEC_NAME_ID(none), GCOMP_CODEC_LINEAR,

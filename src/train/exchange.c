@@ -70,7 +70,7 @@ static int efail(char *err, size_t errlen, const char *fmt, ...) {
 }
 
 int gtrain_exchange_create(gtrain_exchange **out, const char *method, gtrain_tensor *t, size_t nt,
-                           const char *const *specs, size_t min_elements, const char *dense_spec,
+                           const char *const *specs, const gtrain_policy_defaults *pd,
                            int strategy, double timeout_s, MPI_Comm comm, char *err,
                            size_t errlen) {
     gcomp_mpi_comm *c = NULL;
@@ -78,8 +78,7 @@ int gtrain_exchange_create(gtrain_exchange **out, const char *method, gtrain_ten
     *out = NULL;
     if (gcomp_mpi_comm_create(&c, comm, NULL, timeout_s, &e) != GCOMP_OK)
         return efail(err, errlen, "MPI: %s", e.message);
-    int rc = gtrain_exchange_create_on(out, method, t, nt, specs, min_elements, dense_spec,
-                                       strategy, timeout_s, c, NULL, 0, err, errlen);
+    int rc = gtrain_exchange_create_on(out, method, t, nt, specs, pd, strategy, timeout_s, c, NULL, 0, err, errlen);
     if (rc)
         gcomp_mpi_comm_free(c);
     else
@@ -92,8 +91,8 @@ gcomp_mpi_bucket *gtrain_exchange_bucket(const gtrain_exchange *ex, size_t i) {
 }
 
 int gtrain_exchange_create_on(gtrain_exchange **out, const char *method, gtrain_tensor *t,
-                              size_t nt, const char *const *specs, size_t min_elements,
-                              const char *dense_spec, int strategy, double timeout_s,
+                              size_t nt, const char *const *specs,
+                              const gtrain_policy_defaults *pd, int strategy, double timeout_s,
                               gcomp_mpi_comm *comm, gcomp_mpi_ps *ps, int hierarchical, char *err,
                               size_t errlen) {
     *out = NULL;
@@ -113,8 +112,7 @@ int gtrain_exchange_create_on(gtrain_exchange **out, const char *method, gtrain_
         rc = efail(err, errlen, "out of memory");
         goto out;
     }
-    if (gtrain_plan_create(&ex->plan, method, t, nt, specs, min_elements, dense_spec, strategy, err,
-                           errlen)) {
+    if (gtrain_plan_create(&ex->plan, method, t, nt, specs, pd, strategy, err, errlen)) {
         rc = 1;
         goto out;
     }

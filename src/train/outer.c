@@ -204,7 +204,7 @@ void gtrain_outer_free(gtrain_outer *o) {
 }
 
 int gtrain_outer_create(gtrain_outer **out, const gtrain_outer_cfg *c, const char *method,
-                        gtrain_tensor *t, size_t nt, size_t min_elements, const char *dense_spec,
+                        gtrain_tensor *t, size_t nt, const gtrain_policy_defaults *pd,
                         int strategy, double timeout_s, MPI_Comm comm, char *err, size_t errlen) {
     *out = NULL;
     gtrain_outer *o = calloc(1, sizeof *o);
@@ -226,8 +226,7 @@ int gtrain_outer_create(gtrain_outer **out, const gtrain_outer_cfg *c, const cha
         rc = ofail(err, errlen, "out of memory");
         goto done;
     }
-    if (gtrain_plan_create(&o->plan, method, t, nt, NULL, min_elements, dense_spec, strategy, err,
-                           errlen)) {
+    if (gtrain_plan_create(&o->plan, method, t, nt, NULL, pd, strategy, err, errlen)) {
         rc = 1;
         goto done;
     }

@@ -33,10 +33,11 @@ static bool sets_key(const char *items, const char *key) {
 
 /* The policy string a method stands for: "dense", "dense-f16", "policy:<policy>", or
  * "SPEC[;KEY=VALUE...]", a spec for the compressed tensors plus policy items of this method
- * only (e.g. twobit:threshold=0.5;min_elements=16384), the trainer's --min-elements and
- * --dense-spec filling in what the method leaves out. */
-static void method_policy(const char *method, size_t min_elements, const char *dense_spec,
-                          char *out, size_t cap) {
+ * only (e.g. twobit:threshold=0.5;min_elements=16384), the trainer's --min-elements,
+ * --min-k and --dense-spec filling in what the method leaves out. */
+static void method_policy(const char *method, const gtrain_policy_defaults *pd, char *out,
+                          size_t cap) {
+    const char *dense_spec = pd->dense_spec ? pd->dense_spec : "none";
     const char *semi = strchr(method, ';');
     if (!strcmp(method, "dense"))
         snprintf(out, cap, "spec=none;dense=none");
@@ -51,7 +52,9 @@ static void method_policy(const char *method, size_t min_elements, const char *d
         int n = snprintf(out, cap, "spec=%s", method);
         if (n < 0 || (size_t)n >= cap) return;
         if (!semi || !sets_key(semi, "min_elements"))
-            n += snprintf(out + n, cap - (size_t)n, ";min_elements=%zu", min_elements);
+            n += snprintf(out + n, cap - (size_t)n, ";min_elements=%zu", pd->min_elements);
+        if ((size_t)n < cap && pd->min_k && (!semi || !sets_key(semi, "min_k")))
+            n += snprintf(out + n, cap - (size_t)n, ";min_k=%zu", pd->min_k);
         if ((size_t)n < cap && (!semi || !sets_key(semi, "dense")))
             snprintf(out + n, cap - (size_t)n, ";dense=%s", dense_spec);
     }
@@ -67,8 +70,8 @@ void gtrain_plan_free(gtrain_plan *p) {
 }
 
 int gtrain_plan_create(gtrain_plan *p, const char *method, const gtrain_tensor *t, size_t nt,
-                       const char *const *specs, size_t min_elements, const char *dense_spec,
-                       int strategy, char *err, size_t errlen) {
+                       const char *const *specs, const gtrain_policy_defaults *pd, int strategy,
+                       char *err, size_t errlen) {
     memset(p, 0, sizeof *p);
     p->nt = nt;
     p->spec = calloc(nt, sizeof *p->spec);
@@ -89,7 +92,7 @@ int gtrain_plan_create(gtrain_plan *p, const char *method, const gtrain_tensor *
             return pfail(err, errlen, "method '%s': unknown strategy '%s'", method, at + 1);
         }
     }
-    method_policy(mbuf, min_elements, dense_spec ? dense_spec : "none", pol, sizeof pol);
+    method_policy(mbuf, pd, pol, sizeof pol);
     gcomp_error e = {0};
     gcomp_policy *policy = NULL;
     if (!specs && gcomp_policy_create(&policy, pol, &e) != GCOMP_OK) {

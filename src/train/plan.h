@@ -12,6 +12,14 @@
 #include "gradcomp_mpi.h"
 #include "model.h"
 
+/* The layer policy's items where a method sets none (the trainer's --min-elements, --min-k
+ * and --dense-spec). */
+typedef struct gtrain_policy_defaults {
+    size_t min_elements;    /* tensors with fewer elements go dense */
+    size_t min_k;           /* a floor on k for codecs that count from density= (0: none) */
+    const char *dense_spec; /* the spec of those and of 1-D tensors (NULL: "none") */
+} gtrain_policy_defaults;
+
 typedef struct gtrain_plan {
     size_t nt;
     char **spec;          /* per tensor, malloc'd */
@@ -21,14 +29,15 @@ typedef struct gtrain_plan {
 
 /* method: "dense", "dense-f16", "policy:<policy string>", or "SPEC[;KEY=VALUE...]" (a
  * spec for the compressed tensors plus policy items of this method only), optionally
- * "...@STRATEGY".  Tensors under min_elements and 1-D tensors get dense_spec (NULL:
- * "none") unless the method says otherwise; the others get `strategy` (0: the codec's
+ * "...@STRATEGY".  The policy's items the method leaves out come from `pd`: tensors under
+ * min_elements and 1-D tensors get dense_spec, and a "SPEC" method's spec gets min_k; the
+ * compressed tensors get `strategy` (0: the codec's
  * default) and the dense ones GCOMP_MPI_AUTO.  specs: NULL, or one spec per tensor that
  * replaces the policy (an adaptive method's first decision).  Returns 0, or 1 with a
  * message in err. */
 int gtrain_plan_create(gtrain_plan *p, const char *method, const gtrain_tensor *t, size_t nt,
-                       const char *const *specs, size_t min_elements, const char *dense_spec,
-                       int strategy, char *err, size_t errlen);
+                       const char *const *specs, const gtrain_policy_defaults *pd, int strategy,
+                       char *err, size_t errlen);
 /* Tensor i's spec becomes `spec` (a live retune): its text and whether it keeps DGC's
  * momentum.  Returns 0, or 1 with a message in err (a bad spec, out of memory). */
 int gtrain_plan_set_spec(gtrain_plan *p, size_t i, const char *spec, char *err, size_t errlen);

@@ -278,16 +278,15 @@ int gtrain_run(const gtrain_config *cfg, const char *method, const gtrain_data *
     if (!bad && gtrain_adapt_is_method(core))
         bad = gtrain_adapt_create(
             &adapt, core, t, nt, (uint64_t)steps_per_epoch * (uint64_t)cfg->epochs,
-            cfg->min_elements, cfg->dense_spec, cfg->calibration, comm, err, errlen);
+            cfg->policy.min_elements, cfg->policy.dense_spec, cfg->calibration, comm, err, errlen);
     if (!bad && adapt && cfg->nreference)
         bad = gtrain_adapt_set_reference(adapt, cfg->reference, cfg->nreference, cfg->epochs,
                                          &out->steered_by_reference, err, errlen);
     if (bad ||
         (oc.local_steps > 0
-             ? gtrain_outer_create(&ox, &oc, core, t, nt, cfg->min_elements, cfg->dense_spec,
-                                   cfg->strategy, cfg->timeout_s, comm, err, errlen)
+             ? gtrain_outer_create(&ox, &oc, core, t, nt, &cfg->policy, cfg->strategy, cfg->timeout_s, comm, err, errlen)
              : gtrain_exchange_create(&ex, core, t, nt, adapt ? gtrain_adapt_specs(adapt) : NULL,
-                                      cfg->min_elements, cfg->dense_spec, cfg->strategy,
+                                      &cfg->policy, cfg->strategy,
                                       cfg->timeout_s, comm, err, errlen))) {
         gtrain_adapt_free(adapt);
         gtrain_model_free(m);

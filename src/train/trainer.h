@@ -47,9 +47,8 @@ typedef struct gtrain_config {
     int lr_schedule; /* GTRAIN_LR_CONST, _COSINE or _STEP (see gtrain_lr_at) */
     uint64_t seed;
     int evals_per_epoch;        /* test-set evaluations per epoch (>= 1) */
-    size_t min_elements;        /* policy: tensors smaller than this go dense */
+    gtrain_policy_defaults policy; /* --min-elements, --min-k, --dense-spec (none:values=f16) */
     int strategy;               /* gcomp_mpi strategy for compressed tensors (0: auto) */
-    const char *dense_spec;     /* policy: spec of those and of 1-D tensors (none:values=f16) */
     double timeout_s;           /* per collective */
     int progress;               /* 0 quiet, 1 lines, 2 a live bar (rank 0 only) */
     double max_steps_per_epoch; /* 0: all; else cap (smoke runs) */

@@ -152,7 +152,11 @@ def test_layer_policy():
     import gradcomp.torch as gt
 
     p = gt.LayerPolicy(TOPK, min_elements=100)
-    assert p("w", (10, 10)) == gradcomp.canonical(TOPK)
+    # A floor of 512 values a step by default (min_k): all 100 here; min_k=0 takes it away.
+    assert p("w", (10, 10)) == gradcomp.spec_set(TOPK, "min_k", "512")
+    assert gt.LayerPolicy(TOPK, min_elements=100, min_k=0)("w", (10, 10)) == gradcomp.canonical(TOPK)
+    assert gt.LayerPolicy("powersgd:rank=2", min_elements=100)("w", (10, 10)) == \
+        gradcomp.canonical("powersgd:rank=2")  # no density=, no floor
     assert p("w", (9, 10)) is None
     assert p("b", (1000,)) is None
     assert gt.LayerPolicy(TOPK, min_elements=100, vectors=True)("b", (1000,))

@@ -122,7 +122,7 @@ static void test_spec(void) {
     } bad[] = {
         {"", GCOMP_E_SPEC, "empty codec name"},
         {"tpok", GCOMP_E_UNKNOWN_CODEC, "known: none, topk"},
-        {"topk:densty=0.1", GCOMP_E_SPEC, "unknown key 'densty'; allowed: density, values"},
+        {"topk:densty=0.1", GCOMP_E_SPEC, "unknown key 'densty'; allowed: density, min_k, values"},
         {"topk:density=0", GCOMP_E_SPEC, "must be a number in (0, 1]"},
         {"topk:density=1.5", GCOMP_E_SPEC, "density=1.5"},
         {"topk:density=abc", GCOMP_E_SPEC, "density=abc"},

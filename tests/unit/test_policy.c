@@ -8,6 +8,7 @@
  *     beat the 1-D and size rules, dense_1d=0, dense=SPEC; every malformed policy is
  *     refused with GCOMP_E_SPEC (or UNKNOWN_CODEC) and a message naming the item;
  *   - a spec that needs a shape on a vector is refused at choose, naming the tensor;
+ *   - min_k= floors the default spec's count, and only where the codec has the key;
  *   - failing allocations in create are clean.
  */
 #include "check.h"
@@ -263,9 +264,59 @@ static void test_alloc_failures(void) {
     }
 }
 
+/* min_k=K: a floor of K elements a step written into spec= where its codec takes min_k and
+ * the spec sets none; overrides, dense tensors and codecs without the key are left alone. */
+static void test_min_k(void) {
+    const char *spec;
+    CHECK(rule_of("spec=dgc:density=0.001;min_elements=8192;min_k=512", "fc3.weight", 10240, 10,
+                  1024, &spec) == GCOMP_RULE_DEFAULT);
+    CHECK_MSG(strstr(spec, "dgc:density=0.001,min_k=512,"), "%s", spec);
+    rule_of("spec=dgc:density=0.001,min_k=64;min_k=512", "w", 100000, 100, 1000, &spec);
+    CHECK_MSG(strstr(spec, "min_k=64") && !strstr(spec, "min_k=512"), "%s", spec);
+    rule_of("spec=powersgd:rank=4;min_k=512", "w", 100000, 100, 1000, &spec);
+    CHECK_MSG(!strcmp(spec, "powersgd:rank=4"), "%s", spec);
+    rule_of("spec=dgc;min_k=512;fc3*=topk:density=0.01", "fc3.weight", 10240, 10, 1024, &spec);
+    CHECK_MSG(!strcmp(spec, "topk:density=0.01"), "%s", spec);
+    rule_of("spec=dgc;min_k=512;dense=none:values=f16", "b", 1000, 0, 0, &spec);
+    CHECK_MSG(!strcmp(spec, "none:values=f16"), "%s", spec);
+    rule_of("min_k=0", "w", 1 << 20, 1024, 1024, &spec);
+    CHECK(!strcmp(spec, TOPK));
+
+    /* The estimate follows the floor: 512 values, not 11. */
+    gcomp_policy *p = NULL, *q = NULL;
+    CHECK_OK(gcomp_policy_create(&p, "spec=dgc:density=0.001;min_elements=0;min_k=512", NULL));
+    CHECK_OK(gcomp_policy_create(&q, "spec=dgc:density=0.001;min_elements=0", NULL));
+    if (p && q) {
+        gcomp_tensor_desc t = {"fc3.weight", 10240, 10, 1024};
+        gcomp_layer_plan a, b;
+        CHECK_OK(gcomp_policy_choose(p, &t, &a, NULL));
+        CHECK_OK(gcomp_policy_choose(q, &t, &b, NULL));
+        CHECK_MSG(a.bytes >= b.bytes + 4 * (512 - 11), "%zu vs %zu bytes", a.bytes, b.bytes);
+    }
+    gcomp_policy_free(p);
+    gcomp_policy_free(q);
+
+    const char *bad[] = {"min_k=-1", "min_k=1k", "min_k=4294967296;spec=topk", "min_k=1;min_k=2"};
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        gcomp_error err;
+        p = (gcomp_policy *)1;
+        CHECK_MSG(gcomp_policy_create(&p, bad[i], &err) == GCOMP_E_SPEC && !p &&
+                      strstr(err.message, "min_k"),
+                  "'%s': %s", bad[i], err.message);
+    }
+    for (size_t k = 0; k < 6; k++) {
+        gcomp__test_fail_alloc_after(k);
+        gcomp_status st = gcomp_policy_create(&p, "spec=dgc;min_k=512", NULL);
+        gcomp__test_fail_alloc_after((size_t)-1);
+        CHECK(st == GCOMP_OK || (st == GCOMP_E_NOMEM && !p));
+        gcomp_policy_free(p);
+    }
+}
+
 int main(void) {
     test_tables();
     test_grammar();
+    test_min_k();
     test_alloc_failures();
     return CHECK_DONE();
 }

@@ -484,12 +484,88 @@ static void test_alloc_failures(void) {
     free(acc);
 }
 
+/* min_k= floors the count of every codec that takes it from density=, through a retune
+ * and under DGC's warm-up, never above n, never below ceil(density * n). */
+static size_t sent(const char *spec, size_t n, const float *g) {
+    gcomp_compressor *c = make(spec, n);
+    if (!c) return 0;
+    msg m = encode(c, g);
+    gcomp_message_info info = {0};
+    CHECK_OK(gcomp_message_inspect(m.p, m.len, &info));
+    free(m.p);
+    gcomp_compressor_free(c);
+    return (size_t)info.elements_sent;
+}
+
+static void test_min_k(void) {
+    size_t n = 10240;
+    float *g = malloc(n * 4);
+    test_fill(g, n, 5);
+    const char *floored[] = {"topk:density=0.001,min_k=512", "dgc:density=0.001,min_k=512",
+                             "randomk:density=0.001,min_k=512",
+                             "sampled:density=0.001,min_k=512,exact=1",
+                             "topk:density=0.001,min_k=512,values=f16,feedback=ef"};
+    for (size_t i = 0; i < sizeof floored / sizeof *floored; i++)
+        CHECK_MSG(sent(floored[i], n, g) == 512, "%s", floored[i]);
+    CHECK_EQ_INT(sent("topk:density=0.001", n, g), 11); /* ceil(10.24): no floor by default */
+    CHECK_EQ_INT(sent("topk:density=0.1,min_k=512", n, g), 1024); /* a floor, not a cap */
+    CHECK_EQ_INT(sent("topk:density=0.001,min_k=512", 100, g), 100); /* at most n */
+
+    /* The default writes nothing: specs and fingerprints from before min_k stay as they were. */
+    char canon[256], v[32];
+    uint64_t fp0 = 0, fp1 = 1;
+    CHECK_OK(gcomp_spec_canonical("topk:density=0.001,min_k=0", canon, sizeof canon, &fp0, NULL));
+    CHECK_MSG(!strcmp(canon, "topk:density=0.001,values=f32,feedback=none,seed=0"), "%s", canon);
+    CHECK_OK(gcomp_spec_canonical("topk:density=0.001", canon, sizeof canon, &fp1, NULL));
+    CHECK(fp0 == fp1);
+    CHECK_OK(gcomp_spec_get("dgc", "min_k", v, sizeof v, NULL));
+    CHECK(!strcmp(v, "0"));
+    gcomp_spec_info info;
+    CHECK_OK(gcomp_spec_describe("dgc:density=0.001,min_k=512", n, &info, NULL));
+    CHECK_MSG(info.density == 512.0 / (double)n, "density %g", info.density);
+
+    /* A retune of density= keeps the floor; DGC's warm-up starts above it and ends on it. */
+    gcomp_compressor *c = make("topk:density=0.01,min_k=512,feedback=ef", n);
+    char lower[256];
+    CHECK_OK(gcomp_spec_set("topk:density=0.01,min_k=512,feedback=ef", "density", "0.0001", lower,
+                            sizeof lower, NULL));
+    CHECK_OK(gcomp_compressor_retune(c, lower, NULL));
+    msg m = encode(c, g);
+    gcomp_message_info mi;
+    CHECK_OK(gcomp_message_inspect(m.p, m.len, &mi));
+    CHECK_EQ_INT(mi.elements_sent, 512);
+    free(m.p);
+    gcomp_compressor_free(c);
+    c = make("dgc:density=0.001,min_k=512,warmup=1,warmup_stages=2,warmup_start=0.25", n);
+    m = encode(c, g);
+    CHECK_OK(gcomp_message_inspect(m.p, m.len, &mi));
+    CHECK_EQ_INT(mi.elements_sent, 2560);
+    free(m.p);
+    CHECK_OK(gcomp_compressor_set_epoch(c, 1.0));
+    m = encode(c, g);
+    CHECK_OK(gcomp_message_inspect(m.p, m.len, &mi));
+    CHECK_EQ_INT(mi.elements_sent, 512);
+    free(m.p);
+    gcomp_compressor_free(c);
+
+    const char *bad[] = {"topk:min_k=-1", "topk:min_k=1.5", "topk:min_k=4294967296",
+                         "powersgd:min_k=4", "bernoulli:min_k=4", "int8:min_k=4"};
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        gcomp_error err;
+        CHECK_MSG(gcomp_spec_canonical(bad[i], canon, sizeof canon, NULL, &err) == GCOMP_E_SPEC &&
+                      strstr(err.message, "min_k"),
+                  "%s: %s", bad[i], err.message);
+    }
+    free(g);
+}
+
 int main(void) {
     test_topk_reference();
     test_error_feedback();
     test_unbiased();
     test_scaled_refuse_feedback();
     test_sampled_count();
+    test_min_k();
     test_determinism_and_randomk();
     test_corruption();
     test_hostile_payload();

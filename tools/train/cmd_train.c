@@ -59,7 +59,7 @@ static const char *usage_text =
     "                      [--compare M1,M2,...] [--target-acc A] [--target-tolerance PP]\n"
     "                      [--out DIR]\n"
     "                      [--data DIR|synthetic] [--seed S] [--evals N] [--min-elements N]\n"
-    "                      [--dense-spec SPEC] [--strategy S] [--max-steps N] [--timeout SEC]\n"
+    "                      [--min-k K] [--dense-spec SPEC] [--strategy S] [--max-steps N] [--timeout SEC]\n"
     "                      [--lr-schedule const|cosine|step] [--loss mean|sum]\n"
     "                      [--time-budget SEC] [--calibration FILE] [--quiet]\n"
     "                      [--local-steps H] [--outer sgd|nesterov[:lr=X,momentum=M]]\n"
@@ -79,7 +79,10 @@ static const char *usage_text =
     "         METHOD@STRATEGY picks the MPI strategy for one method (sign@allgather);\n"
     "         SPEC;KEY=VALUE sets policy items for one method (twobit;min_elements=16384).\n"
     "policy:  tensors under --min-elements (default 8192) and 1-D tensors use --dense-spec\n"
-    "         (default none:values=f16) in every method but dense and dense-f16.\n"
+    "         (default none:values=f16) in every method but dense and dense-f16; a SPEC\n"
+    "         method whose codec counts from density= (topk, dgc, randomk, sampled) sends\n"
+    "         at least --min-k values of a tensor a step (default 512; 0: exactly\n"
+    "         ceil(density * n)), so the 10 x 1024 classifier is not cut to 11 values.\n"
     "--lr-schedule: const (default), cosine (to 0 at the end of the run), or step (/10 at\n"
     "         1/2 and 3/4 of the run); the same for every method.\n"
     "--time-budget: each method stops at the first evaluation after SEC seconds of\n"
@@ -163,8 +166,9 @@ static int parse(int argc, char **argv, opts *o) {
     c->weight_decay = 1e-4f;
     c->seed = 1;
     c->evals_per_epoch = 4;
-    c->min_elements = 8192;
-    c->dense_spec = "none:values=f16";
+    c->policy.min_elements = 8192;
+    c->policy.min_k = 512;
+    c->policy.dense_spec = "none:values=f16";
     c->timeout_s = 120;
     c->slow_rank = -1;
     o->ps.async_momentum = -1; /* auto: gtrain_ps_momentum */
@@ -236,8 +240,12 @@ static int parse(int argc, char **argv, opts *o) {
                 return cli_fail("train", 2, "--evals %s: 1..1000", v);
             c->evals_per_epoch = (int)cnt;
         } else if (!strcmp(a, "--min-elements")) {
-            if (cli_parse_count(v, &c->min_elements))
+            if (cli_parse_count(v, &c->policy.min_elements))
                 return cli_fail("train", 2, "--min-elements %s", v);
+        } else if (!strcmp(a, "--min-k")) {
+            if (cli_parse_count(v, &cnt) || cnt > UINT32_MAX)
+                return cli_fail("train", 2, "--min-k %s: 0..4294967295", v);
+            c->policy.min_k = (size_t)cnt;
         } else if (!strcmp(a, "--strategy")) {
             if (gcomp_mpi_strategy_parse(v, &c->strategy) != GCOMP_OK)
                 return cli_fail("train", 2,
@@ -245,7 +253,7 @@ static int parse(int argc, char **argv, opts *o) {
                                 "hierarchical[:NAME]",
                                 v);
         } else if (!strcmp(a, "--dense-spec")) {
-            c->dense_spec = v;
+            c->policy.dense_spec = v;
         } else if (!strcmp(a, "--max-steps")) {
             if (cli_parse_count(v, &cnt)) return cli_fail("train", 2, "--max-steps %s", v);
             c->max_steps_per_epoch = (double)cnt;

@@ -77,8 +77,8 @@ int train_sensitivity(const gtrain_config *cfg, const char *spec, double thresho
     size_t nt;
     gtrain_tensor *t = gtrain_model_tensors(m, &nt);
     char pol[1024];
-    snprintf(pol, sizeof pol, "spec=%s;min_elements=%zu;dense=%s", canon, cfg->min_elements,
-             cfg->dense_spec);
+    snprintf(pol, sizeof pol, "spec=%s;min_elements=%zu;dense=%s", canon, cfg->policy.min_elements,
+             cfg->policy.dense_spec);
     gcomp_policy *policy = NULL;
     if (gcomp_policy_create(&policy, pol, &e) != GCOMP_OK) {
         if (rank == 0) fprintf(stderr, "gradcomp train: --sensitivity: %s\n", e.message);
@@ -124,7 +124,7 @@ int train_sensitivity(const gtrain_config *cfg, const char *spec, double thresho
         snprintf(path, sizeof path, "%s/sensitivity.txt", outdir);
         FILE *f = fopen(path, "w");
         int w = snprintf(pol, sizeof pol, "policy:spec=%s;min_elements=%zu;dense=%s", canon,
-                         cfg->min_elements, cfg->dense_spec);
+                         cfg->policy.min_elements, cfg->policy.dense_spec);
         printf("\nlayer sensitivity to %s (dense: %.2f%%; threshold %.2f pp)\n", canon,
                100 * acc[0], threshold_pp);
         printf("%-20s %10s %9s %9s  %s\n", "tensor", "elements", "test acc", "cost pp", "suggest");
