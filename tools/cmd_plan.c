@@ -65,7 +65,7 @@ typedef struct popts {
     int nmethods;
     int workers[MAX_WORKERS], nworkers;
     int nodes, json, per_tensor, calibrate, strategy, servers;
-    size_t min_elements, batch;
+    size_t min_elements, min_k, batch;
     size_t calib_n[8], ncalib; /* --size: the sizes codecs are calibrated at */
     double link_bps, latency, intra_bps, intra_latency, efficiency;
     double compute_ms, forward_ms, backward_ms, optimizer_ms, overlap;
@@ -78,8 +78,9 @@ static const char *usage_text =
     "                     [--intra-link RATE] [--intra-latency US] [--efficiency E]\n"
     "                     [--compute-ms MS | --forward-ms MS --backward-ms MS] [--optimizer-ms "
     "MS]\n"
-    "                     [--overlap X] [--batch B] [--min-elements N] [--dense-spec SPEC]\n"
-    "                     [--strategy S] [--servers S] [--calibration FILE] [--per-tensor]\n"
+    "                     [--overlap X] [--batch B] [--min-elements N] [--min-k K]\n"
+    "                     [--dense-spec SPEC] [--strategy S] [--servers S]\n"
+    "                     [--calibration FILE] [--per-tensor]\n"
     "                     [--json] [--plot FILE.png]\n"
     "       gradcomp plan --calibrate [--compare M1,...] [--calibration FILE] [--size N,...]\n"
     "                     (under mpirun with >= 2 ranks it also measures the network)\n"
@@ -166,6 +167,7 @@ static int parse_args(int argc, char **argv, popts *o) {
     o->efficiency = TCP_GOODPUT;
     o->overlap = 1;
     o->min_elements = 8192;
+    o->min_k = 512; /* the trainer's defaults */
     o->dense_spec = "none:values=f16";
     o->batch = 32;
     o->calib_n[0] = (size_t)1 << 22;
@@ -242,6 +244,9 @@ static int parse_args(int argc, char **argv, popts *o) {
         } else if (!strcmp(a, "--min-elements")) {
             if (cli_parse_count(v, &o->min_elements))
                 return cli_fail(CMD, 2, "--min-elements %s: a count", v);
+        } else if (!strcmp(a, "--min-k")) {
+            if (cli_parse_count(v, &o->min_k) || o->min_k > UINT32_MAX)
+                return cli_fail(CMD, 2, "--min-k %s: 0..4294967295", v);
         } else if (!strcmp(a, "--dense-spec"))
             o->dense_spec = v;
         else if (!strcmp(a, "--strategy")) {
@@ -430,6 +435,8 @@ static void method_policy(const popts *o, const char *method, char *out, size_t 
         int n = snprintf(out, cap, "spec=%s", method);
         if (n > 0 && (size_t)n < cap && (!semi || !strstr(semi, "min_elements=")))
             n += snprintf(out + n, cap - (size_t)n, ";min_elements=%zu", o->min_elements);
+        if (n > 0 && (size_t)n < cap && o->min_k && (!semi || !strstr(semi, "min_k=")))
+            n += snprintf(out + n, cap - (size_t)n, ";min_k=%zu", o->min_k);
         if (n > 0 && (size_t)n < cap && (!semi || !strstr(semi, "dense=")))
             snprintf(out + n, cap - (size_t)n, ";dense=%s", o->dense_spec);
     }

@@ -83,8 +83,8 @@ static gcomp_status parse_count(const char *key, const char *val, size_t *out, g
     errno = 0;
     unsigned long long v = strtoull(val, &end, 10);
     if (!isdigit((unsigned char)val[0]) || *end || errno || v > SIZE_MAX)
-        return gcomp__fail(err, GCOMP_E_SPEC, "policy: %s=%s: expected a non-negative integer",
-                           key, val);
+        return gcomp__fail(err, GCOMP_E_SPEC, "policy: %s=%s: expected a non-negative integer", key,
+                           val);
     *out = (size_t)v;
     return GCOMP_OK;
 }
@@ -101,7 +101,8 @@ static gcomp_status floor_spec(gcomp_policy *p, gcomp_error *err) {
                            (unsigned)UINT32_MAX);
     snprintf(num, sizeof num, "%zu", p->min_k);
     size_t cap = strlen(p->spec) + sizeof num + GCOMP__SPEC_MAX;
-    if (!(p->spec_k = gcomp__alloc(cap))) return gcomp__fail(err, GCOMP_E_NOMEM, "policy: out of memory");
+    if (!(p->spec_k = gcomp__alloc(cap)))
+        return gcomp__fail(err, GCOMP_E_NOMEM, "policy: out of memory");
     gcomp_error local;
     gcomp_status st = gcomp_spec_set(p->spec, "min_k", num, p->spec_k, cap, &local);
     return st == GCOMP_OK ? st : gcomp__fail(err, st, "policy: min_k=%s: %s", num, local.message);

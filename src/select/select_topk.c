@@ -44,7 +44,7 @@ static gcomp_status topk_select(gcomp_compressor *c, const float *x, gcomp__sele
 
 static const gcomp_param_info none_params[] = {GCOMP__PARAM_VALUES};
 static const gcomp_param_info topk_params[] = {GCOMP__PARAM_DENSITY("0.01"), GCOMP__PARAM_MIN_K,
-                                                 GCOMP__PARAM_VALUES};
+                                               GCOMP__PARAM_VALUES};
 
 const gcomp__codec gcomp__codec_none = {
     .info = {GCOMP__CODEC_NAME_ID(none), GCOMP_CODEC_LINEAR,

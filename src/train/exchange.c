@@ -70,15 +70,15 @@ static int efail(char *err, size_t errlen, const char *fmt, ...) {
 }
 
 int gtrain_exchange_create(gtrain_exchange **out, const char *method, gtrain_tensor *t, size_t nt,
-                           const char *const *specs, const gtrain_policy_defaults *pd,
-                           int strategy, double timeout_s, MPI_Comm comm, char *err,
-                           size_t errlen) {
+                           const char *const *specs, const gtrain_policy_defaults *pd, int strategy,
+                           double timeout_s, MPI_Comm comm, char *err, size_t errlen) {
     gcomp_mpi_comm *c = NULL;
     gcomp_error e = {0};
     *out = NULL;
     if (gcomp_mpi_comm_create(&c, comm, NULL, timeout_s, &e) != GCOMP_OK)
         return efail(err, errlen, "MPI: %s", e.message);
-    int rc = gtrain_exchange_create_on(out, method, t, nt, specs, pd, strategy, timeout_s, c, NULL, 0, err, errlen);
+    int rc = gtrain_exchange_create_on(out, method, t, nt, specs, pd, strategy, timeout_s, c, NULL,
+                                       0, err, errlen);
     if (rc)
         gcomp_mpi_comm_free(c);
     else
@@ -91,10 +91,9 @@ gcomp_mpi_bucket *gtrain_exchange_bucket(const gtrain_exchange *ex, size_t i) {
 }
 
 int gtrain_exchange_create_on(gtrain_exchange **out, const char *method, gtrain_tensor *t,
-                              size_t nt, const char *const *specs,
-                              const gtrain_policy_defaults *pd, int strategy, double timeout_s,
-                              gcomp_mpi_comm *comm, gcomp_mpi_ps *ps, int hierarchical, char *err,
-                              size_t errlen) {
+                              size_t nt, const char *const *specs, const gtrain_policy_defaults *pd,
+                              int strategy, double timeout_s, gcomp_mpi_comm *comm,
+                              gcomp_mpi_ps *ps, int hierarchical, char *err, size_t errlen) {
     *out = NULL;
     gtrain_exchange *ex = calloc(1, sizeof *ex);
     if (!ex) return efail(err, errlen, "out of memory");

@@ -32,17 +32,16 @@ typedef struct gtrain_exchange_stats {
  * specs: NULL, or one spec per tensor that replaces the policy (an adaptive method's first
  * decision; every tensor then goes by its codec's default strategy). */
 int gtrain_exchange_create(gtrain_exchange **out, const char *method, gtrain_tensor *t, size_t nt,
-                           const char *const *specs, const gtrain_policy_defaults *pd,
-                           int strategy, double timeout_s, MPI_Comm comm, char *err, size_t errlen);
+                           const char *const *specs, const gtrain_policy_defaults *pd, int strategy,
+                           double timeout_s, MPI_Comm comm, char *err, size_t errlen);
 /* The same on the caller's communicator (not freed by the exchange), every tensor through
  * the parameter server `ps` when it is not NULL (strategy GCOMP_MPI_PS, with `hierarchical`
  * the node-first dist_sync_device form): dense tensors too, since the servers hold every
  * key.  Collective over comm (servers included). */
 int gtrain_exchange_create_on(gtrain_exchange **out, const char *method, gtrain_tensor *t,
-                              size_t nt, const char *const *specs,
-                              const gtrain_policy_defaults *pd, int strategy, double timeout_s,
-                              gcomp_mpi_comm *comm, gcomp_mpi_ps *ps, int hierarchical, char *err,
-                              size_t errlen);
+                              size_t nt, const char *const *specs, const gtrain_policy_defaults *pd,
+                              int strategy, double timeout_s, gcomp_mpi_comm *comm,
+                              gcomp_mpi_ps *ps, int hierarchical, char *err, size_t errlen);
 /* Tensor i's bucket (one tensor per bucket). */
 gcomp_mpi_bucket *gtrain_exchange_bucket(const gtrain_exchange *ex, size_t i);
 /* Switches tensor i to `spec` between steps (gcomp_mpi_bucket_retune: collective when the

@@ -204,8 +204,8 @@ void gtrain_outer_free(gtrain_outer *o) {
 }
 
 int gtrain_outer_create(gtrain_outer **out, const gtrain_outer_cfg *c, const char *method,
-                        gtrain_tensor *t, size_t nt, const gtrain_policy_defaults *pd,
-                        int strategy, double timeout_s, MPI_Comm comm, char *err, size_t errlen) {
+                        gtrain_tensor *t, size_t nt, const gtrain_policy_defaults *pd, int strategy,
+                        double timeout_s, MPI_Comm comm, char *err, size_t errlen) {
     *out = NULL;
     gtrain_outer *o = calloc(1, sizeof *o);
     if (!o) return ofail(err, errlen, "out of memory");

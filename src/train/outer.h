@@ -45,8 +45,8 @@ typedef struct gtrain_outer gtrain_outer;
 
 /* Collective.  The weights of `t` are the starting point (the same on every rank). */
 int gtrain_outer_create(gtrain_outer **out, const gtrain_outer_cfg *c, const char *method,
-                        gtrain_tensor *t, size_t nt, const gtrain_policy_defaults *pd,
-                        int strategy, double timeout_s, MPI_Comm comm, char *err, size_t errlen);
+                        gtrain_tensor *t, size_t nt, const gtrain_policy_defaults *pd, int strategy,
+                        double timeout_s, MPI_Comm comm, char *err, size_t errlen);
 void gtrain_outer_free(gtrain_outer *o);
 /* The specs of the tensors' pseudo-gradients, as gtrain_exchange_describe. */
 void gtrain_outer_describe(const gtrain_outer *o, char *out, size_t cap);

@@ -368,9 +368,8 @@ int gtrain_run_ps(const gtrain_config *cfg, const gtrain_ps_config *pc, const ch
         rc = fail(err, errlen, "parameter server: %s", e.message);
         goto agree;
     }
-    if (gtrain_exchange_create_on(&ex, method, t, nt, NULL, &cfg->policy, 0,
-                                  cfg->timeout_s, gc, ps, pc->mode == GTRAIN_PS_DEVICE, err,
-                                  errlen)) {
+    if (gtrain_exchange_create_on(&ex, method, t, nt, NULL, &cfg->policy, 0, cfg->timeout_s, gc, ps,
+                                  pc->mode == GTRAIN_PS_DEVICE, err, errlen)) {
         rc = 1;
         goto agree;
     }

@@ -282,12 +282,12 @@ int gtrain_run(const gtrain_config *cfg, const char *method, const gtrain_data *
     if (!bad && adapt && cfg->nreference)
         bad = gtrain_adapt_set_reference(adapt, cfg->reference, cfg->nreference, cfg->epochs,
                                          &out->steered_by_reference, err, errlen);
-    if (bad ||
-        (oc.local_steps > 0
-             ? gtrain_outer_create(&ox, &oc, core, t, nt, &cfg->policy, cfg->strategy, cfg->timeout_s, comm, err, errlen)
-             : gtrain_exchange_create(&ex, core, t, nt, adapt ? gtrain_adapt_specs(adapt) : NULL,
-                                      &cfg->policy, cfg->strategy,
-                                      cfg->timeout_s, comm, err, errlen))) {
+    if (bad || (oc.local_steps > 0
+                    ? gtrain_outer_create(&ox, &oc, core, t, nt, &cfg->policy, cfg->strategy,
+                                          cfg->timeout_s, comm, err, errlen)
+                    : gtrain_exchange_create(&ex, core, t, nt,
+                                             adapt ? gtrain_adapt_specs(adapt) : NULL, &cfg->policy,
+                                             cfg->strategy, cfg->timeout_s, comm, err, errlen))) {
         gtrain_adapt_free(adapt);
         gtrain_model_free(m);
         return 1;

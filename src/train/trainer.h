@@ -46,14 +46,14 @@ typedef struct gtrain_config {
     int summed_loss; /* 1: gradients of the batch's summed loss (MXNet's unit), 0: of its mean */
     int lr_schedule; /* GTRAIN_LR_CONST, _COSINE or _STEP (see gtrain_lr_at) */
     uint64_t seed;
-    int evals_per_epoch;        /* test-set evaluations per epoch (>= 1) */
+    int evals_per_epoch;           /* test-set evaluations per epoch (>= 1) */
     gtrain_policy_defaults policy; /* --min-elements, --min-k, --dense-spec (none:values=f16) */
-    int strategy;               /* gcomp_mpi strategy for compressed tensors (0: auto) */
-    double timeout_s;           /* per collective */
-    int progress;               /* 0 quiet, 1 lines, 2 a live bar (rank 0 only) */
-    double max_steps_per_epoch; /* 0: all; else cap (smoke runs) */
-    double time_budget_s;       /* 0: none; else stop at the first evaluation after this much
-                                   training time (the slowest rank's) */
+    int strategy;                  /* gcomp_mpi strategy for compressed tensors (0: auto) */
+    double timeout_s;              /* per collective */
+    int progress;                  /* 0 quiet, 1 lines, 2 a live bar (rank 0 only) */
+    double max_steps_per_epoch;    /* 0: all; else cap (smoke runs) */
+    double time_budget_s;          /* 0: none; else stop at the first evaluation after this much
+                                      training time (the slowest rank's) */
     /* The cost model's prediction beside the measured step (gradcomp.h, "Cost model"):
      * codec rates and the network from `calibration` (may be NULL: no prediction unless
      * link_bps is given), the inter-node link `link_bps` bits/s of Ethernet (0: the

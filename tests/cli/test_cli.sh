@@ -123,6 +123,8 @@ if "$G" --help 2>/dev/null | grep -q "gradcomp train"; then
   expect_rc 2 "train bad --loss" "$G" train --loss total
   grep -q "mean or sum" err.txt && ok || bad "train --loss message"
   expect_rc 2 "train bad --epochs" "$G" train --epochs 0
+  expect_rc 2 "train bad --min-k" "$G" train --min-k 4294967296
+  grep -q "min-k 4294967296: 0..4294967295" err.txt && ok || bad "train --min-k message"
 fi
 
 # A 68-byte message whose header claims 3.4e9 elements and whose counts ask for 5.7 GB: the

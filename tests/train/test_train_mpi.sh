@@ -43,6 +43,11 @@ for m in methods:
     want = m["method"].startswith("sign") and m["method"] != "dense"
     if m["method"] != "dense" and ("fc2.weight" in dense_names) != want:
         print("FAIL: %s: specs %r" % (m["method"], m["specs"])); bad += 1
+# --min-k's default floor of 512 values a step travels in the specs of the codecs that count
+# from density= (topk, dgc), and only there.
+for m in methods:
+    if ("min_k=512" in m["specs"]) != m["method"].startswith(("topk", "dgc")):
+        print("FAIL: %s: specs %r" % (m["method"], m["specs"])); bad += 1
 rows = list(csv.DictReader(open("res/metrics.csv")))
 for m in methods:
     pts = [x for x in rows if x["method"] == m["method"]]

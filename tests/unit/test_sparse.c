@@ -508,7 +508,7 @@ static void test_min_k(void) {
     for (size_t i = 0; i < sizeof floored / sizeof *floored; i++)
         CHECK_MSG(sent(floored[i], n, g) == 512, "%s", floored[i]);
     CHECK_EQ_INT(sent("topk:density=0.001", n, g), 11); /* ceil(10.24): no floor by default */
-    CHECK_EQ_INT(sent("topk:density=0.1,min_k=512", n, g), 1024); /* a floor, not a cap */
+    CHECK_EQ_INT(sent("topk:density=0.1,min_k=512", n, g), 1024);    /* a floor, not a cap */
     CHECK_EQ_INT(sent("topk:density=0.001,min_k=512", 100, g), 100); /* at most n */
 
     /* The default writes nothing: specs and fingerprints from before min_k stay as they were. */
@@ -548,7 +548,7 @@ static void test_min_k(void) {
     free(m.p);
     gcomp_compressor_free(c);
 
-    const char *bad[] = {"topk:min_k=-1", "topk:min_k=1.5", "topk:min_k=4294967296",
+    const char *bad[] = {"topk:min_k=-1",    "topk:min_k=1.5",    "topk:min_k=4294967296",
                          "powersgd:min_k=4", "bernoulli:min_k=4", "int8:min_k=4"};
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
         gcomp_error err;
