@@ -297,6 +297,32 @@ def spec_get_number(spec, key):
     return out.value
 
 
+_WARMUP = {}
+
+
+def warmup_epochs(spec):
+    """The epochs of a spec's DGC warm-up (its warmup= key), 0.0 for a spec without one.
+    Such a warm-up follows the epoch the caller gives (set_epoch): the front ends refuse to
+    start one that was never given an epoch, which would stay at warmup_start for good."""
+    w = _WARMUP.get(spec)
+    if w is None:
+        try:
+            w = spec_get_number(spec, "warmup")
+        except _err.SpecError:
+            w = 0.0
+        _WARMUP[spec] = w
+    return w
+
+
+def no_epoch_error(where, key, spec, call):
+    """The refusal of a warm-up that was never given an epoch."""
+    return _err.ArgumentError(
+        f"{where}: {key}'s spec {spec!r} has a DGC warm-up of {warmup_epochs(spec):g} epochs, "
+        f"which follows the epoch you give: call {call}(epoch) before the first step and as "
+        f"training goes on (fractional epochs are fine); without it every step would stay at "
+        f"the warm-up's first density", status=_err.E_ARG)
+
+
 def spec_set(spec, key, value):
     """The canonical form of `spec` with `key` set to `value` (a str, or a number or bool
     written as the spec grammar takes it).  values= and feedback= bring their own keys (and

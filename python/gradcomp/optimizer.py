@@ -533,6 +533,10 @@ class _DistributedMixin:
                     raise TypeError(f"gradcomp: gradient of {e.key!r} must be a contiguous float32 tensor, got "
                                     f"{g.dtype} {g.layout}{'' if g.is_contiguous() else ' (not contiguous)'}")
                 grads.append(g)
+            if self._gc_epoch is None:
+                for e in b.params:
+                    if e.spec and _core.warmup_epochs(e.spec) > 0:
+                        raise _core.no_epoch_error("gradcomp", e.key, e.spec, "optimizer.set_epoch")
             if self._gc_ps is not None:
                 self._gc_session = True
             if self._gc_adapt is not None:
@@ -778,7 +782,8 @@ class _DistributedMixin:
 
     # -- schedules and statistics --
     def set_epoch(self, epoch):
-        """Fractional epoch for the compressors' schedules (DGC warm-up), before a step."""
+        """Fractional epoch for the compressors' schedules (DGC warm-up), before a step.  A
+        spec with warmup= refuses to start (ArgumentError) until it has been called once."""
         self._gc_check_open()
         self._gc_epoch = float(epoch)
         for b in self._gc_buckets:

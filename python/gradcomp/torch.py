@@ -313,7 +313,8 @@ class GradcompState:
         return dist.get_world_size(self.process_group)
 
     def set_epoch(self, epoch):
-        """Fractional epoch for the schedules (DGC warm-up) of every compressor."""
+        """Fractional epoch for the schedules (DGC warm-up) of every compressor.  A spec with
+        warmup= refuses to start (ArgumentError) until it has been called once."""
         self.epoch = float(epoch)
         for e in self._entries.values():
             if e.comp is not None:
@@ -356,6 +357,9 @@ class GradcompState:
                 comp, spec = None, None
             else:
                 spec = comp.spec
+                if self.epoch is None and _core.warmup_epochs(spec) > 0:
+                    comp.close()
+                    raise _core.no_epoch_error("gradcomp.torch", key, spec, "state.set_epoch")
         if saved is not None and managed and saved[1] and saved[1] != spec:
             # An adaptive tensor saved under another setting: its state, then the new one.
             s_shape, s_spec, blob = saved

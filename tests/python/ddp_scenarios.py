@@ -151,6 +151,21 @@ def scenario_mismatch(rank, spec):
     return {"error": None}
 
 
+def scenario_warmup(rank, spec):
+    """A DGC warm-up never given an epoch is refused at the first step, by name; given one,
+    the same spec trains.  Both ranks fail alike, before any collective of the hook."""
+    model, opt, state = setup(spec)
+    try:
+        train(model, opt, rank, 1)
+        error = None
+    except Exception as e:  # DDP re-raises the hook's error from backward()
+        error = f"{type(e).__name__}: {e}"
+    model, opt, state = setup(spec)
+    state.set_epoch(0.0)
+    losses = train(model, opt, rank, 3)
+    return {"error": error, "losses": losses, "identical": replicas_identical(model)}
+
+
 def scenario_adaptive(rank, method):
     """An adaptive method through the hook: every rank its own compute timings, the
     decisions (and so the specs) must agree, the replicas stay identical."""
@@ -172,7 +187,7 @@ def scenario_adaptive(rank, method):
 
 
 SCENARIOS = {"train": scenario_train, "resume": scenario_resume, "mismatch": scenario_mismatch,
-             "adaptive": scenario_adaptive}
+             "adaptive": scenario_adaptive, "warmup": scenario_warmup}
 
 
 def worker(rank, world, port, scenarios, out):
@@ -209,8 +224,8 @@ def main():
     ap.add_argument("--world", type=int, default=2)
     ap.add_argument("scenarios", nargs="+")
     a = ap.parse_args()
-    # Mismatch leaves DDP objects in an error state: run it last.
-    sc = sorted(a.scenarios, key=lambda s: s.startswith("mismatch"))
+    # Mismatch and warmup leave DDP objects in an error state: run them last.
+    sc = sorted(a.scenarios, key=lambda s: (s.startswith("mismatch"), s.startswith("warmup")))
     mp.spawn(worker, args=(a.world, free_port(), sc, a.out), nprocs=a.world, join=True)
     print("gradcomp", gradcomp.LIBRARY_PATH, file=sys.stderr)
 

@@ -22,6 +22,7 @@ TOPK = "topk:density=0.05,feedback=ef"
 TWOBIT = "twobit:threshold=0.05"
 POWERSGD = "powersgd:rank=2"
 SPECS = {"topk": TOPK, "twobit": TWOBIT, "powersgd": POWERSGD}
+WARMUP = "dgc:density=0.05,warmup=1"
 # Every controller that needs no outside measurement, deciding every 5 steps.
 ADAPTIVE = ("adapt:bandwidth+layers+norm;base=topk:density=0.05,feedback=ef;min_elements=64;"
             "interval=5;measure=5;confirm=1")
@@ -37,6 +38,7 @@ def runs(tmp_path_factory):
             scen += [f"train:{spec}", f"resume:{spec}"]
     scen.append(f"adaptive:{ADAPTIVE}")
     scen.append(f"mismatch:{TOPK}")
+    scen.append(f"warmup:{WARMUP}")
     out = str(tmp_path_factory.mktemp("ddp") / "r")
     pkg = os.path.join(REPO, "python")
     env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1",
@@ -137,6 +139,13 @@ def test_spec_mismatch_names_the_parameter(runs):
         err = r[f"mismatch:{TOPK}"].get("error") or ""
         assert "MismatchError" in err and "2.weight" in err, err
         assert "density=0.5" in err and "density=0.05" in err, err
+
+
+def test_warmup_without_an_epoch_is_refused(runs):
+    for r in get(runs, f"warmup:{WARMUP}"):
+        assert r["error"] and "ArgumentError" in r["error"], r["error"]
+        assert "warm-up of 1 epochs" in r["error"] and "state.set_epoch(epoch)" in r["error"]
+        assert r["identical"] and len(r["losses"]) == 3
 
 
 def test_state_pickles_without_process_group():

@@ -337,6 +337,24 @@ def test_unused_parameter_gets_zeros():
     opt.close()
 
 
+def test_warmup_without_an_epoch_raises_on_every_rank():
+    # A DGC warm-up follows the epoch the caller gives; never given one, it would stay at its
+    # first density for good: the first step refuses, by name, before any exchange starts.
+    model = make_model()
+    opt = wrap(model, "dgc:density=0.05,warmup=1")
+    x, y = next(batches(1))
+    torch.nn.functional.cross_entropy(model(x), y).backward()
+    with pytest.raises(gradcomp.ArgumentError, match=r"warm-up of 1 epochs.*optimizer.set_epoch\(epoch\)"):
+        opt.step()
+    opt.close()
+    model = make_model()
+    opt = wrap(model, "dgc:density=0.05,warmup=1")
+    before = digest(model)
+    train(model, opt, 4, epoch_steps=4)
+    assert digest(model) != before and same_everywhere(digest(model))
+    opt.close()
+
+
 def test_nonfinite_gradient_raises_on_every_rank():
     model = make_model()
     # one bucket per parameter: the later hooks of this backward poke the buckets already in
