@@ -517,7 +517,8 @@ GCOMP_API void gcomp_compressor_stats_reset(gcomp_compressor *c);
  *   min_elements=N   fewer elements than N: dense     (default 16384)
  *   min_k=K          spec= sends at least K elements of a tensor a step where its codec
  *                    counts from density= (topk, dgc, randomk, sampled: their min_k key),
- *                    unless spec= sets its own; globs are left as written (default 0)
+ *                    unless spec= sets a nonzero min_k of its own (an explicit min_k=0
+ *                    reads as unset); globs are left as written (default 0)
  *   dense_1d=0|1     1-D tensors (a vector, or a dimension of 1) dense (default 1)
  *   GLOB=SPEC        any other key is a glob on the tensor name (`*` any run, `?` one
  *                    character); the first matching glob wins over every other rule.

@@ -90,7 +90,8 @@ static gcomp_status parse_count(const char *key, const char *val, size_t *out, g
 }
 
 /* spec= with min_k=K, where the codec counts its elements from density= (it has min_k) and
- * the spec sets no floor of its own.  Other codecs keep spec= as it is. */
+ * the spec sets no floor of its own (min_k=0, given or not: the canonical form cannot tell
+ * them apart).  Other codecs keep spec= as it is. */
 static gcomp_status floor_spec(gcomp_policy *p, gcomp_error *err) {
     char have[32], num[32];
     if (!p->min_k || gcomp_spec_get(p->spec, "min_k", have, sizeof have, NULL) != GCOMP_OK ||
