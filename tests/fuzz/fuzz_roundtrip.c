@@ -294,8 +294,8 @@ static void check_selection(const char *codec, const char *canon, const float *x
                             size_t n, size_t rows, size_t cols) {
     size_t sent = 0;
     for (size_t i = 0; i < n; i++) sent += d[i] != 0;
-    double density = canon_num(canon, "density", 1);
-    size_t k = (size_t)ceil(density * (double)n);
+    double density = canon_num(canon, "density", 1), min_k = canon_num(canon, "min_k", 0);
+    size_t k = (size_t)fmax(ceil(density * (double)n), min_k); /* min_k: a floor on k */
     if (k > n) k = n;
     if (!strcmp(codec, "topk")) {
         float *a = malloc(n * sizeof(float));
