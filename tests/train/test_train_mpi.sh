@@ -2,7 +2,8 @@
 # test_train_mpi.sh GRADCOMP WORKDIR - `gradcomp train` end to end on 2 MPI ranks with the
 # synthetic dataset: dense and compressed methods reduce the loss, the ranks' weights stay
 # bit-identical (the trainer checks a hash at every evaluation and fails otherwise), and
-# results.json has every field for every method, metrics.csv and both PNGs exist.
+# results.json has every field for every method, metrics.csv and both PNGs exist; then
+# --time-budget, an accuracy course, and the --sensitivity probe.
 set -u
 G=$1
 W=$2
@@ -136,3 +137,28 @@ if [ $rc -ne 1 ] || [ "$(grep -c 'needs a reference curve' nocourse.log)" -lt 1 
     cat nocourse.log; echo "FAIL: target=ref-0.3 without a dense run: exit $rc"; exit 1
 fi
 echo "train_mpi no course: 1 passed, 0 failed"
+
+# The sensitivity probe: one short run per tensor the policy compresses, that tensor alone
+# compressed with SPEC as a plain SPEC method gets it (--min-k's floor included), and the
+# layer policy it suggests, written as a --compare method.
+timeout 300 mpirun -np 2 "$G" train --sensitivity dgc:density=0.01 --threshold 0.5 \
+    --data synthetic --model mlp --hidden 256,128 --epochs 1 --batch 32 --evals 1 \
+    --max-steps 40 --quiet --min-elements 1000 --out sens > sens.log 2>&1
+rc=$?
+[ $rc -eq 0 ] || { cat sens.log; echo "FAIL: gradcomp train --sensitivity exited $rc"; exit 1; }
+"$PY" - <<'PYEOF' || exit 1
+import sys
+bad = 0
+rows = [l.split() for l in open("sens/sensitivity.txt") if not l.startswith(("#", "tensor "))]
+if [r[0] for r in rows] != ["fc1.weight", "fc2.weight", "fc3.weight"] or any(len(r) != 5 for r in rows):
+    print("FAIL: sensitivity.txt rows %r" % rows); bad += 1
+for r in rows:
+    cost, acc = float(r[3]), float(r[2])
+    if not (0 < acc <= 1) or not r[4].startswith("dgc:density=0.") or "min_k=512" not in r[4]:
+        print("FAIL: sensitivity row %r" % r); bad += 1
+pol = open("sens/layer_policy.txt").read().strip()
+if not pol.startswith("policy:spec=dgc:density=0.01,min_k=512,") or ";min_elements=1000;" not in pol:
+    print("FAIL: layer_policy.txt %r" % pol); bad += 1
+print("train_mpi sensitivity: %d passed, %d failed" % (0 if bad else 1, bad))
+sys.exit(1 if bad else 0)
+PYEOF

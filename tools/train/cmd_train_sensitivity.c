@@ -11,6 +11,7 @@
  * Layers whose cost exceeds the threshold get SPEC one decade lighter (density x 10, rank
  * x 4: the knob the adaptive ladder uses), and the policy that says so is written as a
  * method for --compare: `policy:spec=SPEC;min_elements=...;dense=...;NAME=LIGHTER;...`.
+ * SPEC is what the trainer's policy gives a plain SPEC method, --min-k's floor included.
  *
  * Rejected: removing one layer's compression from a fully compressed run ("leave one
  * out"): it measures how much a layer's compression hurts next to the others' errors,
@@ -76,9 +77,11 @@ int train_sensitivity(const gtrain_config *cfg, const char *spec, double thresho
     }
     size_t nt;
     gtrain_tensor *t = gtrain_model_tensors(m, &nt);
+    /* The trainer's policy for a plain SPEC method, --min-k included: the spec it gives its
+     * compressed tensors is the one each probe run uses. */
     char pol[1024];
-    snprintf(pol, sizeof pol, "spec=%s;min_elements=%zu;dense=%s", canon, cfg->policy.min_elements,
-             cfg->policy.dense_spec);
+    snprintf(pol, sizeof pol, "spec=%s;min_elements=%zu;min_k=%zu;dense=%s", canon,
+             cfg->policy.min_elements, cfg->policy.min_k, cfg->policy.dense_spec);
     gcomp_policy *policy = NULL;
     if (gcomp_policy_create(&policy, pol, &e) != GCOMP_OK) {
         if (rank == 0) fprintf(stderr, "gradcomp train: --sensitivity: %s\n", e.message);
@@ -93,6 +96,10 @@ int train_sensitivity(const gtrain_config *cfg, const char *spec, double thresho
         gcomp_layer_plan plan;
         if (gcomp_policy_choose(policy, &d, &plan, NULL) == GCOMP_OK &&
             plan.rule == GCOMP_RULE_DEFAULT) {
+            if (!nc) { /* SPEC with the floor, the same for every tensor */
+                snprintf(canon, sizeof canon, "%s", plan.spec);
+                if (lighter(canon, light, sizeof light)) light[0] = 0;
+            }
             names[nc] = strdup(t[i].name);
             sizes[nc++] = t[i].n;
         }
