@@ -73,8 +73,9 @@ class LayerPolicy:
     compression error.  A spec whose codec counts from density= (topk, dgc, randomk,
     sampled) sends at least `min_k` values of a tensor a step unless it sets min_k itself
     (0: exactly ceil(density * n)): at density 0.001 a 10 x 1024 classifier would otherwise
-    send 11, and lose 1-2 points of accuracy (docs/BENCHMARKS.md, "Good defaults").  LayerPolicy("spec=...;min_elements=...;embed*=...") takes a full
-    C policy string instead (name globs match the parameter key).
+    send 11, and lose 1-2 points of accuracy (docs/BENCHMARKS.md, "Good defaults").
+    LayerPolicy("spec=...;min_elements=...;embed*=...") takes a full C policy string
+    instead (name globs match the parameter key).
     A policy is any picklable callable (key, shape) -> spec string or None (dense).
     """
 
