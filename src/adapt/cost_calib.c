@@ -386,6 +386,15 @@ static int rate_at(const gcomp_cost_calibration *cal, const char *spec, size_t n
     return 1;
 }
 
+/* The fraction of n elements a density codec keeps: density=, raised by min_k='s floor;
+ * -1 for a spec without density=. */
+static double kept_fraction(const char *spec, size_t n) {
+    double d = gcomp__cost_spec_num(spec, "density", -1),
+           k = gcomp__cost_spec_num(spec, "min_k", 0);
+    if (d > 0 && n > 0 && k > d * (double)n) d = (k < (double)n ? k : (double)n) / (double)n;
+    return d;
+}
+
 int gcomp__cost_rate(const gcomp_cost_calibration *cal, const char *canon, size_t n,
                      gcomp_cost_codec_rate *out) {
     char key[GCOMP__SPEC_MAX];
@@ -417,10 +426,10 @@ int gcomp__cost_rate(const gcomp_cost_calibration *cal, const char *canon, size_
     snprintf(have, sizeof have, "%s", best->spec);
     rate_at(cal, have, n, out);
     snprintf(out->spec, sizeof out->spec, "%s", key);
-    /* Decoding a sparse message touches the kept elements: scale by density.  PowerSGD's
-     * products are linear in the rank. */
-    double d_have = gcomp__cost_spec_num(have, "density", -1),
-           d_want = gcomp__cost_spec_num(key, "density", -1);
+    /* Decoding a sparse message touches the kept elements: scale by the kept fraction at
+     * this n (a min_k floor raises it on small tensors).  PowerSGD's products are linear
+     * in the rank. */
+    double d_have = kept_fraction(have, n), d_want = kept_fraction(key, n);
     if (d_have > 0 && d_want > 0) out->decode_per_elem *= d_want / d_have;
     double r_have = gcomp__cost_spec_num(have, "rank", -1),
            r_want = gcomp__cost_spec_num(key, "rank", -1);

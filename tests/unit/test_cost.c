@@ -258,6 +258,15 @@ static void test_calibration_text(void) {
     CHECK_MSG(rel(tr.decode_s, 2e-7 + 1e6 / 3e9 / 10 + 2 * 1e6 * 1e-9 / 3) < 1e-12, "%.17g",
               tr.decode_s);
     gcomp_cost_model_free(m);
+    /* A min_k floor raises the kept fraction of a small tensor: 512 of 10240 is 0.05, five
+     * times the calibrated 0.01. */
+    gcomp_cost_tensor t2 = {
+        "t2", "topk:density=0.001,min_k=512", 10240, 0, 0, GCOMP_COST_ALLGATHER};
+    CHECK_OK(gcomp_cost_model_create(&m, &t2, 1, 1, 1, back, NULL));
+    CHECK_OK(gcomp_cost_eval(m, &net, &c, &res, &tr));
+    CHECK_MSG(rel(tr.decode_s, 2e-7 + 10240 / 3e9 * 5 + 2 * 10240 * 1e-9 / 3) < 1e-12, "%.17g",
+              tr.decode_s);
+    gcomp_cost_model_free(m);
     gcomp_cost_calibration_free(back);
 
     /* Errors: not a calibration, a newer version, a bad line named by its number. */
