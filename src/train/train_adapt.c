@@ -120,7 +120,7 @@ static int log_decision(gtrain_adapt *a, size_t step, double epoch) {
 }
 
 int gtrain_adapt_create(gtrain_adapt **out, const char *method, const gtrain_tensor *t, size_t nt,
-                        uint64_t total_steps, size_t min_elements, const char *dense_spec,
+                        uint64_t total_steps, const gtrain_policy_defaults *pd,
                         const gcomp_cost_calibration *cal, MPI_Comm comm, char *err,
                         size_t errlen) {
     *out = NULL;
@@ -153,8 +153,8 @@ int gtrain_adapt_create(gtrain_adapt **out, const char *method, const gtrain_ten
     o.nodes = nodes;
     o.strategy = strategy_cb;
     o.calibration = cal;
-    o.min_elements = min_elements;
-    o.dense_spec = dense_spec;
+    o.min_elements = pd->min_elements;
+    o.dense_spec = pd->dense_spec;
     gcomp_error e = {0};
     gcomp_status st = gcomp_adapt_create(&a->ad, method, d, nt, &o, &e);
     free(d);

@@ -46,10 +46,11 @@ struct gtrain_point; /* trainer.h */
 /* 1 when `method` is an adaptive method ("adapt:..."). */
 int gtrain_adapt_is_method(const char *method);
 /* Parses the method and takes the first decision for the model's tensors.  Collective over
- * comm (counts the nodes).  total_steps: the run's length; min_elements, dense_spec: the
- * trainer's layer-policy defaults; cal may be NULL. */
+ * comm (counts the nodes).  total_steps: the run's length; pd: the trainer's layer-policy
+ * defaults, of which the adaptive policy takes min_elements and dense_spec (not min_k: a
+ * floor would collapse the ladder's light end); cal may be NULL. */
 int gtrain_adapt_create(gtrain_adapt **out, const char *method, const gtrain_tensor *t, size_t nt,
-                        uint64_t total_steps, size_t min_elements, const char *dense_spec,
+                        uint64_t total_steps, const gtrain_policy_defaults *pd,
                         const gcomp_cost_calibration *cal, MPI_Comm comm, char *err, size_t errlen);
 void gtrain_adapt_free(gtrain_adapt *a);
 /* The current spec of every tensor (for gtrain_exchange_create). */

@@ -276,9 +276,9 @@ int gtrain_run(const gtrain_config *cfg, const char *method, const gtrain_data *
                    "adaptive methods retune the per-step exchange; local SGD has none (drop "
                    "--local-steps or local_steps=)");
     if (!bad && gtrain_adapt_is_method(core))
-        bad = gtrain_adapt_create(
-            &adapt, core, t, nt, (uint64_t)steps_per_epoch * (uint64_t)cfg->epochs,
-            cfg->policy.min_elements, cfg->policy.dense_spec, cfg->calibration, comm, err, errlen);
+        bad = gtrain_adapt_create(&adapt, core, t, nt,
+                                  (uint64_t)steps_per_epoch * (uint64_t)cfg->epochs, &cfg->policy,
+                                  cfg->calibration, comm, err, errlen);
     if (!bad && adapt && cfg->nreference)
         bad = gtrain_adapt_set_reference(adapt, cfg->reference, cfg->nreference, cfg->epochs,
                                          &out->steered_by_reference, err, errlen);
