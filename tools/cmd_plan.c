@@ -20,6 +20,7 @@
  */
 #define _GNU_SOURCE
 #include "cli.h"
+#include "method.h"
 
 #ifdef GCOMP_CLI_MPI
 #include "gradcomp_mpi.h"
@@ -422,26 +423,6 @@ static int builtin_model(const popts *o, ptensor **out, size_t *count, double *f
 
 /* ---- methods -> specs and strategies per tensor ---------------------------------------------- */
 
-/* The trainer's reading of a method (src/train/exchange.c): a policy string. */
-static void method_policy(const popts *o, const char *method, char *out, size_t cap) {
-    if (!strcmp(method, "dense"))
-        snprintf(out, cap, "spec=none;dense=none");
-    else if (!strcmp(method, "dense-f16"))
-        snprintf(out, cap, "spec=none:values=f16;dense=none:values=f16");
-    else if (!strncmp(method, "policy:", 7))
-        snprintf(out, cap, "%s", method + 7);
-    else {
-        const char *semi = strchr(method, ';');
-        int n = snprintf(out, cap, "spec=%s", method);
-        if (n > 0 && (size_t)n < cap && (!semi || !strstr(semi, "min_elements=")))
-            n += snprintf(out + n, cap - (size_t)n, ";min_elements=%zu", o->min_elements);
-        if (n > 0 && (size_t)n < cap && o->min_k && (!semi || !strstr(semi, "min_k=")))
-            n += snprintf(out + n, cap - (size_t)n, ";min_k=%zu", o->min_k);
-        if (n > 0 && (size_t)n < cap && (!semi || !strstr(semi, "dense=")))
-            snprintf(out + n, cap - (size_t)n, ";dense=%s", o->dense_spec);
-    }
-}
-
 /* The strategy an MPI bucket would use for `spec` (gcomp_mpi_strategy_auto). */
 static int auto_strategy(const char *spec, int P, int *out) {
 #ifdef GCOMP_CLI_MPI
@@ -499,7 +480,9 @@ static int plan_method(const popts *o, const char *method, const ptensor *pt, si
 #endif
             return cli_fail(CMD, 2, "method '%s': unknown strategy '%s'", method, at + 1);
     }
-    method_policy(o, mbuf, pol, sizeof pol);
+    gtrain_policy_defaults pd = {o->min_elements, o->min_k, o->dense_spec};
+    if (gtrain_method_policy(mbuf, &pd, pol, sizeof pol))
+        return cli_fail(CMD, 2, "method '%s': too long", method);
     gcomp_error e = {0};
     gcomp_policy *policy = NULL;
     if (gcomp_policy_create(&policy, pol, &e) != GCOMP_OK)

@@ -20,46 +20,6 @@ static int pfail(char *err, size_t errlen, const char *fmt, ...) {
     return 1;
 }
 
-/* Whether the ';'-separated items of `items` set policy key `key`. */
-static bool sets_key(const char *items, const char *key) {
-    size_t kl = strlen(key);
-    for (const char *p = items; p; p = strchr(p, ';')) {
-        if (*p == ';') p++;
-        while (*p == ' ') p++;
-        if (!strncmp(p, key, kl) && p[kl] == '=') return true;
-    }
-    return false;
-}
-
-/* The policy string a method stands for: "dense", "dense-f16", "policy:<policy>", or
- * "SPEC[;KEY=VALUE...]", a spec for the compressed tensors plus policy items of this method
- * only (e.g. twobit:threshold=0.5;min_elements=16384), the trainer's --min-elements,
- * --min-k and --dense-spec filling in what the method leaves out. */
-static void method_policy(const char *method, const gtrain_policy_defaults *pd, char *out,
-                          size_t cap) {
-    const char *dense_spec = pd->dense_spec ? pd->dense_spec : "none";
-    const char *semi = strchr(method, ';');
-    if (!strcmp(method, "dense"))
-        snprintf(out, cap, "spec=none;dense=none");
-    else if (!strcmp(method, "dense-f16")) {
-        /* The dense codec with f16 values (a bad spec makes the policy refuse "spec="). */
-        char f16[128] = "";
-        gcomp_spec_set("none", "values", "f16", f16, sizeof f16, NULL);
-        snprintf(out, cap, "spec=%s;dense=%s", f16, f16);
-    } else if (!strncmp(method, "policy:", 7))
-        snprintf(out, cap, "%s", method + 7);
-    else {
-        int n = snprintf(out, cap, "spec=%s", method);
-        if (n < 0 || (size_t)n >= cap) return;
-        if (!semi || !sets_key(semi, "min_elements"))
-            n += snprintf(out + n, cap - (size_t)n, ";min_elements=%zu", pd->min_elements);
-        if ((size_t)n < cap && pd->min_k && (!semi || !sets_key(semi, "min_k")))
-            n += snprintf(out + n, cap - (size_t)n, ";min_k=%zu", pd->min_k);
-        if ((size_t)n < cap && (!semi || !sets_key(semi, "dense")))
-            snprintf(out + n, cap - (size_t)n, ";dense=%s", dense_spec);
-    }
-}
-
 void gtrain_plan_free(gtrain_plan *p) {
     if (!p) return;
     for (size_t i = 0; p->spec && i < p->nt; i++) free(p->spec[i]);
@@ -92,7 +52,10 @@ int gtrain_plan_create(gtrain_plan *p, const char *method, const gtrain_tensor *
             return pfail(err, errlen, "method '%s': unknown strategy '%s'", method, at + 1);
         }
     }
-    method_policy(mbuf, pd, pol, sizeof pol);
+    if (gtrain_method_policy(mbuf, pd, pol, sizeof pol)) {
+        gtrain_plan_free(p);
+        return pfail(err, errlen, "method '%s': too long", method);
+    }
     gcomp_error e = {0};
     gcomp_policy *policy = NULL;
     if (!specs && gcomp_policy_create(&policy, pol, &e) != GCOMP_OK) {

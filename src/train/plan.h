@@ -10,15 +10,8 @@
 #include <stddef.h>
 
 #include "gradcomp_mpi.h"
+#include "method.h"
 #include "model.h"
-
-/* The layer policy's items where a method sets none (the trainer's --min-elements, --min-k
- * and --dense-spec). */
-typedef struct gtrain_policy_defaults {
-    size_t min_elements;    /* tensors with fewer elements go dense */
-    size_t min_k;           /* a floor on k for codecs that count from density= (0: none) */
-    const char *dense_spec; /* the spec of those and of 1-D tensors (NULL: "none") */
-} gtrain_policy_defaults;
 
 typedef struct gtrain_plan {
     size_t nt;
