@@ -243,7 +243,7 @@ def main():
         ddp = DDP(model, bucket_cap_mb=8 * nparams / 2**20, gradient_as_bucket_view=a.bucket_view)
     else:
         ddp = DDP(model, gradient_as_bucket_view=a.bucket_view)
-    psgd_state = gc_state = None
+    psgd_state = gc_state = policy = None
     if base == "ddp-fp16":
         ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)
     elif base == "ddp-powersgd":
@@ -255,12 +255,20 @@ def main():
     elif base == "ddp-gradcomp":
         sys.path.insert(0, os.path.join(HERE, "..", "python"))
         import gradcomp.torch as gt
-        hook, gc_state = gt.hook(gt.LayerPolicy(a.spec, min_elements=a.min_elements), model=ddp)
+        from gradcomp.core import describe as gc_describe
+        policy = gt.LayerPolicy(a.spec, min_elements=a.min_elements)
+        hook, gc_state = gt.hook(policy, model=ddp)
         ddp.register_comm_hook(gc_state, hook)
-    decay = [p for n, p in model.named_parameters() if not n.endswith("bias")]
-    keep = [p for n, p in model.named_parameters() if n.endswith("bias")]
-    opt = torch.optim.SGD([{"params": decay, "weight_decay": 1e-4}, {"params": keep, "weight_decay": 0.0}],
-                          lr=a.lr, momentum=0.9)
+    # A spec that keeps the momentum in the compressor (DGC's momentum correction) steps its
+    # parameters without the optimizer's, as gradcomp train and DistributedOptimizer do.
+    groups = {}
+    for n, p in model.named_parameters():
+        spec = policy(n, tuple(p.shape)) if policy is not None else None
+        own = spec is not None and "momentum" in gc_describe(spec)["properties"]
+        g = groups.setdefault((n.endswith("bias"), own), {
+            "params": [], "weight_decay": 0.0 if n.endswith("bias") else 1e-4, "momentum": 0.0 if own else 0.9})
+        g["params"].append(p)
+    opt = torch.optim.SGD(list(groups.values()), lr=a.lr)
 
     n = len(y)
     steps_per_epoch = (n // world) // a.batch

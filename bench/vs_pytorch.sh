@@ -10,7 +10,8 @@
 #   ddp            PyTorch 1.13 DDP on gloo, dense fp32 (no hook)
 #   ddp-fp16       DDP + fp16_compress_hook
 #   ddp-powersgd   DDP + powerSGD_hook, rank 4 (one DDP bucket: see bench/vs_pytorch.py)
-#   ddp-gradcomp   DDP + gradcomp's hook, --spec of bench/vs_pytorch.py (powersgd:rank=4)
+#   ddp-gradcomp   DDP + gradcomp's hook, --spec of bench/vs_pytorch.py (powersgd:rank=4);
+#                  ddp-gradcomp:SPEC with SPEC (ddp-gradcomp:dgc:density=0.001,values=f16)
 #   gc:SPEC        `gradcomp train` with SPEC (gc:powersgd:rank=4, gc:dense, ...)
 #   a ddp method with +keepmem (glibc keeps freed memory: torch's per-step temporaries
 #   stop faulting in fresh pages) and/or +view (gradient_as_bucket_view), e.g.
@@ -44,7 +45,7 @@ while [ $# -gt 0 ]; do
   --out) OUT=$2 ;;
   --methods) METHODS=$2 ;;
   --loopback) FORCE_LO=1; shift; continue ;;
-  -h | --help) sed -n '2,27p' "$0"; exit 0 ;;
+  -h | --help) sed -n '2,28p' "$0"; exit 0 ;;
   *) echo "vs_pytorch.sh: unknown option $1 (--help)" >&2; exit 2 ;;
   esac
   shift 2
@@ -115,18 +116,23 @@ while [ "$rep" -le "$REPS" ]; do
       "$PY" "$HERE/vs_pytorch_report.py" --import-gc "$d" "$m" "$res"
       ;;
     ddp*)
-      run_job MASTER_PORT=$((29500 + rep)) -- "$PY" "$HERE/vs_pytorch.py" --method "$m" \
+      # ddp-gradcomp[+...]:SPEC gives the hook SPEC instead of vs_pytorch.py's default.
+      set -- --method "${m%%:*}"
+      case $m in *:*) set -- "$@" --spec "${m#*:}" ;; esac
+      run_job MASTER_PORT=$((29500 + rep)) -- "$PY" "$HERE/vs_pytorch.py" "$@" \
         --model "$MODEL" --budget "$BUDGET" --eval-every "$EVERY" --out "$res" \
         > "$OUT/runs/$rep-$tag.log" 2>&1 ||
         { tail -20 "$OUT/runs/$rep-$tag.log"; echo "vs_pytorch: $m failed" >&2; exit 1; }
       ;;
     *) echo "vs_pytorch.sh: unknown method $m" >&2; exit 2 ;;
     esac
-    "$PY" - "$res" "$before" "$(load)" "$WHERE" "$LINK" "$rep" <<'EOF'
+    "$PY" - "$res" "$before" "$(load)" "$WHERE" "$LINK" "$rep" "$m" <<'EOF'
 import json, sys
-p, before, after, where, link, rep = sys.argv[1:]
+p, before, after, where, link, rep, label = sys.argv[1:]
 r = json.load(open(p))
-r.update({"load_before": before, "load_after": after, "where": where, "link": link, "rep": int(rep)})
+# the method as the list named it (ddp-gradcomp:SPEC), so runs of one hook with two specs differ
+r.update({"load_before": before, "load_after": after, "where": where, "link": link, "rep": int(rep),
+          "method": label})
 json.dump(r, open(p, "w"), indent=1)
 print(f"   {r['steps']} steps, {r['step_ms']:.0f} ms/step, final accuracy {100 * r['final_acc']:.2f} %, load after {after}")
 EOF

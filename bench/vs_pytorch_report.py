@@ -9,7 +9,9 @@ median over repetitions of PyTorch DDP dense's final accuracy minus PP percentag
 one number for every run.  Time to target: training seconds at the first evaluation at or
 above it ("never" when a run did not get there).  Bytes: what each rank's network interface
 sent per training step (tx_bytes), TCP/IP headers included.  Each cell is the median over the
-repetitions, with [min-max]; "x sooner" compares medians with DDP dense's.
+repetitions, with [min-max]; "x sooner" compares medians with DDP dense's (with DDP + fp16's);
+"> x sooner (never there)": the baseline did not reach the target in any repetition, so its
+time to it is more than its median training time, and x is a lower bound.
 """
 
 import csv
@@ -27,12 +29,15 @@ NAMES = {
 }
 
 
-def name_of(m):
+def name_of(m, run_spec=None):
     if m.startswith("gc:"):
         return "gradcomp train " + m[3:]
+    m, _, spec = m.partition(":")  # ddp-gradcomp[+...]:SPEC
+    spec = spec or run_spec or ""  # the hook's spec when the method did not name it
     base, *mods = m.split("+")
     extra = {"keepmem": "glibc keeps freed memory", "view": "gradient_as_bucket_view"}
-    return NAMES.get(base, base) + "".join(f", {extra.get(x, x)}" for x in mods)
+    return (NAMES.get(base, base) + (f" `{spec}`" if spec else "")
+            + "".join(f", {extra.get(x, x)}" for x in mods))
 
 
 def import_gc(rundir, method, out):
@@ -97,7 +102,7 @@ def report(d, target_arg):
     order = ["ddp", "ddp-fp16", "ddp-powersgd", "ddp-gradcomp"]
 
     def rank(m):
-        b = m.split("+")[0]
+        b = m.partition(":")[0].split("+")[0] if not m.startswith("gc:") else m
         return (order.index(b) if b in order else 9, m)
     for r in sorted(runs, key=lambda r: rank(r["method"])):
         by.setdefault(r["method"], []).append(r)
@@ -116,15 +121,16 @@ def report(d, target_arg):
     for m, rs in by.items():
         tts = [time_to(r, target) for r in rs]
         rows.append({
-            "method": m, "name": name_of(m),
+            "method": m, "name": name_of(m, rs[0].get("spec")),
             "runs": len(rs), "step_ms": med([r["step_ms"] for r in rs]),
             "wire": med([r.get("wire_bytes_per_step") for r in rs]),
             "algo": med([r.get("algo_bytes_per_step") for r in rs]),
             "final": med([r["final_acc"] for r in rs]), "steps": med([r["steps"] for r in rs]),
             "tt": med(tts), "reached": sum(t is not None for t in tts),
+            "train_s": med([r["train_s"] for r in rs]),
             "loads": [r.get("load_before", "?") + " / " + r.get("load_after", "?") for r in rs],
         })
-    base = {r["method"]: r["tt"][0] for r in rows}
+    base = {r["method"]: r for r in rows}
     first = runs[0]
     head = (f"{first.get('world')} ranks on {first.get('where', '?')} ({first.get('link', '?')}), "
             f"{first.get('model')}, batch {first.get('batch')} per rank, "
@@ -136,7 +142,12 @@ def report(d, target_arg):
         tt = r["tt"][0]
         def vs(m):
             b = base.get(m)
-            return f"{b / tt:.1f}× sooner" if tt and b and m != r["method"] else "–"
+            if not tt or not b or m == r["method"]:
+                return "–"
+            if b["tt"][0]:
+                return f"{b['tt'][0] / tt:.1f}× sooner"
+            # the baseline never got there: its time to target is more than its whole run
+            return f"> {b['train_s'][0] / tt:.1f}× sooner (never there)" if not b["reached"] else "–"
         lines.append(
             f"| {r['name']} | {r['runs']} | {fmt(r['step_ms'], prec=0)} | "
             f"{human(r['wire'][0])} | {fmt(r['steps'], prec=0)} | "
