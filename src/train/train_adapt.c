@@ -86,8 +86,8 @@ static int record(gtrain_adapt *a, size_t step, double epoch, size_t i) {
     memset(&info, 0, sizeof info);
     gcomp_spec_describe(spec, t->n, &info, NULL);
     gcomp_spec_bytes_estimate(spec, t->n, rows, rows ? t->cols : 0, &bytes, NULL);
-    a->hist[a->nhist++] =
-        (gtrain_setting){step, epoch, i, info.density, info.value_bits, (double)bytes};
+    a->hist[a->nhist++] = (gtrain_setting){
+        step, epoch, i, info.density, info.value_bits, (double)bytes, gcomp_adapt_level(a->ad, i)};
     return 0;
 }
 

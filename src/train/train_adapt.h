@@ -25,6 +25,7 @@ typedef struct gtrain_setting {
     double density; /* gcomp_spec_info.density */
     double bits;    /* gcomp_spec_info.value_bits */
     double bytes;   /* one message, gcomp_spec_bytes_estimate */
+    int level;      /* ladder position (gcomp_adapt_level): the spec is the ladder's entry */
 } gtrain_setting;
 
 /* One ladder candidate at one decision: the decision's inputs (gcomp_adapt_report) and the

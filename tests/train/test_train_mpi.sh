@@ -125,9 +125,12 @@ rc=$?
 [ $rc -eq 0 ] || { cat course.log; echo "FAIL: gradcomp train with an accuracy course exited $rc"; exit 1; }
 grep -q "steered by dense's curve" course.log || { cat course.log; echo "FAIL: no course line"; exit 1; }
 "$PY" - <<'PYEOF' || exit 1
-import json, sys
+import csv, json, sys
 m = [m for m in json.load(open("course/results.json"))["methods"] if m["method"].startswith("adapt:")]
 ok = len(m) == 1 and m[0].get("accuracy_course") == "dense" and m[0]["adaptive_decisions"] >= 7
+# settings.csv names each setting's spec, a ladder entry of the method's base codec
+rows = [r for r in csv.DictReader(open("course/settings.csv")) if r["method"].startswith("adapt:")]
+ok = ok and len(rows) >= 2 and all(r["spec"].startswith("topk:density=") for r in rows)
 print("train_mpi course: %d passed, %d failed" % (ok, not ok))
 sys.exit(0 if ok else 1)
 PYEOF

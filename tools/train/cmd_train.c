@@ -549,7 +549,8 @@ static void write_adaptive(const opts *o, gtrain_result *r, int nr, int P, FILE 
     write_decisions(o, r, nr);
     snprintf(path, sizeof path, "%s/settings.csv", o->out);
     FILE *f = fopen(path, "w");
-    if (f) fprintf(f, "method,step,epoch,tensor,density,value_bits,message_bytes\n");
+    /* density is gcomp_spec_info's (1 for a codec without one, PowerSGD); spec names it */
+    if (f) fprintf(f, "method,step,epoch,tensor,density,value_bits,message_bytes,spec\n");
     int dense = -1;
     for (int i = 0; i < nr; i++)
         if (!strcmp(r[i].method, "dense")) dense = i;
@@ -557,8 +558,10 @@ static void write_adaptive(const opts *o, gtrain_result *r, int nr, int P, FILE 
         if (!r[i].nsettings) continue;
         for (size_t k = 0; f && k < r[i].nsettings; k++) {
             const gtrain_setting *s = &r[i].settings[k];
-            fprintf(f, "\"%s\",%zu,%.4f,%s,%.6g,%g,%.0f\n", r[i].method, s->step, s->epoch,
-                    r[i].tensor_names[s->tensor], s->density, s->bits, s->bytes);
+            const char *spec =
+                s->level >= 0 && (size_t)s->level < r[i].nladder ? r[i].ladder[s->level] : "";
+            fprintf(f, "\"%s\",%zu,%.4f,%s,%.6g,%g,%.0f,\"%s\"\n", r[i].method, s->step, s->epoch,
+                    r[i].tensor_names[s->tensor], s->density, s->bits, s->bytes, spec);
         }
         /* one data file per managed tensor: a step line to the end of the run */
         double end = r[i].npoints ? r[i].points[r[i].npoints - 1].epoch : 0;
