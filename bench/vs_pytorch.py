@@ -255,7 +255,7 @@ def main():
     elif base == "ddp-gradcomp":
         sys.path.insert(0, os.path.join(HERE, "..", "python"))
         import gradcomp.torch as gt
-        from gradcomp.core import describe as gc_describe
+        from gradcomp.optimizer import _spec_keeps_momentum as keeps_momentum
         policy = gt.LayerPolicy(a.spec, min_elements=a.min_elements)
         hook, gc_state = gt.hook(policy, model=ddp)
         ddp.register_comm_hook(gc_state, hook)
@@ -264,7 +264,7 @@ def main():
     groups = {}
     for n, p in model.named_parameters():
         spec = policy(n, tuple(p.shape)) if policy is not None else None
-        own = spec is not None and "momentum" in gc_describe(spec)["properties"]
+        own = spec is not None and keeps_momentum(spec)
         g = groups.setdefault((n.endswith("bias"), own), {
             "params": [], "weight_decay": 0.0 if n.endswith("bias") else 1e-4, "momentum": 0.0 if own else 0.9})
         g["params"].append(p)
