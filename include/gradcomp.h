@@ -458,7 +458,10 @@ GCOMP_API const float *gcomp_compressor_residual(const gcomp_compressor *c);
  *     held-back velocity v becomes gradient: (1 - m) v + m u, what DGC owed plus the tail
  *     its momentum u would still have added, so an optimizer with the same momentum m
  *     applies it once, not 1/(1 - m) times; the other way, held back h joins v as
- *     h / (1 - m) and u starts at zero (the caller drops its own momentum buffer);
+ *     h / (1 - m) and u starts at zero; the caller's own momentum buffer M for the tensor
+ *     still owes the weights m M / (1 - m): keep applying it as it decays, with no new
+ *     gradient added (gradcomp train and the Python DistributedOptimizer do), or that
+ *     tail is lost;
  *   warm start (powersgd to powersgd, same shape): the first min(r, r') columns of Q;
  *   the step counter, the epoch and the statistics continue.
  * Ranks that exchange a tensor must retune it at the same step to the same spec (the MPI

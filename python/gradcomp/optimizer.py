@@ -246,6 +246,7 @@ class _DistributedMixin:
         # Adaptive methods: the controllers, momentum moves, the record of settings.
         self._gc_adapt = adapt
         self._gc_pairs = pairs  # id(param) -> (group with momentum, group without)
+        self._gc_tails = {}  # id(param) -> [param, released momentum buffer, steps left]
         self._gc_order = {id(e.param): n for n, e in enumerate(plan)}
         self._gc_probe = probe_bytes
         self._gc_adapt_step = 0  # steps the controllers have counted
@@ -679,8 +680,12 @@ class _DistributedMixin:
 
     def _gc_move_momentum(self, e, to_compressor):
         """The tensor's momentum moves between the optimizer and its compressor (DGC): the
-        parameter changes group, and the optimizer's momentum of it starts afresh (the
-        rule of `gradcomp train`)."""
+        parameter changes group.  Into DGC, the optimizer's buffer still owes the weights
+        m*buf + m^2*buf + ... (9 steps' worth at m = 0.9): it leaves the optimizer's state
+        and is applied as it decays, a step at a time (_gc_apply_tails), until m^k < 2^-24.
+        Back out of DGC, the optimizer's momentum starts from such a tail if one is still
+        running, else from zero: what DGC held back went into the new spec's residual,
+        converted (gcomp_compressor_retune).  The rule of `gradcomp train`."""
         pair = self._gc_pairs.get(id(e.param))
         if pair is None:  # its group has no momentum: nothing to move
             return
@@ -690,8 +695,32 @@ class _DistributedMixin:
             return
         gs["params"] = [p for p in gs["params"] if p is not e.param]
         gd["params"] = sorted(gd["params"] + [e.param], key=lambda p: self._gc_order[id(p)])
-        if e.param in self.state:
-            self.state[e.param].pop("momentum_buffer", None)
+        buf = self.state[e.param].pop("momentum_buffer", None) if e.param in self.state else None
+        tail = self._gc_tails.pop(id(e.param), None)
+        if to_compressor:
+            m = float(gs.get("momentum", 0))
+            if buf is not None and 0 < m < 1:
+                self._gc_tails[id(e.param)] = [e.param, buf, math.ceil(-24 * math.log(2) / math.log(m))]
+        elif tail is not None:
+            self.state[e.param]["momentum_buffer"] = tail[1]
+
+    @torch.no_grad()
+    def _gc_apply_tails(self):
+        """One step of every released momentum buffer's tail: buf *= m, then the update
+        torch.optim.SGD makes from a buffer with no new gradient (lr * buf; Nesterov:
+        lr * m * buf; the sign of `maximize`), with the momentum group's m and options and
+        the lr of the group the parameter steps in now."""
+        for key, tail in list(self._gc_tails.items()):
+            p, buf, _ = tail
+            pair = self._gc_pairs[key]
+            gm, gp = self.param_groups[pair[0]], self.param_groups[pair[1]]
+            m = float(gm["momentum"])
+            buf.mul_(m)
+            a = float(gp["lr"]) * (m if gm.get("nesterov") else 1.0)
+            p.add_(buf, alpha=a if gm.get("maximize") else -a)
+            tail[2] -= 1
+            if tail[2] <= 0:
+                del self._gc_tails[key]
 
     @property
     def adapt(self):
@@ -767,6 +796,8 @@ class _DistributedMixin:
             self.synchronize()
         t0 = time.perf_counter()
         super().step()
+        if self._gc_tails:
+            self._gc_apply_tails()
         if self._gc_adapt is not None:
             self._gc_after_step(time.perf_counter() - t0)
         return loss
@@ -884,9 +915,11 @@ class _DistributedMixin:
         if self._gc_ps is not None:  # what a server keeps beyond compressors (its last sums)
             sd["gradcomp"]["ps"] = [self._gc_ps.save_state(b.mpi) for b in self._gc_buckets]
         if self._gc_adapt is not None:
+            keys = {id(e.param): e.key for e in self._gc_params}
             sd["gradcomp"]["adapt"] = {"method": self._gc_adapt.method, "step": self._gc_adapt_step,
                                        "history": list(self._gc_history),
-                                       "controllers": self._gc_adapt.save_state()}
+                                       "controllers": self._gc_adapt.save_state(),
+                                       "tails": {keys[k]: [t[1].clone(), t[2]] for k, t in self._gc_tails.items()}}
         return sd
 
     def load_state_dict(self, state_dict):
@@ -972,6 +1005,14 @@ class _DistributedMixin:
                 pass
             raise
         if ours is not None:
+            # the released momentum tails as saved (a retune above may have started others
+            # from this optimizer's own buffers)
+            by_key = {e.key: e.param for e in self._gc_params}
+            self._gc_tails = {}
+            for k, (buf, left) in (saved_adapt.get("tails") or {}).items():
+                if k in by_key and int(left) > 0:
+                    p = by_key[k]
+                    self._gc_tails[id(p)] = [p, buf.to(device=p.device, dtype=p.dtype).clone(), int(left)]
             self._gc_adapt_step = int(saved_adapt.get("step", 0))
             self._gc_history = [tuple(x) for x in saved_adapt.get("history", [])]
             self._gc_due = False

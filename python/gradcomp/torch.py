@@ -128,6 +128,10 @@ class AdaptivePolicy:
     the controllers' state (Adapt.save_state), so a restored hook goes on deciding where
     it stopped; each compressor keeps its state.  A pickle made before the controllers'
     state was kept restarts them from their first decision (each compressor retuned to it).
+    A ladder that mixes specs keeping the momentum in the compressor (DGC) with specs that
+    leave it to the optimizer is refused (UnsupportedError, when the hook binds the model):
+    a switch between the two must move the parameter's momentum, and the hook does not own
+    the optimizer; DistributedOptimizer does.
     """
 
     def __init__(self, method, min_elements=1024, total_steps=0):
@@ -153,8 +157,21 @@ class AdaptivePolicy:
     def start(self, tensors, world):
         """Creates the controllers for [(key, shape), ...]."""
         self._tensors, self._world = list(tensors), int(world)
-        self.adapt = _adapt.Adapt(self.method, self._tensors, total_steps=self.total_steps,
-                                  workers=self._world, min_elements=self.min_elements)
+        ad = _adapt.Adapt(self.method, self._tensors, total_steps=self.total_steps,
+                          workers=self._world, min_elements=self.min_elements)
+        # A switch between a spec that keeps the momentum (DGC) and one that leaves it to
+        # the optimizer must move the momentum between them; the hook does not own the
+        # optimizer, so its parameters would get the momentum twice, or none.
+        keeps = {"momentum" in _core.describe(_core.canonical(c))["properties"] for c in ad.ladder}
+        if len(keeps) > 1:
+            ad.close()
+            raise _err.UnsupportedError(
+                f"gradcomp.torch: adaptive method {self.method!r}: its ladder mixes specs that keep "
+                "the momentum in the compressor (DGC) with specs that leave it to the optimizer, and "
+                "the hook cannot move a parameter's momentum between the two (it does not own the "
+                "optimizer): use a ladder on one side, or gradcomp.torch.DistributedOptimizer, "
+                "which moves it", status=_err.E_UNSUPPORTED, status_name="GCOMP_E_UNSUPPORTED")
+        self.adapt = ad
         self._index = {k: i for i, (k, _) in enumerate(self._tensors)}
 
     def index(self, key):

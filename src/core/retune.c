@@ -18,9 +18,13 @@
  *   optimizer (momentum m, the same as DGC's) amplifies by 1/(1 - m) once sent.  So
  *     dgc -> other:  h = (1 - m) v + m u: the update owed, v, plus the tail u would still
  *                    have added (m u + m^2 u + ... = m u / (1 - m)), in gradient units;
- *                    the optimizer takes momentum back from 0 (the trainer zeroes it);
- *     other -> dgc:  v += h / (1 - m), and u starts at 0; the caller's optimizer drops
- *                    its own momentum buffer for the tensor, whose tail is lost.
+ *                    the optimizer takes momentum back from 0 (or from what is left of
+ *                    its own buffer's tail, below);
+ *     other -> dgc:  v += h / (1 - m), and u starts at 0; the caller's optimizer stops
+ *                    adding to its own momentum buffer for the tensor but goes on
+ *                    applying the tail it still owes as it decays (the trainer's
+ *                    gtrain_sgd_release_tensor): that is in the optimizer's units and
+ *                    on every rank alike, where u is per rank and per exchange.
  *   Moved unconverted, v came back amplified by 1/(1 - m) (10x at m = 0.9): a switch
  *   from DGC to PowerSGD after 115 steps at density 0.0001 blew the loss up on netsim.
  *   warm start (the same multi-phase codec and shape: PowerSGD's Q) keeps the first

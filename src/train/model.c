@@ -41,7 +41,9 @@
 #include "train_alloc.h"
 
 #include <cblas.h>
+#include <limits.h>
 #include <math.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -50,6 +52,7 @@
 #define MAX_HIDDEN 8
 #define MAX_LAYERS (MAX_HIDDEN + 1)
 #define MAX_TENSORS (2 * MAX_LAYERS)
+#define TAIL_START UINT_MAX
 #define MAX_WIDTH 65536
 #define MAX_BATCH 65536
 #define CONV_K 5
@@ -75,9 +78,12 @@ struct gtrain_model {
     gtrain_tensor tensors[MAX_TENSORS];
     char names[MAX_TENSORS][24];
     float *w, *g, *v; /* flat weights, gradients, momentum, nparams each */
-    float *dact[2];   /* ping-pong activation gradients, max_batch × widest activation */
-    float *col, *z;   /* conv scratch: one sample's im2col matrix and conv output */
-    int summed;       /* g is the gradient of the summed loss (gtrain_model_set_summed_loss) */
+    /* per tensor: steps left of a released momentum buffer's tail (gtrain_sgd_release_tensor);
+     * TAIL_START until the first step, which knows the momentum */
+    unsigned tail[MAX_TENSORS];
+    float *dact[2]; /* ping-pong activation gradients, max_batch × widest activation */
+    float *col, *z; /* conv scratch: one sample's im2col matrix and conv output */
+    int summed;     /* g is the gradient of the summed loss (gtrain_model_set_summed_loss) */
     size_t last_batch;
     gtrain_grad_ready_fn on_ready;
     void *ctx;
@@ -623,7 +629,21 @@ void gtrain_sgd_step(gtrain_model *m, float lr, float momentum, float weight_dec
         float *restrict v = m->v + (T->w - m->w);
         const float wd = T->is_bias ? 0.0f : weight_decay, mu = momentum;
         const size_t n = T->n;
-        if (momentum == 0.0f || (skip_momentum && skip_momentum[t])) {
+        const bool skip = skip_momentum && skip_momentum[t];
+        if (skip && m->tail[t] && momentum > 0.0f && momentum < 1.0f) {
+            if (m->tail[t] == TAIL_START) /* the steps until mu^k < 2^-24 */
+                m->tail[t] = (unsigned)ceil(-24.0 * log(2.0) / log((double)mu));
+            const float a = nesterov ? mu : 1.0f; /* the update's share of v, as above */
+            for (size_t i = 0; i < n; i++) {
+                float vi = mu * v[i];
+                v[i] = vi;
+                w[i] -= lr * (gs * g[i] + wd * w[i] + a * vi);
+            }
+            if (--m->tail[t] == 0) memset(v, 0, n * sizeof(float));
+            continue;
+        }
+        if (!skip) m->tail[t] = 0; /* the momentum is the optimizer's again: v goes on */
+        if (momentum == 0.0f || skip) {
             for (size_t i = 0; i < n; i++) w[i] -= lr * (gs * g[i] + wd * w[i]);
         } else if (nesterov) {
             for (size_t i = 0; i < n; i++) {
@@ -643,11 +663,11 @@ void gtrain_sgd_step(gtrain_model *m, float lr, float momentum, float weight_dec
 }
 
 void gtrain_sgd_reset(gtrain_model *m) {
-    if (m) memset(m->v, 0, m->nparams * sizeof(float));
+    if (!m) return;
+    memset(m->v, 0, m->nparams * sizeof(float));
+    memset(m->tail, 0, sizeof m->tail);
 }
 
-void gtrain_sgd_reset_tensor(gtrain_model *m, size_t i) {
-    if (!m || i >= m->ntensors) return;
-    const gtrain_tensor *T = &m->tensors[i];
-    memset(m->v + (T->w - m->w), 0, T->n * sizeof(float));
+void gtrain_sgd_release_tensor(gtrain_model *m, size_t i) {
+    if (m && i < m->ntensors) m->tail[i] = TAIL_START;
 }

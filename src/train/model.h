@@ -159,7 +159,8 @@ int gtrain_model_evaluate(gtrain_model *m, const float *x, const uint8_t *y, siz
  * d + momentum·v : v). Momentum buffers start at zero and are owned by the model.
  *   skip_momentum  NULL, or one flag per tensor: a flagged tensor gets w -= lr·d and its
  *                  momentum buffer is untouched (DGC keeps the momentum inside the compressor and
- *                  hands back an update that already contains it)
+ *                  hands back an update that already contains it), but for the decaying tail
+ *                  of a buffer released by gtrain_sgd_release_tensor
  * momentum == 0 is plain SGD. One pass over each tensor.
  */
 void gtrain_sgd_step(gtrain_model *m, float lr, float momentum, float weight_decay, int nesterov,
@@ -167,9 +168,18 @@ void gtrain_sgd_step(gtrain_model *m, float lr, float momentum, float weight_dec
 
 /* Sets every momentum buffer to zero (e.g. when a run restarts from saved weights). */
 void gtrain_sgd_reset(gtrain_model *m);
-/* Zeroes tensor i's momentum buffer only (a tensor whose momentum moves between the optimizer
- * and a compressor, as when an adaptive method switches it to or from DGC). */
-void gtrain_sgd_reset_tensor(gtrain_model *m, size_t i);
+/*
+ * Tensor i's momentum moves into its compressor (an adaptive method switched it to DGC, which
+ * keeps the momentum from its next step on; the caller flags it in skip_momentum from now).
+ * What the buffer holds is gradient the optimizer still owes the weights: m·v + m²·v + ...
+ * = m·v/(1 − m) over the steps it would have decayed through.  Dropping it would lose that
+ * (9 steps' worth at m = 0.9), so the flagged tensor goes on applying it, decaying by the
+ * momentum a step with no new gradient added, w -= lr·(d + m^k·v) (Nesterov: m^(k+1)·v),
+ * until m^k < 2^-24, when the rest is below float precision of it and the buffer is zeroed.
+ * A tensor whose momentum comes back to the optimizer before then (unflagged) continues
+ * from the buffer as it is.
+ */
+void gtrain_sgd_release_tensor(gtrain_model *m, size_t i);
 
 #ifdef __cplusplus
 }

@@ -248,7 +248,9 @@ int gtrain_adapt_end_step(gtrain_adapt *a, gtrain_exchange *ex, gtrain_model *m,
             return afail(err, errlen, "step %zu: %s", step, gtrain_exchange_error(ex));
         int after = gtrain_exchange_owns_momentum(ex, i);
         if (before != after) { /* the momentum moves between optimizer and compressor */
-            gtrain_sgd_reset_tensor(m, i);
+            /* Into DGC: what the optimizer's buffer still owes is applied as it decays.  Out
+             * of it: the buffer is zero, or such a tail, which the momentum goes on from. */
+            if (after) gtrain_sgd_release_tensor(m, i);
             skip[i] = (unsigned char)after;
         }
         if (record(a, step, epoch, i)) return afail(err, errlen, "out of memory");

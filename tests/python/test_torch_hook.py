@@ -197,6 +197,19 @@ def test_adaptive_method_needs_the_model():
         gt.hook("adapt:norm")
 
 
+def test_adaptive_policy_refuses_a_ladder_across_the_momentum():
+    # DGC keeps the momentum, top-k leaves it to the optimizer: the hook cannot move it
+    from gradcomp.torch import AdaptivePolicy
+    pol = AdaptivePolicy("adapt:norm;base=dgc:density=0.05;ladder=topk:density=0.5,feedback=ef/dgc:density=0.05",
+                         min_elements=16)
+    with pytest.raises(gradcomp.UnsupportedError, match="DistributedOptimizer"):
+        pol.start([("w", (16, 8))], 2)
+    assert pol.adapt is None
+    # one side only is fine
+    AdaptivePolicy("adapt:norm;base=dgc:density=0.05;ladder=dgc:density=0.5/dgc:density=0.05",
+                   min_elements=16).start([("w", (16, 8))], 2)
+
+
 def test_adaptive_policy_pickles_its_controllers():
     import numpy as np
     from gradcomp.torch import AdaptivePolicy

@@ -363,6 +363,56 @@ static void test_eval(void) {
     gtrain_data_free(&d);
 }
 
+static unsigned long long lcg(unsigned long long *s) {
+    return *s = *s * 6364136223846793005ull + 1442695040888963407ull;
+}
+
+/* A tensor whose momentum moves to its compressor (an adaptive switch to DGC) keeps what its
+ * buffer still owes: over any number of later steps, all the gradients applied while the
+ * optimizer kept the momentum count 1/(1 - m) times (momentum SGD's total, Nesterov's too),
+ * the flagged steps' once (DGC's update is complete), whether the tensor stays flagged or
+ * its momentum comes back to the optimizer before the tail has run out. */
+static void test_momentum_release(void) {
+    const float lr = 0.1f, mu = 0.9f;
+    for (int c = 0; c < 4; c++) {
+        const int nesterov = c & 1, back = c >> 1;
+        gtrain_model *m;
+        CHECK(gtrain_model_create("mlp", "24,16", 9, 4, &m) == GTRAIN_OK, "create");
+        gtrain_tensor *t = gtrain_model_tensors(m, NULL);
+        const size_t n = t[0].n;
+        double *w0 = malloc(n * sizeof *w0), *owed = calloc(n, sizeof *owed);
+        unsigned long long seed = 77 + (unsigned)c;
+        for (size_t i = 0; i < n; i++) w0[i] = t[0].w[i];
+        unsigned char skip[6] = {0};
+        for (int s = 0; s < 308; s++) {
+            const int phase = s < 5 ? 0 : s < 8 ? 1 : 2; /* optimizer, flagged, no gradient */
+            if (s == 5) {
+                gtrain_sgd_release_tensor(m, 0);
+                skip[0] = 1;
+            }
+            if (s == 8 && back) skip[0] = 0; /* the momentum comes back mid-tail */
+            for (size_t i = 0; i < n; i++) {
+                float g = phase == 2 ? 0.0f : (float)((double)(lcg(&seed) >> 40) / (1 << 24) - 0.5);
+                t[0].g[i] = g;
+                owed[i] += phase == 0 ? g / (1.0 - mu) : g;
+            }
+            gtrain_sgd_step(m, lr, mu, 0.0f, nesterov, skip);
+        }
+        double worst = 0, big = 0;
+        for (size_t i = 0; i < n; i++) {
+            worst = fmax(worst, fabs((w0[i] - t[0].w[i]) - lr * owed[i]));
+            big = fmax(big, fabs(lr * owed[i]));
+        }
+        CHECK(big > 0 && worst < 1e-5 * big + 1e-6,
+              "%s%s: the weights moved %g off the gradients they were owed (of %g)",
+              nesterov ? "nesterov" : "momentum", back ? ", momentum back mid-tail" : "", worst,
+              big);
+        free(w0);
+        free(owed);
+        gtrain_model_free(m);
+    }
+}
+
 int main(void) {
     test_create_errors();
     test_tensors();
@@ -372,6 +422,7 @@ int main(void) {
     test_callback("cnn");
     test_sgd();
     test_summed_loss();
+    test_momentum_release();
     test_eval();
     if (!check_failures) printf("train_model: all checks passed\n");
     return check_failures ? 1 : 0;

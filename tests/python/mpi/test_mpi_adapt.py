@@ -324,16 +324,30 @@ def test_optimizer_moves_momentum_with_dgc():
 
     check()
     assert not opt.specs()["0.weight"].startswith("dgc:")
+    w = named["0.weight"]
+    tails = 0
     for s in range(20):
         was = opt.specs()["0.weight"]
+        tail = opt._gc_tails.get(id(w))
+        norm = float(tail[1].norm()) if tail else None
         train(model, opt, 1, start=s)
         check()
-        buf = opt.state[named["0.weight"]].get("momentum_buffer")
-        if opt.specs()["0.weight"] != was and opt.specs()["0.weight"].startswith("dgc:"):
-            assert buf is None  # the optimizer's momentum of it is gone
-        elif not opt.specs()["0.weight"].startswith("dgc:"):
-            assert buf is not None
-    assert any(sp.startswith("dgc:") for _, k, sp in opt.adapt_history() if k == "0.weight"), opt.adapt_history()
+        buf = opt.state[w].get("momentum_buffer")
+        now = opt.specs()["0.weight"]
+        if now != was and now.startswith("dgc:"):
+            # the optimizer's momentum of it leaves its state, and what it still owes the
+            # weights is applied as it decays
+            assert buf is None
+            assert id(w) in opt._gc_tails and float(opt._gc_tails[id(w)][1].norm()) > 0
+            tails += 1
+        elif now.startswith("dgc:") and tail is not None:
+            assert buf is None
+            assert abs(float(opt._gc_tails[id(w)][1].norm()) - 0.9 * norm) <= 1e-5 * norm, s
+        elif not now.startswith("dgc:"):
+            assert buf is not None and id(w) not in opt._gc_tails
+            if was.startswith("dgc:") and tail is not None:
+                assert buf is tail[1]  # the optimizer goes on from the tail
+    assert tails, opt.adapt_history()
     # a checkpoint puts each parameter back in the group of the spec it was saved with
     sd = opt.state_dict()
     saved = opt.specs()
@@ -344,7 +358,37 @@ def test_optimizer_moves_momentum_with_dgc():
     opt.load_state_dict(sd)
     assert opt.specs() == saved
     check()
+    assert sd["gradcomp"]["adapt"]["tails"]  # the last switch into DGC was < 158 steps ago
+    # and the tails running when it was saved
+    assert sorted(opt._gc_tails) == sorted(id(named[k]) for k in sd["gradcomp"]["adapt"]["tails"])
+    for k, (buf, left) in sd["gradcomp"]["adapt"]["tails"].items():
+        t = opt._gc_tails[id(named[k])]
+        assert torch.equal(t[1], buf) and t[2] == left
     opt.close()
+
+
+@needs_torch
+@pytest.mark.parametrize("nesterov", [False, True])
+def test_released_momentum_tail_pays_what_it_owes(nesterov):
+    # A buffer B released into DGC is applied as torch.optim.SGD would have with no new
+    # gradient: lr * (m B + m^2 B + ...) = lr m B / (1 - m) in all (Nesterov: one more m),
+    # with the momentum group's m and the lr of the group the parameter steps in; then it
+    # is gone.
+    from types import SimpleNamespace
+
+    from gradcomp.optimizer import _DistributedMixin
+    p = torch.zeros(50)
+    b = torch.linspace(-1, 1, 50)
+    m, lr = 0.9, 0.1
+    fake = SimpleNamespace(_gc_tails={7: [p, b.clone(), 158]}, _gc_pairs={7: (0, 1)},
+                           param_groups=[dict(momentum=m, nesterov=nesterov, lr=99.0), dict(momentum=0.0, lr=lr)])
+    steps = 0
+    while fake._gc_tails:
+        _DistributedMixin._gc_apply_tails(fake)
+        steps += 1
+    assert steps == 158
+    want = -lr * (m * m if nesterov else m) / (1 - m) * b
+    assert torch.allclose(p, want, rtol=1e-5, atol=1e-6), (p - want).abs().max()
 
 
 @needs_torch
