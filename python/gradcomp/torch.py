@@ -129,9 +129,10 @@ class AdaptivePolicy:
     it stopped; each compressor keeps its state.  A pickle made before the controllers'
     state was kept restarts them from their first decision (each compressor retuned to it).
     A ladder that mixes specs keeping the momentum in the compressor (DGC) with specs that
-    leave it to the optimizer is refused (UnsupportedError, when the hook binds the model):
-    a switch between the two must move the parameter's momentum, and the hook does not own
-    the optimizer; DistributedOptimizer does.
+    leave it to the optimizer, dense included, is refused (UnsupportedError, when the hook
+    binds the model): a switch between the two must move the parameter's momentum, and the
+    hook does not own the optimizer; DistributedOptimizer does.  (The bandwidth controller
+    adds dense to a DGC base's ladder: with_dense=0 keeps it out.)
     """
 
     def __init__(self, method, min_elements=1024, total_steps=0):
