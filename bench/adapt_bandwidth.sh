@@ -1,9 +1,14 @@
 #!/bin/sh
 # bench/adapt_bandwidth.sh [BUILD] RATE|change [SEED] - the bandwidth-aware adaptive method
 # against fixed methods on 4 netsim hosts (root; docs/BENCHMARKS.md, "Bandwidth-aware on
-# netsim").  One command per link rate: the same mlp-large training, every method given
-# BUDGET seconds of training (default 60; --time-budget), the target the dense run's final
-# accuracy in the same command.
+# netsim").  One run per link rate: the same mlp-large training, every method given BUDGET
+# seconds of training (default 60; --time-budget), the target the dense run's final
+# accuracy.  Each method trains in its own `gradcomp train` job, dense first, the others
+# with --target-acc set to dense's final accuracy: methods run one after another in one
+# job step 7-14 % slower than the first (docs/BENCHMARKS.md, "Three seeds, medians"), and
+# the method compared would always be the one run last.  ONE_JOB=1 runs them all in one
+# `--compare` job instead, as the tables before 2026-11-27 22:45 UTC were made.  The table
+# at the end reads each job's results.json (OUT/summary.tsv).
 #   RATE     a tc rate (100mbit, 1gbit) or none (unshaped: the CPUs are the limit)
 #   change   the adaptive method alone on links that start at FROM (default 1gbit) and are
 #            reshaped to TO (default 100mbit) AFTER seconds (default 90) after the job
@@ -35,8 +40,32 @@ change)
     --out "out/adapt-bw-change-$NP-$FROM-$TO-$seed" --compare "$ADAPT"
   ;;
 *)
-  exec "$G" train $common --link "$what" --time-budget "${BUDGET:-60}" \
-    --out "out/adapt-bw-$NP-$what-$seed" \
-    --compare "dense,$BASE,powersgd:rank=4,$ADAPT"
+  out="out/adapt-bw-$NP-$what-$seed"
+  run="$G train $common --link $what --time-budget ${BUDGET:-60}"
+  if [ "${ONE_JOB:-0}" = 1 ]; then
+    exec $run --out "$out" --compare "dense,$BASE,powersgd:rank=4,$ADAPT"
+  fi
+  $run --out "$out/dense" --compare dense
+  target=$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["methods"][0]["test_accuracy"])' \
+    "$out/dense/results.json")
+  for m in "$BASE" "powersgd:rank=4" "$ADAPT"; do
+    $run --target-acc "$target" --out "$out/$(printf '%s' "$m" | tr -c 'A-Za-z0-9.=-' '_')" --compare "$m"
+  done
+  python3 - "$out" <<'EOF'
+import glob, json, os, sys
+out = sys.argv[1]
+rows = []
+for f in sorted(glob.glob(os.path.join(out, "*", "results.json")), key=os.path.getmtime):
+    m = json.load(open(f))["methods"][0]
+    t = m.get("time_to_target_s")
+    rows.append((m["method"], m["test_accuracy"], m["step_ms"], t if t is not None and t >= 0 else None))
+target = rows[0][1]
+with open(os.path.join(out, "summary.tsv"), "w") as tsv:
+    tsv.write("method\tfinal_accuracy\tstep_ms\ttime_to_target_s\n")
+    print(f"target {100 * target:.2f} % (dense's final accuracy); each method in its own job")
+    for name, acc, ms, t in rows:
+        tsv.write(f"{name}\t{acc}\t{ms}\t{'' if t is None else t}\n")
+        print(f"  {name:<44} {100 * acc:6.2f} %  {ms:8.1f} ms/step  " + ("never" if t is None else f"{t:6.1f} s"))
+EOF
   ;;
 esac
