@@ -261,7 +261,7 @@ def main():
     elif base == "ddp-gradcomp":
         sys.path.insert(0, os.path.join(HERE, "..", "python"))
         import gradcomp.torch as gt
-        from gradcomp.optimizer import _spec_keeps_momentum as keeps_momentum
+        from gradcomp.core import _keeps_momentum as keeps_momentum
         policy = gt.LayerPolicy(a.spec, min_elements=a.min_elements)
         hook, gc_state = gt.hook(policy, model=ddp)
         ddp.register_comm_hook(gc_state, hook)

@@ -277,6 +277,19 @@ def describe(spec, n=0):
     }
 
 
+def _keeps_momentum(spec):
+    """True when the compressor of `spec` keeps the momentum (DGC), as the core describes
+    the spec (GCOMP_SPEC_MOMENTUM): no spec text is read here."""
+    return "momentum" in describe(spec)["properties"]
+
+
+def _mixes_momentum(specs):
+    """True when `specs` (an adaptive ladder) holds both specs that keep the momentum in
+    the compressor and specs that leave it to the optimizer: a switch between them must
+    move each parameter's momentum."""
+    return len({_keeps_momentum(sp) for sp in specs}) > 1
+
+
 def spec_get(spec, key):
     """The value of parameter `key` of `spec` (given or default) as the canonical form writes
     it, e.g. spec_get("topk", "density") == "0.01".  Raises SpecError when `key` is not a

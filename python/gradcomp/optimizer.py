@@ -107,10 +107,7 @@ _PROBE_BYTES = 512 << 10  # the link probe of an adaptive decision, as the C tra
 _ADAPT_MIN_ELEMENTS = 1024  # the layer policy's default here (LayerPolicy, AdaptivePolicy)
 
 
-def _spec_keeps_momentum(canonical_spec):
-    """True when the compressor of `canonical_spec` keeps the momentum (DGC), as the core
-    describes the spec (GCOMP_SPEC_MOMENTUM): no spec text is read here."""
-    return "momentum" in _core.describe(canonical_spec)["properties"]
+_spec_keeps_momentum = _core._keeps_momentum
 
 
 # ---- planning ------------------------------------------------------------------------------
@@ -408,10 +405,7 @@ class _DistributedMixin:
     def _gc_movable(adapt, plan):
         """Parameters whose momentum can move between the optimizer and the compressor: the
         managed ones when the ladder mixes specs that keep the momentum (DGC) with others."""
-        if adapt is None:
-            return set()
-        keeps = {_spec_keeps_momentum(_core.canonical(c)) for c in adapt.ladder}
-        if len(keeps) < 2:
+        if adapt is None or not _core._mixes_momentum(adapt.ladder):
             return set()
         return {id(e.param) for e in plan if e.adapt}
 

@@ -163,8 +163,7 @@ class AdaptivePolicy:
         # A switch between a spec that keeps the momentum (DGC) and one that leaves it to
         # the optimizer must move the momentum between them; the hook does not own the
         # optimizer, so its parameters would get the momentum twice, or none.
-        keeps = {"momentum" in _core.describe(_core.canonical(c))["properties"] for c in ad.ladder}
-        if len(keeps) > 1:
+        if _core._mixes_momentum(ad.ladder):
             ad.close()
             raise _err.UnsupportedError(
                 f"gradcomp.torch: adaptive method {self.method!r}: its ladder mixes specs that keep "
