@@ -946,7 +946,9 @@ GCOMP_API gcomp_status gcomp_cost_break_even(const gcomp_cost_model *m,
  *   bandwidth: slack=0.05 (relative), overlap=0..1 (as gcomp_cost_compute), confirm=N
  *              (decisions a new choice must repeat, default 2), penalty=0.3 (the share
  *              more steps to the same accuracy each ladder step heavier than base is
- *              taken to cost: level L scores T_L * (1 + penalty)^(L - base))
+ *              taken to cost: level L scores T_L * (1 + penalty)^(L - base)),
+ *              probe_cost=0.02 (the share of the training time link probes may take:
+ *              gcomp_adapt_link_due)
  *   accuracy:  target=T (0 < T < 1, or a percentage), band=0.002, margin=0.02 (the glide
  *              path target - margin * (1 - progress)), start=0.1 (progress before which it
  *              holds), dwell=2 (metric decisions between moves), window=4 (the latest
@@ -962,7 +964,9 @@ GCOMP_API gcomp_status gcomp_cost_break_even(const gcomp_cost_model *m,
  *     for each step:  gcomp_adapt_observe(a, i, grad, residual) for each tensor i
  *                     gcomp_adapt_observe_compute(a, fwd, bwd, opt)
  *                     gcomp_adapt_end_step(a, &due)
- *     when due:       gcomp_adapt_stats(a, mine, cap, &len)        this rank's statistics
+ *     when due:       if gcomp_adapt_link_due(a): probe the link (gcomp_mpi_link_probe),
+ *                       gcomp_adapt_observe_link and gcomp_adapt_observe_link_time
+ *                     gcomp_adapt_stats(a, mine, cap, &len)        this rank's statistics
  *                     allgather `mine` (len doubles) from every rank, in rank order
  *                     gcomp_adapt_decide(a, all, len, nranks, &changed, &err)
  *                     for each i with gcomp_adapt_changed(a, i): retune tensor i to
@@ -1060,6 +1064,17 @@ GCOMP_API void gcomp_adapt_observe_compute(gcomp_adapt *a, double forward_s, dou
 /** This rank's measurement of its link: payload bytes/s and one-way latency in seconds
  *  (the latest replaces earlier ones of the interval).  Local. */
 GCOMP_API void gcomp_adapt_observe_link(gcomp_adapt *a, double bandwidth, double latency);
+/** The seconds this rank spent measuring its link for the coming decision (the probe's wall
+ *  time; added up over the interval).  Local.  The slowest rank's figure spaces the probes:
+ *  one that cost p seconds against w seconds of training in its interval puts the next
+ *  ceil(p / (probe_cost * w)) intervals on.  Not observed, probes are not spaced. */
+GCOMP_API void gcomp_adapt_observe_link_time(gcomp_adapt *a, double seconds);
+/** 1 when the decision now due should carry a fresh link measurement: the method uses the
+ *  bandwidth controller and the probes' spacing has run out (always at the first decision
+ *  and after a load of a version-1 state).  A decision without one uses the last measured
+ *  link.  The same on every rank (it follows from gathered statistics only), so a
+ *  collective probe can hang on it; 0 for NULL. */
+GCOMP_API int gcomp_adapt_link_due(const gcomp_adapt *a);
 /** A validation metric to steer by (accuracy as a fraction, higher is better).  Local;
  *  its mean over ranks is what the accuracy controller sees. */
 GCOMP_API void gcomp_adapt_observe_metric(gcomp_adapt *a, double value);

@@ -261,6 +261,8 @@ PROTOTYPES = {
     "gcomp_adapt_measuring": (_I, [_P]),
     "gcomp_adapt_observe_compute": (None, [_P, ctypes.c_double, ctypes.c_double, ctypes.c_double]),
     "gcomp_adapt_observe_link": (None, [_P, ctypes.c_double, ctypes.c_double]),
+    "gcomp_adapt_observe_link_time": (None, [_P, ctypes.c_double]),
+    "gcomp_adapt_link_due": (_I, [_P]),
     "gcomp_adapt_observe_metric": (None, [_P, ctypes.c_double]),
     "gcomp_adapt_set_course": (_I, [_P, _P, _P, _S, ctypes.POINTER(ErrorInfo)]),
     "gcomp_adapt_state_bound": (_S, [_P]),

@@ -158,6 +158,16 @@ class Adapt:
         """This rank's link: payload bytes per second each way, one-way latency (s)."""
         _lib.gcomp_adapt_observe_link(self._handle(), float(bandwidth), float(latency))
 
+    def observe_link_time(self, seconds):
+        """The seconds this rank spent measuring its link for the coming decision: the
+        slowest rank's figure spaces the probes (the bandwidth controller's probe_cost)."""
+        _lib.gcomp_adapt_observe_link_time(self._handle(), float(seconds))
+
+    def link_due(self):
+        """Whether the decision now due should carry a fresh link measurement: the same on
+        every rank.  Between probes the decisions use the last measured link."""
+        return bool(_lib.gcomp_adapt_link_due(self._handle()))
+
     def observe_metric(self, value):
         """A validation metric to steer by (accuracy as a fraction)."""
         _lib.gcomp_adapt_observe_metric(self._handle(), float(value))

@@ -49,7 +49,8 @@ unless the method says otherwise).  Each step, before a bucket's exchange starts
 controllers observe each managed gradient with what its compressor holds back; after a
 successful exchange synchronize() ends their step; when a decision is due it is taken after
 the wrapped optimizer's step, between two exchanges: a link probe when the bandwidth
-controller is in the method (gcomp_mpi_link_probe), one collective decision
+controller asks for one (gcomp_mpi_link_probe at the decisions Adapt.link_due names: spaced
+so that probing takes at most the controller's probe_cost of the time), one collective decision
 (gcomp_mpi_adapt_decide: every rank decides alike on every rank's statistics) and a retune
 of each tensor that changes (gcomp_mpi_bucket_retune: what it holds back is kept), in
 tensor order.  Forward + backward time (from the end of one step() to the next
@@ -638,13 +639,16 @@ class _DistributedMixin:
         self._gc_mark = (time.perf_counter_ns(), self._gc_codec_ns())
 
     def _gc_decide(self):
-        """One decision with every rank: the link probe when the bandwidth controller is in
-        the method, the collective decision, then the retunes, in tensor order."""
+        """One decision with every rank: the link probe when the bandwidth controller asks
+        for one (Adapt.link_due: spaced by what probing costs), the collective decision,
+        then the retunes, in tensor order."""
         self._gc_due = False
         ad = self._gc_adapt
-        if self._gc_probe and ad.uses("bandwidth"):
+        if self._gc_probe and ad.link_due():
+            t0 = time.perf_counter()
             bw, lat = self._gc_comm.link_probe(self._gc_probe, self._gc_timeout)
             ad.observe_link(bw, lat)  # one rank: 0, ignored
+            ad.observe_link_time(time.perf_counter() - t0)
         self._gc_comm.adapt_decide(ad, self._gc_timeout)
         self._gc_apply_specs()
 
@@ -1085,9 +1089,9 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression="none", s
       op             "average" (default) or "sum" over ranks.
       total_steps    adaptive methods: the run's length in steps, for interval=auto (the
                      run / 40 in 10..500); None or 0: unknown (100 steps between decisions).
-      probe_bytes    adaptive methods with the bandwidth controller: the link probe at each
-                     decision (gcomp_mpi_link_probe; None: 512 KiB, as `gradcomp train`;
-                     0: no probe, feed opt.observe_link yourself).
+      probe_bytes    adaptive methods with the bandwidth controller: the link probe at the
+                     decisions that ask for one (gcomp_mpi_link_probe; None: 512 KiB, as
+                     `gradcomp train`; 0: no probe, feed opt.observe_link yourself).
       ps             a gradcomp.mpi.ParameterServer, with strategy="ps" (or
                      "hierarchical:ps"): see below.  comm is then the server's (None or
                      ps.comm).  Not with an adaptive method (UnsupportedError).

@@ -44,7 +44,9 @@
 
 #define PREFIX "adapt:"
 #define MAGIC 18241.0 /* 'GA', then the version */
-#define VERSION 3.0   /* 2: the interval's wall and measuring seconds; 3: the metric's step */
+/* 2: the interval's wall and measuring seconds; 3: the metric's step; 4: the link probe's
+ * seconds */
+#define VERSION 4.0
 #define MAX_LADDER 32
 #define MAX_ITEMS 64
 #define DEFAULT_BASE "topk:density=0.001,feedback=ef"
@@ -63,6 +65,7 @@ enum {
     S_OPT,
     S_BW,
     S_LAT,
+    S_PTIME,
     S_METRIC,
     S_METRIC_STEP,
     S_MEASURED,
@@ -996,6 +999,15 @@ void gcomp_adapt_observe_link(gcomp_adapt *a, double bandwidth, double latency) 
     a->link_lat = latency;
 }
 
+void gcomp_adapt_observe_link_time(gcomp_adapt *a, double seconds) {
+    if (!a || !(seconds >= 0) || !isfinite(seconds)) return;
+    a->ptime += seconds;
+}
+
+int gcomp_adapt_link_due(const gcomp_adapt *a) {
+    return a && a->probe_cost > 0 && a->step >= a->next_probe;
+}
+
 void gcomp_adapt_observe_metric(gcomp_adapt *a, double value) {
     if (!a || !isfinite(value)) return;
     a->metric_sum += value;
@@ -1088,6 +1100,7 @@ gcomp_status gcomp_adapt_stats(gcomp_adapt *a, double *out, size_t cap, size_t *
     out[S_OPT] = a->opt / nc;
     out[S_BW] = a->link_bw;
     out[S_LAT] = a->link_lat;
+    out[S_PTIME] = a->ptime;
     out[S_METRIC] = a->metric_n ? a->metric_sum / (double)a->metric_n : NAN;
     out[S_METRIC_STEP] = a->metric_n ? a->metric_step_sum / (double)a->metric_n : NAN;
     out[S_MEASURED] = a->measured ? 1 : 0;
@@ -1109,7 +1122,7 @@ gcomp_status gcomp_adapt_stats(gcomp_adapt *a, double *out, size_t cap, size_t *
     for (size_t q = 0; q < 4 * a->nm * a->K; q++) meas[q] = a->measured ? a->meas[q] : NAN;
     a->fwd = a->bwd = a->opt = 0;
     a->ncompute = 0;
-    a->link_bw = a->link_lat = 0;
+    a->link_bw = a->link_lat = a->ptime = 0;
     a->metric_sum = a->metric_step_sum = 0;
     a->metric_n = 0;
     a->measured = false;
@@ -1129,6 +1142,18 @@ static void space_measurements(gcomp_adapt *a, const gcomp__adapt_in *in) {
     double gap = ceil(in->measure_s / (a->measure_cost * w)) * (double)a->interval;
     if (!(gap <= 1e12)) gap = 1e12;
     if (gap > (double)a->measure) a->next_measure += (uint64_t)gap - a->measure;
+}
+
+/* The link probes, likewise: a probe that cost p seconds against w seconds of training per
+ * interval puts the next one ceil(p / (probe_cost * w)) intervals on, and the decisions
+ * between them use the last probe's link.  A link that slows down makes its probe dearer
+ * and rarer, but the probe that sees the change comes on the old spacing, so the controller
+ * hears of it no later than it would have before; a fast link is probed at every decision. */
+static void space_probes(gcomp_adapt *a, const gcomp__adapt_in *in) {
+    double w = fmax(in->interval_s - in->probe_s - in->measure_s, 1e-9);
+    double gap = fmax(1, ceil(in->probe_s / (a->probe_cost * w)));
+    if (!(gap <= 1e6)) gap = 1e6;
+    a->next_probe = in->step + (uint64_t)gap * a->interval;
 }
 
 static int cmp_double(const void *x, const void *y) {
@@ -1183,6 +1208,7 @@ gcomp_status gcomp_adapt_decide(gcomp_adapt *a, const double *all, size_t len, i
         in.optimizer_s = fmax(in.optimizer_s, b[S_OPT]);
         in.interval_s = fmax(in.interval_s, b[S_WALL]);
         in.measure_s = fmax(in.measure_s, b[S_MTIME]);
+        in.probe_s = fmax(in.probe_s, b[S_PTIME]);
         if (b[S_BW] > 0 && isfinite(b[S_BW]) && b[S_LAT] >= 0 && isfinite(b[S_LAT])) {
             bws[nbw] = b[S_BW];
             lats[nbw] = b[S_LAT];
@@ -1213,6 +1239,9 @@ gcomp_status gcomp_adapt_decide(gcomp_adapt *a, const double *all, size_t len, i
         qsort(lats, (size_t)nbw, sizeof(double), cmp_double);
         in.bandwidth = nbw % 2 ? bws[nbw / 2] : 0.5 * (bws[nbw / 2 - 1] + bws[nbw / 2]);
         in.latency = nbw % 2 ? lats[nbw / 2] : 0.5 * (lats[nbw / 2 - 1] + lats[nbw / 2]);
+    } else if (a->last_link_bw > 0) { /* not probed this time: the last probe's link */
+        in.bandwidth = a->last_link_bw;
+        in.latency = a->last_link_lat;
     }
     if (mcount) {
         in.has_metric = true;
@@ -1236,6 +1265,11 @@ gcomp_status gcomp_adapt_decide(gcomp_adapt *a, const double *all, size_t len, i
     gcomp_status st = run_controllers(a, &in, changed);
     if (st == GCOMP_OK) {
         if (in.measured) space_measurements(a, &in);
+        if (in.probe_s > 0 && a->probe_cost > 0) space_probes(a, &in);
+        if (in.bandwidth > 0) {
+            a->last_link_bw = in.bandwidth;
+            a->last_link_lat = in.latency;
+        }
         a->decisions++;
         a->report.decisions = a->decisions;
         a->report.step = in.step;
@@ -1263,12 +1297,14 @@ gcomp_status gcomp_adapt_decide(gcomp_adapt *a, const double *all, size_t len, i
  * have.  The wall clock of the open interval restarts at load.
  */
 #define STATE_MAGIC "GCad"
-#define STATE_VERSION 1u
-#define STATE_HEAD 40 /* magic, version, length, fingerprint, nm, K, controllers, course */
+#define STATE_VERSION 2u /* 2: the link probes' spacing; version 1 still loads */
+#define STATE_HEAD 40    /* magic, version, length, fingerprint, nm, K, controllers, course */
 
 /* Everything after the header and before the controllers' sections, in order; `ncourse`
- * points of the course (a dry run sizes a blob holding that many). */
-static void state_body(const gcomp_adapt *a, size_t ncourse, gcomp__adapt_cursor *c) {
+ * points of the course (a dry run sizes a blob holding that many), in the layout of
+ * `version`. */
+static void state_body(const gcomp_adapt *a, size_t ncourse, unsigned version,
+                       gcomp__adapt_cursor *c) {
     const uint64_t u[] = {a->decisions, a->step,     a->next_measure, a->measurements,
                           a->ncompute,  a->metric_n, a->measured};
     for (size_t k = 0; k < sizeof u / sizeof *u; k++) gcomp__adapt_w64(c, u[k]);
@@ -1305,13 +1341,17 @@ static void state_body(const gcomp_adapt *a, size_t ncourse, gcomp__adapt_cursor
             for (size_t k = 0; k < t->n; k++) gcomp__putf(c->w + c->at + 4 * k, t->acc[k]);
         c->at += 4 * t->n;
     }
+    if (version >= 2) {
+        gcomp__adapt_w64(c, a->next_probe);
+        gcomp__adapt_wf(c, a->ptime);
+    }
 }
 
 /* The whole blob's size with `ncourse` course points (controllers' sections included). */
-static size_t state_size(const gcomp_adapt *a, size_t ncourse) {
+static size_t state_size(const gcomp_adapt *a, size_t ncourse, unsigned version) {
     gcomp__adapt_cursor c = {0};
     c.at = STATE_HEAD;
-    state_body(a, ncourse, &c);
+    state_body(a, ncourse, version, &c);
     for (size_t k = 0; k < a->nctl; k++) {
         c.at += 8;
         if (a->ctl[k]->save) a->ctl[k]->save(a, a->ctl_state[k], &c);
@@ -1325,13 +1365,13 @@ gcomp_status gcomp__adapt_bad_state(gcomp_error *err, const char *ctl) {
 }
 
 size_t gcomp_adapt_state_bound(const gcomp_adapt *a) {
-    return a ? state_size(a, a->ncourse) : 0;
+    return a ? state_size(a, a->ncourse, STATE_VERSION) : 0;
 }
 
 gcomp_status gcomp_adapt_save_state(const gcomp_adapt *a, void *dst, size_t cap, size_t *len) {
     if (len) *len = 0;
     if (!a || !dst || !len) return GCOMP_E_ARG;
-    size_t need = state_size(a, a->ncourse);
+    size_t need = state_size(a, a->ncourse, STATE_VERSION);
     if (cap < need) return GCOMP_E_DST_SIZE;
     uint8_t *p = dst;
     memcpy(p, STATE_MAGIC, 4);
@@ -1343,7 +1383,7 @@ gcomp_status gcomp_adapt_save_state(const gcomp_adapt *a, void *dst, size_t cap,
     gcomp__put32(p + 32, (uint32_t)a->nctl);
     gcomp__put32(p + 36, (uint32_t)a->ncourse);
     gcomp__adapt_cursor c = {.w = p, .at = STATE_HEAD};
-    state_body(a, a->ncourse, &c);
+    state_body(a, a->ncourse, STATE_VERSION, &c);
     for (size_t k = 0; k < a->nctl; k++) {
         size_t at = c.at;
         c.at += 8;
@@ -1355,9 +1395,10 @@ gcomp_status gcomp_adapt_save_state(const gcomp_adapt *a, void *dst, size_t cap,
     return GCOMP_OK;
 }
 
-/* Reads the body; checks it, and puts it in place only when `apply`. */
-static gcomp_status load_body(gcomp_adapt *a, const uint8_t *p, size_t ncourse, bool apply,
-                              gcomp_error *err) {
+/* Reads the body of a blob of `version`; checks it, and puts it in place only when
+ * `apply`. */
+static gcomp_status load_body(gcomp_adapt *a, const uint8_t *p, size_t ncourse, unsigned version,
+                              bool apply, gcomp_error *err) {
     gcomp__adapt_cursor c = {.r = p, .at = STATE_HEAD};
     uint64_t u[7];
     for (size_t k = 0; k < 7; k++) u[k] = gcomp__adapt_r64(&c);
@@ -1407,6 +1448,12 @@ static gcomp_status load_body(gcomp_adapt *a, const uint8_t *p, size_t ncourse, 
             return gcomp__fail(err, GCOMP_E_STATE, "adapt: saved state: a flag other than 0 or 1");
         c.at += 4 * t->n;
     }
+    /* Version 1 has no probe spacing: the next decision probes, as at create. */
+    uint64_t next_probe = version >= 2 ? gcomp__adapt_r64(&c) : 0;
+    double ptime = version >= 2 ? gcomp__adapt_rf(&c) : 0;
+    if (!(ptime >= 0 && ptime < 1e12))
+        return gcomp__fail(err, GCOMP_E_STATE,
+                           "adapt: saved state: link probe seconds %g out of range", ptime);
     double *course = NULL;
     if (apply && ncourse && !(course = gcomp__alloc(2 * ncourse * sizeof(double))))
         return gcomp__fail(err, GCOMP_E_NOMEM, "adapt: out of memory");
@@ -1419,6 +1466,8 @@ static gcomp_status load_body(gcomp_adapt *a, const uint8_t *p, size_t ncourse, 
     a->ncompute = u[4];
     a->metric_n = u[5];
     a->measured = u[6] != 0;
+    a->next_probe = next_probe;
+    a->ptime = ptime;
     double *dst[] = {&a->fwd,
                      &a->bwd,
                      &a->opt,
@@ -1464,19 +1513,20 @@ gcomp_status gcomp_adapt_load_state(gcomp_adapt *a, const void *src, size_t len,
     if (memcmp(p, STATE_MAGIC, 4))
         return gcomp__fail(err, GCOMP_E_BAD_MAGIC,
                            "adapt: not an adaptive controllers' saved state (magic)");
-    if (gcomp__get32(p + 4) > STATE_VERSION)
+    const unsigned version = gcomp__get32(p + 4);
+    if (version > STATE_VERSION || version < 1)
         return gcomp__fail(err, GCOMP_E_VERSION,
-                           "adapt: saved state version %u, this library reads up to %u",
-                           gcomp__get32(p + 4), STATE_VERSION);
+                           "adapt: saved state version %u, this library reads 1 to %u", version,
+                           STATE_VERSION);
     uint64_t total = gcomp__get64(p + 8);
     if (total > len)
         return gcomp__fail(err, GCOMP_E_TRUNCATED,
                            "adapt: saved state of %zu bytes, its header says %llu", len,
                            (unsigned long long)total);
-    if (total != len || gcomp__get32(p + 4) != STATE_VERSION)
+    if (total != len)
         return gcomp__fail(err, GCOMP_E_STATE,
                            "adapt: saved state of %zu bytes, its header says %llu (version %u)",
-                           len, (unsigned long long)total, gcomp__get32(p + 4));
+                           len, (unsigned long long)total, version);
     if (gcomp__get32(p + len - 4) != gcomp__crc32c(0, p, len - 4))
         return gcomp__fail(err, GCOMP_E_CHECKSUM, "adapt: saved state: checksum mismatch");
     if (gcomp__get64(p + 16) != a->fp0 || gcomp__get32(p + 24) != a->nm ||
@@ -1485,16 +1535,16 @@ gcomp_status gcomp_adapt_load_state(gcomp_adapt *a, const void *src, size_t len,
                            "adapt: saved state of another adaptive configuration (method, "
                            "ladder, tensors or interval differ)");
     size_t ncourse = gcomp__get32(p + 36);
-    if (ncourse > (len - STATE_HEAD) / 16 || state_size(a, ncourse) != len)
+    if (ncourse > (len - STATE_HEAD) / 16 || state_size(a, ncourse, version) != len)
         return gcomp__fail(err, GCOMP_E_STATE,
                            "adapt: saved state of %zu bytes, this configuration's is %zu", len,
-                           ncourse > (len - STATE_HEAD) / 16 ? 0 : state_size(a, ncourse));
+                           ncourse > (len - STATE_HEAD) / 16 ? 0 : state_size(a, ncourse, version));
     /* Check everything, then apply: a blob loads whole or not at all. */
     for (int apply = 0; apply < 2; apply++) {
-        gcomp_status st = load_body(a, p, ncourse, apply, err);
+        gcomp_status st = load_body(a, p, ncourse, version, apply, err);
         if (st != GCOMP_OK) return st; /* only NOMEM once applying: nothing applied yet */
         gcomp__adapt_cursor c = {.r = p, .at = STATE_HEAD};
-        state_body(a, ncourse, &c); /* dry (c.w is NULL): skips to the controllers' sections */
+        state_body(a, ncourse, version, &c); /* dry: skips to the controllers' sections */
         for (size_t k = 0; k < a->nctl; k++) {
             uint64_t sec = gcomp__adapt_r64(&c);
             gcomp__adapt_cursor d = {.at = 0};

@@ -7,10 +7,12 @@
  * At each decision the cost model (gcomp_cost_eval, src/adapt/cost*.c) predicts the step
  * time of every uniform ladder level, dense included, from what this run measured:
  *   link     the link's payload bandwidth and latency, as the ranks measured them (the
- *            median over ranks): the caller's measurement of its own exchanges
- *            (gcomp_adapt_observe_link; the trainer derives it from the buckets' byte
- *            counters and wire times, with a short probe when its transfers are too small
- *            to show the bandwidth);
+ *            median over ranks; gcomp_adapt_observe_link): the trainer and the Python
+ *            optimizer probe it with a timed ring step (gcomp_mpi_link_probe) at the
+ *            decisions gcomp_adapt_link_due names: each probe's cost spaces the next, so
+ *            that probing takes at most `probe_cost` of the training time (a 512 KiB probe
+ *            is 0.4 s a rank at 10 Mbit/s), and the decisions between probes use the last
+ *            probe's link;
  *   codec    each candidate's encode and decode time measured on the real gradients at
  *            the last measurement (the slowest rank's), as a calibration the model reads;
  *            before the first one, the caller's calibration or the model's default;
@@ -57,7 +59,7 @@ typedef struct bw_state {
     double *enc_pe, *dec_pe; /* K: measured seconds per element, NaN before a measurement */
 } bw_state;
 
-static const char *const bw_keys[] = {"slack", "overlap", "confirm", "penalty", NULL};
+static const char *const bw_keys[] = {"slack", "overlap", "confirm", "penalty", "probe_cost", NULL};
 
 static void bw_free(void *p) {
     bw_state *s = p;
@@ -75,7 +77,8 @@ static gcomp_status bw_create(gcomp_adapt *a, void **out, gcomp_error *err) {
     if ((st = gcomp__adapt_num(a, "bandwidth", "slack", 0.05, 0, 10, &s->slack, err)) ||
         (st = gcomp__adapt_num(a, "bandwidth", "overlap", 0, 0, 1, &s->overlap, err)) ||
         (st = gcomp__adapt_num(a, "bandwidth", "confirm", 2, 1, 1000, &s->confirm, err)) ||
-        (st = gcomp__adapt_num(a, "bandwidth", "penalty", 0.3, 0, 10, &s->penalty, err)))
+        (st = gcomp__adapt_num(a, "bandwidth", "penalty", 0.3, 0, 10, &s->penalty, err)) ||
+        (st = gcomp__adapt_num(a, "bandwidth", "probe_cost", 0.02, 1e-4, 1, &a->probe_cost, err)))
         return st;
     s->chosen = s->candidate = a->base;
     s->enc_pe = gcomp__alloc((a->K + 1) * sizeof(double));

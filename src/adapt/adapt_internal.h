@@ -32,7 +32,9 @@ typedef struct gcomp__adapt_in {
     double forward_s, backward_s, optimizer_s; /* per step, the slowest rank's mean */
     double interval_s;         /* wall seconds since the last decision, the slowest rank's */
     double measure_s;          /* of which measuring, the slowest rank's (0 when none) */
-    double bandwidth, latency; /* median over ranks that measured; 0: none */
+    double probe_s;            /* of which probing the link, the slowest rank's (0 when none) */
+    double bandwidth, latency; /* median over ranks that measured, else the last decision's
+                                  link (gcomp_adapt_link_due spaces the probes); 0: none */
     bool has_metric;
     double metric;          /* mean over ranks */
     double metric_progress; /* when the metrics were observed: steps then / total steps (mean
@@ -58,7 +60,7 @@ typedef struct gcomp__adapt_plan {
 } gcomp__adapt_plan;
 
 /* Words of a statistics block before the per-tensor part (adapt.c's S_FIXED). */
-#define GCOMP__ADAPT_STATS_FIXED 15
+#define GCOMP__ADAPT_STATS_FIXED 16
 
 /* One key=value of the method string. */
 typedef struct gcomp__adapt_item {
@@ -124,6 +126,8 @@ struct gcomp_adapt {
     uint64_t interval, measure, total_steps;
     bool measure_auto;   /* measure=auto: spaced by what measuring costs */
     double measure_cost; /* measure=auto: the share of the run's time measuring may take */
+    double probe_cost;   /* bandwidth (set by its create): the share link probes may take;
+                            0 without the controller */
     size_t sample;       /* elements a measurement compresses per tensor, at most */
     int workers, nodes;
     gcomp_cost_calibration *cal; /* codec rates before measurements (copied), may be NULL */
@@ -145,6 +149,7 @@ struct gcomp_adapt {
     uint64_t decisions;
     gcomp_adapt_report report;
     double last_link_bw, last_link_lat; /* the link the last decision used (bandwidth) */
+    uint64_t next_probe;                /* the first step whose decision probes the link */
     double *pred;                       /* K: bandwidth's predicted steps, NaN when none */
     uint64_t next_measure;              /* the step (0-based) that measures next */
     uint64_t measurements;              /* measuring steps so far (picks the sample block) */
@@ -154,6 +159,7 @@ struct gcomp_adapt {
     double fwd, bwd, opt;
     uint64_t ncompute;
     double link_bw, link_lat;
+    double ptime; /* seconds spent probing the link for this interval's decision */
     double metric_sum, metric_step_sum;
     uint64_t metric_n;
     bool measuring, measured;

@@ -4,8 +4,9 @@
  * Each step, on every rank: the gradient of each tensor is observed as backward makes it
  * final, before its exchange starts (the controllers see what the compressor will see:
  * gradient plus held-back residual); after the optimizer step the step's compute time is
- * observed.  At the controllers' interval every rank, at the same step: probes the link if
- * the bandwidth controller is in the method (gcomp_mpi_link_probe: one timed ring step of
+ * observed.  At the controllers' interval every rank, at the same step: probes the link when
+ * the bandwidth controller asks for it (gcomp_adapt_link_due: every decision on a fast link,
+ * spaced by the probe's cost on a slow one; gcomp_mpi_link_probe: one timed ring step of
  * PROBE_BYTES), decides (gcomp_mpi_adapt_decide: one allgather of the statistics, so every
  * rank takes the same decision) and retunes the tensors that change, in tensor order, so
  * structural switches run their checks in the same order everywhere.  The decision's time
@@ -232,11 +233,12 @@ int gtrain_adapt_end_step(gtrain_adapt *a, gtrain_exchange *ex, gtrain_model *m,
     double t0 = now_s();
     gcomp_mpi_comm *c = gtrain_exchange_comm(ex);
     gcomp_error e = {0};
-    if (gcomp_adapt_uses(a->ad, "bandwidth")) {
-        double bw, lat;
+    if (gcomp_adapt_link_due(a->ad)) {
+        double bw, lat, p0 = now_s();
         if (gcomp_mpi_link_probe(c, PROBE_BYTES, 0, &bw, &lat, &e) != GCOMP_OK)
             return afail(err, errlen, "link probe: %s", e.message);
         gcomp_adapt_observe_link(a->ad, bw, lat);
+        gcomp_adapt_observe_link_time(a->ad, now_s() - p0);
     }
     size_t changed;
     if (gcomp_mpi_adapt_decide(c, a->ad, 0, &changed, &e) != GCOMP_OK)

@@ -662,6 +662,119 @@ static void test_bandwidth(void) {
     CHECK_MSG(differ > 0, "the penalty never changed a choice");
 }
 
+/* One interval of two "ranks", then the decision on both: where the decision asks for a
+ * link probe (gcomp_adapt_link_due, which must agree on both), rank r observes link bw[r]
+ * and a probe of probe_s[r] seconds; the interval's wall clock is replayed as `wall`
+ * seconds.  Returns whether the probe was due. */
+static int probe_interval(gcomp_adapt *a[2], const float *g, const double *bw,
+                          const double *probe_s, double wall) {
+    gcomp_error e = {0};
+    size_t len = gcomp_adapt_stats_size(a[0]), got;
+    double *all = malloc(2 * len * sizeof(double));
+    int due[2];
+    for (int r = 0; r < 2; r++) {
+        for (uint64_t s = 0; s < gcomp_adapt_interval(a[r]); s++) {
+            for (size_t i = 0; i < NMLP; i++) CHECK_OK(gcomp_adapt_observe(a[r], i, g, NULL));
+            gcomp_adapt_observe_compute(a[r], 0.002, 0.004, 0.001);
+            gcomp_adapt_end_step(a[r], NULL);
+        }
+        due[r] = gcomp_adapt_link_due(a[r]);
+        if (due[r]) {
+            gcomp_adapt_observe_link(a[r], bw[r], 50e-6);
+            gcomp_adapt_observe_link_time(a[r], probe_s[r]);
+        }
+        CHECK_OK(gcomp_adapt_stats(a[r], all + r * len, len, &got));
+    }
+    CHECK_EQ_INT(due[0], due[1]);
+    for (int r = 0; r < 2; r++) all[r * len + GCOMP__ADAPT_STATS_FIXED - 2] = wall; /* S_WALL */
+    for (int r = 0; r < 2; r++) CHECK_OK(gcomp_adapt_decide(a[r], all, len, 2, NULL, &e));
+    free(all);
+    return due[0];
+}
+
+/* The link probes are spaced by their cost (probe_cost of the training time, from the
+ * slowest rank's probe), identically on every rank; the decisions between probes use the
+ * last probe's link; a checkpoint keeps the spacing, and a version-1 checkpoint (before
+ * it) loads and probes at its next decision. */
+static void test_probe_spacing(void) {
+    const char *m = "adapt:bandwidth;interval=2;confirm=1";
+    gcomp_adapt *a[2], *x;
+    gcomp_error e = {0};
+    CHECK_OK(make(&x, "adapt:layers", 0, &e));
+    CHECK_EQ_INT(gcomp_adapt_link_due(x), 0); /* no bandwidth controller, no probe */
+    gcomp_adapt_free(x);
+    CHECK_EQ_INT(gcomp_adapt_link_due(NULL), 0);
+    for (int r = 0; r < 2; r++) CHECK_OK(make(&a[r], m, 0, &e));
+    if (!a[0] || !a[1]) return;
+    float *g = calloc(256 * 256, sizeof(float));
+    for (size_t k = 0; k < 256 * 256; k++) g[k] = (float)((k * 2654435761u) % 1000) - 500;
+    const double bw[2] = {1e7, 3e7}, fast[2] = {0.001, 0.002}, dear[2] = {0.1, 0.5};
+    /* cheap probes: every decision probes (steps 2 and 4) */
+    CHECK_EQ_INT(probe_interval(a, g, bw, fast, 10.0), 1);
+    CHECK_EQ_INT(probe_interval(a, g, bw, fast, 10.0), 1);
+    /* step 6: 0.5 s (the slowest rank's) of 10 s: ceil(0.5 / (0.02 * 9.5)) = 3 intervals on,
+     * the next probe at step 12 */
+    CHECK_EQ_INT(probe_interval(a, g, bw, dear, 10.0), 1);
+    gcomp_adapt_report rep;
+    gcomp_adapt_get_report(a[0], &rep);
+    CHECK(rep.bandwidth == 2e7); /* the median of the two ranks' links */
+    size_t cap = gcomp_adapt_state_bound(a[0]), blen = 0;
+    uint8_t *blob = malloc(cap);
+    CHECK_OK(gcomp_adapt_save_state(a[0], blob, cap, &blen));
+    for (int k = 0; k < 2; k++) { /* steps 8 and 10: no probe, the last probe's link */
+        CHECK_EQ_INT(probe_interval(a, g, bw, dear, 10.0), 0);
+        gcomp_adapt_get_report(a[1], &rep);
+        CHECK(rep.bandwidth == 2e7 && rep.decisions == 4 + (uint64_t)k);
+        for (size_t j = 0; j < a[1]->K; j++) CHECK(gcomp_adapt_predicted(a[1], j) > 0);
+    }
+    CHECK_EQ_INT(probe_interval(a, g, bw, fast, 10.0), 1); /* step 12 */
+    CHECK_EQ_INT(probe_interval(a, g, bw, fast, 10.0), 1); /* cheap again: step 14 */
+    /* the checkpoint taken after step 6: the same spacing */
+    CHECK_OK(make(&x, m, 0, &e));
+    if (x) {
+        CHECK_OK(gcomp_adapt_load_state(x, blob, blen, &e));
+        for (int k = 0; k < 3; k++) {
+            for (uint64_t s = 0; s < gcomp_adapt_interval(x); s++) gcomp_adapt_end_step(x, NULL);
+            CHECK_EQ_INT(gcomp_adapt_link_due(x), k == 2);
+            decide1(x);
+        }
+        gcomp_adapt_free(x);
+    }
+    /* version 1: the same blob less the two fields it did not have (u64 next probe step,
+     * f64 probe seconds: the body's last 16 bytes, before the bandwidth controller's
+     * section of 8 + 4 * 8 + K * 16 bytes and the CRC) */
+    size_t sec = 8 + 32 + 16 * a[0]->K, at = blen - 4 - sec - 16;
+    memmove(blob + at, blob + at + 16, sec + 4);
+    size_t l1 = blen - 16;
+    gcomp__put32(blob + 4, 1);
+    gcomp__put64(blob + 8, l1);
+    gcomp__put32(blob + l1 - 4, gcomp__crc32c(0, blob, l1 - 4));
+    CHECK_OK(make(&x, m, 0, &e));
+    if (x) {
+        CHECK_MSG(gcomp_adapt_load_state(x, blob, l1, &e) == GCOMP_OK, "version 1: %s", e.message);
+        for (uint64_t s = 0; s < gcomp_adapt_interval(x); s++) gcomp_adapt_end_step(x, NULL);
+        CHECK_EQ_INT(gcomp_adapt_link_due(x), 1);
+        gcomp_adapt_get_report(x, &rep);
+        CHECK(rep.bandwidth == 2e7);
+        gcomp_adapt_free(x);
+    }
+    /* version 0 and a future version are refused as versions */
+    for (unsigned v = 0; v < 4; v += 3) {
+        gcomp__put32(blob + 4, v);
+        CHECK_OK(make(&x, m, 0, &e));
+        if (x) {
+            CHECK_EQ_INT(gcomp_adapt_load_state(x, blob, l1, &e), GCOMP_E_VERSION);
+            gcomp_adapt_free(x);
+        }
+    }
+    free(blob);
+    free(g);
+    for (int r = 0; r < 2; r++) gcomp_adapt_free(a[r]);
+    /* a bad probe_cost is refused at create */
+    expect_spec_error("adapt:bandwidth;probe_cost=0", "probe_cost");
+    expect_spec_error("adapt:layers;probe_cost=0.1", "bandwidth");
+}
+
 /* ---- accuracy -------------------------------------------------------------------------- */
 
 /* One interval, its metric taken at its end (as the trainer evaluates), then the decision. */
@@ -923,7 +1036,7 @@ static void test_state(void) {
     bad[0] ^= 1;
     CHECK_EQ_INT(gcomp_adapt_load_state(b, bad, len, &e), GCOMP_E_BAD_MAGIC);
     memcpy(bad, blob, len);
-    bad[4] = 2;
+    bad[4] = 3; /* a version after this library's */
     CHECK_EQ_INT(gcomp_adapt_load_state(b, bad, len, &e), GCOMP_E_VERSION);
     memcpy(bad, blob, len);
     bad[len / 2] ^= 0x40;
@@ -1077,6 +1190,7 @@ int main(void) {
     test_measure_sample();
     test_measure_spacing();
     test_bandwidth();
+    test_probe_spacing();
     test_accuracy();
     test_accuracy_noise_hold();
     test_accuracy_window();

@@ -413,6 +413,25 @@ def test_optimizer_feeds_link_compute_and_metric():
     want = np.median([1e9 * (r + 1) for r in range(SIZE)])
     assert opt.adapt.report["bandwidth"] == pytest.approx(want), opt.adapt.report
     opt.close()
+    # the probes are spaced by their cost (probe_cost of the training time): a probe that
+    # takes 50 ms against steps of a few ms puts the next one far on; the decisions between
+    # use its link, and every rank probes at the same decisions (the probe is collective)
+    model = make_model()
+    opt = wrap(model, "adapt:bandwidth;base=topk:density=0.01,feedback=ef;min_elements=64;interval=2;confirm=1")
+    real, probes = opt._gc_comm.link_probe, []
+
+    def slow_probe(*a, **k):
+        probes.append(opt.adapt.report["decisions"])
+        time.sleep(0.05)
+        return real(*a, **k)
+
+    opt._gc_comm.link_probe = slow_probe
+    train(model, opt, 10)
+    rep = opt.adapt.report
+    assert rep["decisions"] == 5 and probes[0] == 0 and len(probes) < 5, (rep, probes)
+    assert (rep["bandwidth"] > 0) == (SIZE > 1), rep
+    assert same_everywhere(probes)
+    opt.close()
     # accuracy: the metric each rank observes, averaged over ranks
     model = make_model()
     opt = wrap(model, "adapt:accuracy;target=0.9;base=topk:density=0.01,feedback=ef;min_elements=64;interval=2",
