@@ -92,8 +92,8 @@ static int record(gtrain_adapt *a, size_t step, double epoch, size_t i) {
     return 0;
 }
 
-/* The decision just taken, a row per candidate. */
-static int log_decision(gtrain_adapt *a, size_t step, double epoch) {
+/* The decision just taken, a row per candidate; probe_s: its link probe (0: none). */
+static int log_decision(gtrain_adapt *a, size_t step, double epoch, double probe_s) {
     size_t K = gcomp_adapt_ladder_size(a->ad);
     if (a->nlog + K > a->caplog) {
         size_t cap = a->caplog ? 2 * a->caplog : 64;
@@ -113,6 +113,7 @@ static int log_decision(gtrain_adapt *a, size_t step, double epoch) {
                                               r.latency,
                                               r.compute_s,
                                               r.measure_s,
+                                              probe_s,
                                               (size_t)r.next_measure_step,
                                               j,
                                               gcomp_adapt_predicted(a->ad, j),
@@ -233,12 +234,14 @@ int gtrain_adapt_end_step(gtrain_adapt *a, gtrain_exchange *ex, gtrain_model *m,
     double t0 = now_s();
     gcomp_mpi_comm *c = gtrain_exchange_comm(ex);
     gcomp_error e = {0};
+    double probe_s = 0;
     if (gcomp_adapt_link_due(a->ad)) {
         double bw, lat, p0 = now_s();
         if (gcomp_mpi_link_probe(c, PROBE_BYTES, 0, &bw, &lat, &e) != GCOMP_OK)
             return afail(err, errlen, "link probe: %s", e.message);
         gcomp_adapt_observe_link(a->ad, bw, lat);
-        gcomp_adapt_observe_link_time(a->ad, now_s() - p0);
+        probe_s = now_s() - p0;
+        gcomp_adapt_observe_link_time(a->ad, probe_s);
     }
     size_t changed;
     if (gcomp_mpi_adapt_decide(c, a->ad, 0, &changed, &e) != GCOMP_OK)
@@ -258,7 +261,7 @@ int gtrain_adapt_end_step(gtrain_adapt *a, gtrain_exchange *ex, gtrain_model *m,
         if (record(a, step, epoch, i)) return afail(err, errlen, "out of memory");
     }
     for (size_t i = 0; i < a->nt; i++) a->specs[i] = gcomp_adapt_spec(a->ad, i);
-    if (log_decision(a, step, epoch)) return afail(err, errlen, "out of memory");
+    if (log_decision(a, step, epoch, probe_s)) return afail(err, errlen, "out of memory");
     gcomp_adapt_report rep;
     gcomp_adapt_get_report(a->ad, &rep);
     if (rep.error > 0 && rep.error_uniform > 0) {

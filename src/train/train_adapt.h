@@ -35,6 +35,7 @@ typedef struct gtrain_decision {
     double epoch;
     double bandwidth, latency, compute_s; /* bytes/s, s, s per step */
     double measure_s;                     /* the last measurement's cost, slowest rank */
+    double probe_s;                       /* its link probe on this rank (0: none) */
     size_t next_measure;                  /* the step that measures next */
     size_t candidate;                     /* its ladder index, most bytes first */
     double predicted_s;

@@ -528,14 +528,14 @@ static void write_decisions(const opts *o, const gtrain_result *r, int nr) {
     snprintf(path, sizeof path, "%s/decisions.csv", o->out);
     FILE *f = fopen(path, "w");
     if (!f) return;
-    fprintf(f, "method,decision,step,epoch,link_MBps,latency_ms,compute_ms,measure_s,"
+    fprintf(f, "method,decision,step,epoch,link_MBps,latency_ms,compute_ms,measure_s,probe_s,"
                "next_measure_step,level,candidate,predicted_ms,chosen\n");
     for (int i = 0; i < nr; i++)
         for (size_t k = 0; k < r[i].ndlog; k++) {
             const gtrain_decision *d = &r[i].dlog[k];
-            fprintf(f, "\"%s\",%zu,%zu,%.4f,%.6g,%.6g,%.6g,%.4g,%zu,%zu,\"%s\",%.6g,%d\n",
+            fprintf(f, "\"%s\",%zu,%zu,%.4f,%.6g,%.6g,%.6g,%.4g,%.4g,%zu,%zu,\"%s\",%.6g,%d\n",
                     r[i].method, d->decision, d->step, d->epoch, d->bandwidth / 1e6,
-                    1e3 * d->latency, 1e3 * d->compute_s, d->measure_s, d->next_measure,
+                    1e3 * d->latency, 1e3 * d->compute_s, d->measure_s, d->probe_s, d->next_measure,
                     d->candidate, d->candidate < r[i].nladder ? r[i].ladder[d->candidate] : "",
                     1e3 * d->predicted_s, d->chosen);
         }
