@@ -1067,13 +1067,13 @@ GCOMP_API void gcomp_adapt_observe_link(gcomp_adapt *a, double bandwidth, double
 /** The seconds this rank spent measuring its link for the coming decision (the probe's wall
  *  time; added up over the interval).  Local.  The slowest rank's figure spaces the probes:
  *  one that cost p seconds against w seconds of training in its interval puts the next
- *  ceil(p / (probe_cost * w)) intervals on.  Not observed, probes are not spaced. */
+ *  ceil(p / (probe_cost * w)) intervals on.  Without it every decision probes. */
 GCOMP_API void gcomp_adapt_observe_link_time(gcomp_adapt *a, double seconds);
 /** 1 when the decision now due should carry a fresh link measurement: the method uses the
  *  bandwidth controller and the probes' spacing has run out (always at the first decision
  *  and after a load of a version-1 state).  A decision without one uses the last measured
- *  link.  The same on every rank (it follows from gathered statistics only), so a
- *  collective probe can hang on it; 0 for NULL. */
+ *  link.  The same on every rank (it follows from gathered statistics only), so every
+ *  rank enters the collective probe together; 0 for NULL. */
 GCOMP_API int gcomp_adapt_link_due(const gcomp_adapt *a);
 /** A validation metric to steer by (accuracy as a fraction, higher is better).  Local;
  *  its mean over ranks is what the accuracy controller sees. */
