@@ -1067,7 +1067,8 @@ GCOMP_API void gcomp_adapt_observe_link(gcomp_adapt *a, double bandwidth, double
 /** The seconds this rank spent measuring its link for the coming decision (the probe's wall
  *  time; added up over the interval).  Local.  The slowest rank's figure spaces the probes:
  *  one that cost p seconds against w seconds of training in its interval puts the next
- *  ceil(p / (probe_cost * w)) intervals on.  Without it every decision probes. */
+ *  ceil(p / (probe_cost * w)) intervals on, at most 10 (one stalled probe must not stop
+ *  the link from being followed).  Without it every decision probes. */
 GCOMP_API void gcomp_adapt_observe_link_time(gcomp_adapt *a, double seconds);
 /** 1 when the decision now due should carry a fresh link measurement: the method uses the
  *  bandwidth controller and the probes' spacing has run out (always at the first decision

@@ -729,6 +729,11 @@ static void test_probe_spacing(void) {
     }
     CHECK_EQ_INT(probe_interval(a, g, bw, fast, 10.0), 1); /* step 12 */
     CHECK_EQ_INT(probe_interval(a, g, bw, fast, 10.0), 1); /* cheap again: step 14 */
+    /* a stalled probe (100 s) waits at most 10 intervals for the next: step 16 + 20 */
+    const double stall[2] = {100, 0.1};
+    CHECK_EQ_INT(probe_interval(a, g, bw, stall, 10.0), 1);
+    for (int k = 0; k < 9; k++) CHECK_EQ_INT(probe_interval(a, g, bw, fast, 10.0), 0);
+    CHECK_EQ_INT(probe_interval(a, g, bw, fast, 10.0), 1);
     /* the checkpoint taken after step 6: the same spacing */
     CHECK_OK(make(&x, m, 0, &e));
     if (x) {
