@@ -1146,13 +1146,12 @@ static void space_measurements(gcomp_adapt *a, const gcomp__adapt_in *in) {
 
 /* The link probes, likewise: a probe that cost p seconds against w seconds of training per
  * interval puts the next one ceil(p / (probe_cost * w)) intervals on, and the decisions
- * between them use the last probe's link.  A link that slows down makes its probe dearer
- * and rarer, but the probe that sees the change comes on the old spacing, so the controller
- * hears of it no later than it would have before; a fast link is probed at every decision.
- * Unlike a measurement, which only grows dear with the model, a probe can stall once (a
- * retransmission, a neighbour's burst), so the spacing is capped: at most PROBE_GAP_MAX
- * intervals (a quarter of a run at interval=auto), and one bad probe cannot stop the
- * controller from following the link. */
+ * between them use the last probe's link.  A fast link's probe is cheap and comes at every
+ * decision, so a link that slows down is seen at the next decision, as before; one that
+ * speeds up is seen up to the spacing later.  Unlike a measurement, which only grows dear
+ * with the model, a probe can stall once (a retransmission, a neighbour's burst), so the
+ * spacing is capped at PROBE_GAP_MAX intervals (a quarter of a run at interval=auto): one
+ * bad probe cannot stop the controller from following the link. */
 #define PROBE_GAP_MAX 10
 static void space_probes(gcomp_adapt *a, const gcomp__adapt_in *in) {
     double w = fmax(in->interval_s - in->probe_s - in->measure_s, 1e-9);
