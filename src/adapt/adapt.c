@@ -1178,7 +1178,11 @@ gcomp_status gcomp_adapt_decide(gcomp_adapt *a, const double *all, size_t len, i
                            len, need);
     for (int r = 0; r < nranks; r++) {
         const double *b = all + (size_t)r * len;
-        uint64_t fp = (uint64_t)b[S_FP_LO] | (uint64_t)b[S_FP_HI] << 32;
+        /* Words that are not 32-bit halves (NaN included) are no fingerprint, and a cast of
+         * them would be undefined. */
+        bool halves =
+            b[S_FP_LO] >= 0 && b[S_FP_LO] < 0x1p32 && b[S_FP_HI] >= 0 && b[S_FP_HI] < 0x1p32;
+        uint64_t fp = halves ? (uint64_t)b[S_FP_LO] | (uint64_t)b[S_FP_HI] << 32 : ~a->fp;
         if (b[S_MAGIC] != MAGIC + VERSION || fp != a->fp)
             return gcomp__fail(err, GCOMP_E_MISMATCH,
                                "adapt: rank %d runs another adaptive configuration (method, "
@@ -1191,6 +1195,11 @@ gcomp_status gcomp_adapt_decide(gcomp_adapt *a, const double *all, size_t len, i
                                "step %.0f: every rank must decide at the same steps",
                                r, b[S_DECISION], b[S_STEP], all[S_DECISION], all[S_STEP]);
     }
+    /* A step a double carries exactly (a state load refuses more): anything else is not
+     * this library's statistics. */
+    if (!(all[S_STEP] >= 0 && all[S_STEP] <= 0x1p53))
+        return gcomp__fail(err, GCOMP_E_MISMATCH, "adapt: statistics at step %g: out of range",
+                           all[S_STEP]);
     for (size_t k = 0; k < a->nctl; k++) {
         gcomp_status cs = a->ctl[k]->check ? a->ctl[k]->check(a, a->ctl_state[k], err) : GCOMP_OK;
         if (cs != GCOMP_OK) return cs;
@@ -1408,7 +1417,8 @@ static gcomp_status load_body(gcomp_adapt *a, const uint8_t *p, size_t ncourse, 
     for (size_t k = 0; k < 7; k++) u[k] = gcomp__adapt_r64(&c);
     double f[10];
     for (size_t k = 0; k < 10; k++) f[k] = gcomp__adapt_rf(&c);
-    if (u[6] > 1 || u[1] < u[3] || (u[0] && u[1] < a->interval))
+    /* The step travels in the statistics as a double: at most 2^53, exactly. */
+    if (u[6] > 1 || u[1] < u[3] || (u[0] && u[1] < a->interval) || u[1] > (1ull << 53))
         return gcomp__fail(err, GCOMP_E_STATE,
                            "adapt: saved state: counters that do not add up (step %llu, "
                            "decisions %llu, measurements %llu)",

@@ -775,6 +775,23 @@ static void test_probe_spacing(void) {
     free(blob);
     free(g);
     for (int r = 0; r < 2; r++) gcomp_adapt_free(a[r]);
+    /* statistics out of any rank's range are refused, never cast: a step beyond 2^53, a
+     * fingerprint word that is no 32-bit half */
+    CHECK_OK(make(&x, m, 0, &e));
+    if (x) {
+        size_t len = gcomp_adapt_stats_size(x), got;
+        double *st = malloc(len * sizeof(double));
+        for (int k = 0; k < 3; k++) {
+            for (uint64_t s = 0; s < gcomp_adapt_interval(x); s++) gcomp_adapt_end_step(x, NULL);
+            CHECK_OK(gcomp_adapt_stats(x, st, len, &got));
+            if (k == 0) st[4] = 0x1p64; /* S_STEP */
+            if (k == 1) st[1] = NAN;    /* S_FP_LO */
+            if (k == 2) st[2] = -1;     /* S_FP_HI */
+            CHECK_EQ_INT(gcomp_adapt_decide(x, st, len, 1, NULL, &e), GCOMP_E_MISMATCH);
+        }
+        free(st);
+        gcomp_adapt_free(x);
+    }
     /* a bad probe_cost is refused at create */
     expect_spec_error("adapt:bandwidth;probe_cost=0", "probe_cost");
     expect_spec_error("adapt:layers;probe_cost=0.1", "bandwidth");
