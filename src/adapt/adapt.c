@@ -1182,8 +1182,8 @@ gcomp_status gcomp_adapt_decide(gcomp_adapt *a, const double *all, size_t len, i
          * them would be undefined. */
         bool halves =
             b[S_FP_LO] >= 0 && b[S_FP_LO] < 0x1p32 && b[S_FP_HI] >= 0 && b[S_FP_HI] < 0x1p32;
-        uint64_t fp = halves ? (uint64_t)b[S_FP_LO] | (uint64_t)b[S_FP_HI] << 32 : ~a->fp;
-        if (b[S_MAGIC] != MAGIC + VERSION || fp != a->fp)
+        if (b[S_MAGIC] != MAGIC + VERSION || !halves ||
+            ((uint64_t)b[S_FP_LO] | (uint64_t)b[S_FP_HI] << 32) != a->fp)
             return gcomp__fail(err, GCOMP_E_MISMATCH,
                                "adapt: rank %d runs another adaptive configuration (method, "
                                "ladder or tensors differ)",
