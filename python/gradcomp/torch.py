@@ -45,6 +45,7 @@ Torch is imported here, not in gradcomp/__init__.py, so the core package works w
 
 import ctypes
 import math
+import operator
 import time
 
 import torch
@@ -55,6 +56,7 @@ from . import core as _core
 from . import errors as _err
 
 _F32 = torch.float32
+_PROBE_BYTES = 512 << 10  # the link probe of an adaptive decision, as the C trainer's
 
 
 def _is_policy_string(text):
@@ -121,8 +123,13 @@ class AdaptivePolicy:
     the model given to hook(..., model=m), in named_parameters() order (the same on every
     rank).  Decisions are taken with every rank at the controllers' interval: the hook
     all-gathers the statistics at the start of the step after one is due.  The bandwidth
-    controller needs state.observe_link(bandwidth, latency) and the accuracy controller
-    state.observe_metric(accuracy) from the training loop; observe_compute likewise.  A
+    controller's link is measured by the hook: at the decisions Adapt.link_due names
+    (spaced so that probing costs at most the controller's probe_cost of the time) every
+    rank times ring steps over the process group (link_probe; GradcompState's probe_bytes,
+    0: feed state.observe_link(bandwidth, latency) yourself).  The accuracy controller needs
+    state.observe_metric(accuracy) from the training loop, and the bandwidth controller
+    state.observe_compute(forward_s, backward_s, optimizer_s) (without it the cost model
+    predicts steps of codec and link time alone, with no backward pass to overlap).  A
     tensor the controllers switch to dense travels as a dense message (all-gathered), so
     that what its compressor held back goes with it.  Pickled, it keeps the method and
     the controllers' state (Adapt.save_state), so a restored hook goes on deciding where
@@ -235,7 +242,8 @@ class GradcompState:
     (for each bucket, from hook entry to its future's completion, summed).
     """
 
-    def __init__(self, policy, process_group=None, model=None, check_specs=True, total_steps=0):
+    def __init__(self, policy, process_group=None, model=None, check_specs=True, total_steps=0,
+                 probe_bytes=None):
         if isinstance(policy, str) and policy.startswith("adapt:"):
             if model is None:
                 raise _err.ArgumentError(
@@ -246,9 +254,13 @@ class GradcompState:
             policy = LayerPolicy(policy)
         if not callable(policy):
             raise TypeError("policy must be a spec string or a callable (key, shape) -> spec or None")
+        probe_bytes = _PROBE_BYTES if probe_bytes is None else operator.index(probe_bytes)
+        if probe_bytes != 0 and not 1024 <= probe_bytes <= 1 << 30:
+            raise ValueError(f"probe_bytes must be 0 (no probe) or 1 KiB..1 GiB, got {probe_bytes}")
         self.policy = policy
         self.process_group = process_group
         self.check_specs = check_specs
+        self.probe_bytes = probe_bytes
         self.step = 0
         self.epoch = None
         self._init_runtime()
@@ -306,10 +318,17 @@ class GradcompState:
             self.adapt.observe_compute(forward_s, backward_s, optimizer_s)
 
     def _adapt_decide(self, group):
-        """A decision is due: every rank all-gathers its statistics (float64) and retunes the
-        parameters that change, before this step's first bucket is encoded."""
+        """A decision is due: the link probe when the bandwidth controller asks for one
+        (Adapt.link_due: the same on every rank), then every rank all-gathers its statistics
+        (float64) and retunes the parameters that change, before this step's first bucket
+        is encoded."""
         ad = self.adapt
         self._adapt_due = False
+        if self.probe_bytes and ad.link_due():
+            t0 = time.perf_counter()
+            bw, lat = link_probe(self.probe_bytes, group)
+            ad.observe_link(bw, lat)  # one rank: 0, ignored
+            ad.observe_link_time(time.perf_counter() - t0)
         mine = torch.from_numpy(ad.stats())
         outs = [torch.empty_like(mine) for _ in range(dist.get_world_size(group))]
         dist.all_gather(outs, mine, group=group)
@@ -446,6 +465,7 @@ class GradcompState:
             "version": 1,
             "policy": self.policy,
             "check_specs": self.check_specs,
+            "probe_bytes": self.probe_bytes,
             "step": self.step,
             "epoch": self.epoch,
             "stats": dict(self.stats),
@@ -460,6 +480,7 @@ class GradcompState:
         self.policy = d["policy"]
         self.process_group = None
         self.check_specs = d["check_specs"]
+        self.probe_bytes = d.get("probe_bytes", _PROBE_BYTES)  # pickles from before the probe
         self.step = d["step"]
         self.epoch = d["epoch"]
         self.stats = dict(d["stats"])
@@ -699,6 +720,43 @@ def _as_tensor(addr, count):
     return torch.frombuffer((ctypes.c_float * count).from_address(addr), dtype=_F32)
 
 
+def _global_rank(group, r):
+    if group is None or group is dist.group.WORLD:
+        return r
+    f = getattr(dist, "get_global_rank", None) or dist.distributed_c10d._get_global_rank
+    return f(group, r)
+
+
+def link_probe(nbytes=_PROBE_BYTES, process_group=None):
+    """Measures this rank's link over a gloo process group (collective: every rank of the
+    group calls it): after a barrier, one ring step (send to the next rank, receive from the
+    previous) of 8 bytes and one of nbytes, the median of three each, as
+    gcomp_mpi_link_probe does over MPI.  Returns (bandwidth, latency): payload bytes per
+    second each way and one-way seconds, for Adapt.observe_link; (0, 0) for one rank."""
+    nbytes = operator.index(nbytes)
+    if not 1024 <= nbytes <= 1 << 30:
+        raise ValueError(f"link_probe: nbytes must be 1 KiB..1 GiB, got {nbytes}")
+    group = process_group if process_group is not None else dist.group.WORLD
+    world, rank = dist.get_world_size(group), dist.get_rank(group)
+    if world < 2:
+        return 0.0, 0.0
+    nxt, prv = _global_rank(group, (rank + 1) % world), _global_rank(group, (rank - 1) % world)
+    med = []
+    for n in (8, nbytes):
+        send, recv = torch.zeros(n, dtype=torch.uint8), torch.empty(n, dtype=torch.uint8)
+        t = []
+        for _ in range(3):
+            dist.barrier(group=group)
+            t0 = time.perf_counter()
+            reqs = [dist.irecv(recv, src=prv, group=group), dist.isend(send, dst=nxt, group=group)]
+            for q in reqs:
+                q.wait()
+            t.append(time.perf_counter() - t0)
+        med.append(sorted(t)[1])
+    small, big = med
+    return ((nbytes - 8) / (big - small) if big > small else nbytes / big), small
+
+
 def gradcomp_hook(state, bucket):
     """The DDP communication hook (register it with a GradcompState)."""
     t0 = time.perf_counter_ns()
@@ -770,7 +828,8 @@ def gradcomp_hook(state, bucket):
     return torch.futures.collect_all(futs).then(done)
 
 
-def hook(spec_or_policy, process_group=None, model=None, check_specs=True, total_steps=0):
+def hook(spec_or_policy, process_group=None, model=None, check_specs=True, total_steps=0,
+         probe_bytes=None):
     """Returns (hook, state) for `ddp_model.register_comm_hook(state, hook)`.
 
     spec_or_policy: a spec string (LayerPolicy(spec): tensors under 1024 elements and
@@ -778,11 +837,13 @@ def hook(spec_or_policy, process_group=None, model=None, check_specs=True, total
     LayerPolicy, an adaptive method "adapt:..." (AdaptivePolicy; needs model, and
     total_steps for interval=auto), or any picklable callable (key, shape) -> spec or None
     (dense).  model: the DDP model or its module, to key compressors (and error messages)
-    by parameter name.  process_group: None for the default group.  Works with the gloo
-    backend on CPU tensors.
+    by parameter name.  process_group: None for the default group.  probe_bytes: the
+    bandwidth controller's link probe (link_probe) at the decisions that ask for one; None:
+    512 KiB, as `gradcomp train`; 0: no probe, feed state.observe_link yourself.  Works
+    with the gloo backend on CPU tensors.
     """
     return gradcomp_hook, GradcompState(spec_or_policy, process_group, model, check_specs,
-                                        total_steps)
+                                        total_steps, probe_bytes)
 
 
 # ---- over MPI: the Horovod-style optimizer (gradcomp/optimizer.py) ----------------------------

@@ -186,8 +186,41 @@ def scenario_adaptive(rank, method):
             "decisions": state.adapt.report["decisions"], "loss": loss.item()}
 
 
+def scenario_probe(rank, method):
+    """The bandwidth controller through the hook with no link fed from outside: the hook
+    probes it at the decisions that ask for one.  Every probe call is counted and what
+    it measured kept, beside the link each decision used."""
+    model = DDP(make_model())
+    hook, state = gt.hook(method, model=model, total_steps=40)
+    model.register_comm_hook(state, hook)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    probes, real = [], gt.link_probe
+
+    def counted(nbytes, group):
+        r = real(nbytes, group)
+        probes.append({"step": state.step, "nbytes": nbytes, "link": r})
+        return r
+
+    gt.link_probe = counted
+    links, history = [], []
+    try:
+        for x, y in batches(rank, 40):
+            loss = torch.nn.functional.cross_entropy(model(x), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            state.observe_compute(0.001 * (rank + 1), 0.002 * (rank + 2), 0.0001)
+            rep = state.adapt.report
+            links.append((rep["decisions"], rep["bandwidth"], rep["latency"]))
+            history.append({k: c.spec for k, c in sorted(state.compressors.items())})
+    finally:
+        gt.link_probe = real
+    return {"identical": replicas_identical(model), "probes": probes, "links": links,
+            "history": history, "decisions": state.adapt.report["decisions"]}
+
+
 SCENARIOS = {"train": scenario_train, "resume": scenario_resume, "mismatch": scenario_mismatch,
-             "adaptive": scenario_adaptive, "warmup": scenario_warmup}
+             "adaptive": scenario_adaptive, "warmup": scenario_warmup, "probe": scenario_probe}
 
 
 def worker(rank, world, port, scenarios, out):

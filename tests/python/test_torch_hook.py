@@ -6,6 +6,7 @@ not landed in C yet are skipped by name (NOT LANDED in the skip reason).
 """
 
 import json
+import math
 import os
 import pickle
 import subprocess
@@ -26,6 +27,8 @@ WARMUP = "dgc:density=0.05,warmup=1"
 # Every controller that needs no outside measurement, deciding every 5 steps.
 ADAPTIVE = ("adapt:bandwidth+layers+norm;base=topk:density=0.05,feedback=ef;min_elements=64;"
             "interval=5;measure=5;confirm=1")
+# The bandwidth controller alone, its link measured by the hook's own probe.
+PROBED = "adapt:bandwidth;min_elements=64;interval=5;measure=5;confirm=1"
 
 
 @pytest.fixture(scope="module")
@@ -37,6 +40,7 @@ def runs(tmp_path_factory):
         if has_codec(name):
             scen += [f"train:{spec}", f"resume:{spec}"]
     scen.append(f"adaptive:{ADAPTIVE}")
+    scen.append(f"probe:{PROBED}")
     scen.append(f"mismatch:{TOPK}")
     scen.append(f"warmup:{WARMUP}")
     out = str(tmp_path_factory.mktemp("ddp") / "r")
@@ -189,6 +193,37 @@ def test_adaptive_method_agrees_across_ranks(runs):
     assert r0["history"] == r1["history"]
     assert len({tuple(h.values()) for h in r0["history"]}) > 1
     assert r0["loss"] < 1.3
+
+
+def test_adaptive_hook_probes_the_link_itself(runs):
+    r0, r1 = get(runs, f"probe:{PROBED}")
+    assert r0["identical"] and r1["identical"]
+    assert r0["decisions"] == r1["decisions"] == 7
+    # Both ranks probed at the same decisions (a collective: one alone would hang), with
+    # the default 512 KiB, and measured a link; the first decision probed.
+    assert [p["step"] for p in r0["probes"]] == [p["step"] for p in r1["probes"]]
+    assert r0["probes"] and r0["probes"][0]["step"] == 5
+    assert all(p["nbytes"] == 512 << 10 for p in r0["probes"])
+    for r in (r0, r1):
+        for p in r["probes"]:
+            bw, lat = p["link"]
+            assert bw > 0 and math.isfinite(bw) and lat > 0, p
+    # Every decision used a link (the median over ranks: the same on both), and the
+    # probes' link, not nothing: without one the controller never leaves its base.
+    used = [(d, bw, lat) for d, bw, lat in r0["links"] if d > 0]
+    assert used and used == [(d, bw, lat) for d, bw, lat in r1["links"] if d > 0]
+    assert all(bw > 0 for _, bw, _ in used)
+    assert r0["history"] == r1["history"]
+
+
+def test_hook_probe_bytes_checked():
+    import gradcomp.torch as gt
+    for bad in (1, 1023, (1 << 30) + 1, -5):
+        with pytest.raises(ValueError, match="probe_bytes"):
+            gt.hook("topk:density=0.01", probe_bytes=bad)
+    with pytest.raises(ValueError, match="nbytes"):
+        gt.link_probe(100)
+    gt.hook("topk:density=0.01", probe_bytes=0)  # no probe: the caller feeds the link
 
 
 def test_adaptive_method_needs_the_model():
