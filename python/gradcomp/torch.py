@@ -5,7 +5,9 @@
 
 Per DDP bucket, each parameter's gradient (a view into the bucket's flat buffer) is
 handled by one of three paths, chosen by the policy:
-  * dense    - small and 1-D tensors (biases, norms): one fp32 all_reduce for all of them;
+  * dense    - small and 1-D tensors (biases, norms), and those an adaptive method switched
+               to plain fp32 once their compressor holds nothing back: one fp32
+               all_reduce for all of them;
   * gather   - every codec that makes a self-describing message (sparsifiers,
                quantizers): the messages of the bucket are encoded by C straight into one
                uint8 tensor, the per-message lengths are all-gathered (gloo in torch 1.13
@@ -130,8 +132,9 @@ class AdaptivePolicy:
     state.observe_metric(accuracy) from the training loop, and the bandwidth controller
     state.observe_compute(forward_s, backward_s, optimizer_s) (without it the cost model
     predicts steps of codec and link time alone, with no backward pass to overlap).  A
-    tensor the controllers switch to dense travels as a dense message (all-gathered), so
-    that what its compressor held back goes with it.  Pickled, it keeps the method and
+    tensor the controllers switch to dense sends its next step as a dense message
+    (all-gathered), so that what its compressor held back goes with it, and joins the
+    fp32 all_reduce from the step after.  Pickled, it keeps the method and
     the controllers' state (Adapt.save_state), so a restored hook goes on deciding where
     it stopped; each compressor keeps its state.  A pickle made before the controllers'
     state was kept restarts them from their first decision (each compressor retuned to it).
@@ -210,7 +213,7 @@ def _u64_to_i64(v):
 
 
 class _Entry:
-    __slots__ = ("key", "shape", "numel", "spec", "comp", "kind", "adapt_index")
+    __slots__ = ("key", "shape", "numel", "spec", "comp", "kind", "plain", "adapt_index")
 
     def __init__(self, key, shape, spec, comp):
         self.key, self.shape, self.numel, self.spec, self.comp = key, shape, math.prod(shape), spec, comp
@@ -218,12 +221,24 @@ class _Entry:
         self.set_kind()
 
     def set_kind(self):
+        self.plain = False
         if self.comp is None:
             self.kind = "dense"
         elif "multiphase" in self.comp.codec["properties"]:
             self.kind = "lowrank"
         else:
             self.kind = "gather"
+            self.plain = _is_plain_dense(self.comp.spec)
+
+    def route(self):
+        """How this step sends it.  A compressor retuned to plain fp32 (an adaptive
+        method's dense) joins the fp32 all_reduce once it holds nothing back: the step
+        after the switch flushes what it held as one gathered message (g plus the carry,
+        which only its own encode adds), every step after that is what dense is: a ring
+        all_reduce, not an all-gather of P messages and a decode of each."""
+        if self.plain and not _core._lib.gcomp_compressor_residual(self.comp._h):
+            return "dense"
+        return self.kind
 
 
 class GradcompState:
@@ -783,10 +798,11 @@ def gradcomp_hook(state, bucket):
                 _core._raise(st_, f"gradcomp.torch: observing parameter {e.key}")
 
     st = state.stats
-    dense = [g for e, g in zip(entries, grads) if e.kind == "dense"]
+    routes = [e.route() for e in entries]
+    dense = [g for r, g in zip(routes, grads) if r == "dense"]
     st["dense_bytes"] += 4 * sum(g.numel() for g in dense)
-    gath = [(e, g) for e, g in zip(entries, grads) if e.kind == "gather"]
-    lowr = [(e, g) for e, g in zip(entries, grads) if e.kind == "lowrank"]
+    gath = [(e, g) for e, r, g in zip(entries, routes, grads) if r == "gather"]
+    lowr = [(e, g) for e, r, g in zip(entries, routes, grads) if r == "lowrank"]
     lr = _LowRankStep(state, [e for e, _ in lowr], [g for _, g in lowr]) if lowr else None
     commit = None
     if lr is not None and lr.dense_g:

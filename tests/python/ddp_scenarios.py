@@ -219,8 +219,30 @@ def scenario_probe(rank, method):
             "history": history, "decisions": state.adapt.report["decisions"]}
 
 
+def scenario_switch(rank, method):
+    """An adaptive method that switches every parameter to dense (a link fed as nearly
+    free): what each step sent, by path, and the replicas."""
+    model = DDP(make_model())
+    hook, state = gt.hook(method, model=model, total_steps=40, probe_bytes=0)
+    model.register_comm_hook(state, hook)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    sent, losses = [], []
+    for x, y in batches(rank, 20):
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        state.observe_compute(0.01, 0.02, 0.001)
+        state.observe_link(1e12, 1e-6)
+        losses.append(loss.item())
+        sent.append({"message": state.stats["message_bytes"], "dense": state.stats["dense_bytes"],
+                     "specs": sorted({c.spec for c in state.compressors.values()})})
+    return {"identical": replicas_identical(model), "sent": sent, "losses": losses}
+
+
 SCENARIOS = {"train": scenario_train, "resume": scenario_resume, "mismatch": scenario_mismatch,
-             "adaptive": scenario_adaptive, "warmup": scenario_warmup, "probe": scenario_probe}
+             "adaptive": scenario_adaptive, "warmup": scenario_warmup, "probe": scenario_probe,
+             "switch": scenario_switch}
 
 
 def worker(rank, world, port, scenarios, out):

@@ -29,6 +29,9 @@ ADAPTIVE = ("adapt:bandwidth+layers+norm;base=topk:density=0.05,feedback=ef;min_
             "interval=5;measure=5;confirm=1")
 # The bandwidth controller alone, its link measured by the hook's own probe.
 PROBED = "adapt:bandwidth;min_elements=64;interval=5;measure=5;confirm=1"
+# Top-k, or dense on a link fed as nearly free: the controller takes dense.
+SWITCH = ("adapt:bandwidth;base=topk:density=0.05,feedback=ef;ladder=dense/topk:density=0.05,feedback=ef;"
+          "min_elements=64;interval=5;measure=5;confirm=1")
 
 
 @pytest.fixture(scope="module")
@@ -41,6 +44,7 @@ def runs(tmp_path_factory):
             scen += [f"train:{spec}", f"resume:{spec}"]
     scen.append(f"adaptive:{ADAPTIVE}")
     scen.append(f"probe:{PROBED}")
+    scen.append(f"switch:{SWITCH}")
     scen.append(f"mismatch:{TOPK}")
     scen.append(f"warmup:{WARMUP}")
     out = str(tmp_path_factory.mktemp("ddp") / "r")
@@ -214,6 +218,26 @@ def test_adaptive_hook_probes_the_link_itself(runs):
     assert used and used == [(d, bw, lat) for d, bw, lat in r1["links"] if d > 0]
     assert all(bw > 0 for _, bw, _ in used)
     assert r0["history"] == r1["history"]
+
+
+def test_adaptive_dense_joins_the_all_reduce(runs):
+    r0, r1 = get(runs, f"switch:{SWITCH}")
+    assert r0["identical"] and r1["identical"]
+    sent = r0["sent"]
+    dense_from = next(i for i, s in enumerate(sent) if all(x.startswith("none:") for x in s["specs"]))
+    assert 0 < dense_from < len(sent) - 3
+    # Top-k's messages until the switch; the step that switches (it decides as it
+    # begins) sends one message more, the flush of what error feedback held back (the
+    # gradient plus the carry, as a dense message) ...
+    grew = [b["message"] > a["message"] for a, b in zip(sent, sent[1:])]  # step i + 1 sent
+    assert sent[0]["message"] > 0 and all(grew[:dense_from])
+    # ... and from the step after, no message at all: every parameter rides the fp32
+    # all_reduce, as plain dense does (an all-gather of P messages and a decode of each
+    # made the hook's dense 5x slower than its PowerSGD on two netsim hosts).
+    assert not any(grew[dense_from:])
+    assert all(b["dense"] - a["dense"] > 20000 for a, b in zip(sent[dense_from:], sent[dense_from + 1:]))
+    assert r0["sent"] == r1["sent"]
+    assert all(math.isfinite(v) for v in r0["losses"]) and r0["losses"][-1] < r0["losses"][0]
 
 
 def test_hook_probe_bytes_checked():
