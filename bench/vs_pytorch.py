@@ -262,8 +262,16 @@ def main():
         sys.path.insert(0, os.path.join(HERE, "..", "python"))
         import gradcomp.torch as gt
         from gradcomp.core import _keeps_momentum as keeps_momentum
-        policy = gt.LayerPolicy(a.spec, min_elements=a.min_elements)
-        hook, gc_state = gt.hook(policy, model=ddp)
+        if a.spec.startswith("adapt:"):
+            # An adaptive method: its controllers decide each parameter's spec (the hook
+            # probes the link itself); interval=auto reads the run's length as 2 epochs,
+            # the length of bench/adapt_bandwidth.sh's runs.
+            spe = (len(y) // world) // a.batch
+            hook, gc_state = gt.hook(a.spec, model=ddp, total_steps=2 * spe)
+            policy = gc_state.policy
+        else:
+            policy = gt.LayerPolicy(a.spec, min_elements=a.min_elements)
+            hook, gc_state = gt.hook(policy, model=ddp)
         ddp.register_comm_hook(gc_state, hook)
     # A spec that keeps the momentum in the compressor (DGC's momentum correction) steps its
     # parameters without the optimizer's, as gradcomp train and DistributedOptimizer do.
@@ -284,6 +292,7 @@ def main():
         prof = cProfile.Profile()
     train_s, step_times, curve, tx_total, steps, phases = 0.0, [], [], 0, 0, []
     gc_mark = None
+    gc_c_prev, decisions = 0, []
     eval_every = None
     acc0 = evaluate(ddp.module, xt, yt, rank, world)
     curve.append({"train_s": 0.0, "step": 0, "acc": acc0})
@@ -308,6 +317,16 @@ def main():
             t3 = time.perf_counter()
             dt = t3 - t0
             phases.append((t1 - t0, t2 - t1, t3 - t2))
+            if gc_state is not None and gc_state.adapt is not None:
+                # The bandwidth controller's compute: the hook's C work is the codec time
+                # the model adds per candidate, so it leaves the backward pass (what the
+                # exchange waits for inside backward() stays in it).
+                c_ns = gc_totals(gc_state)[1]
+                bwd = max(0.0, (t2 - t1) - (c_ns - gc_c_prev) * 1e-9)
+                gc_c_prev = c_ns
+                gc_state.observe_compute(t1 - t0, bwd, t3 - t2)
+                decisions.append(dict(gc_state.adapt.report, specs=sorted(set(
+                    c.spec for c in gc_state.compressors.values()))))
             if prof is not None:
                 prof.disable()
             train_s += dt
@@ -366,6 +385,9 @@ def main():
         ph = phases[3:] or phases
         res["phase_ms_median"] = {k: 1e3 * statistics.median(p[i] for p in ph)
                                   for i, k in enumerate(("forward", "backward", "optimizer"))}
+        if decisions:  # an adaptive method: what each decision saw and chose (rank 0)
+            res["adapt_decisions"] = [d for i, d in enumerate(decisions)
+                                      if d["decisions"] and (i == 0 or d["decisions"] != decisions[i - 1]["decisions"])]
         if gc_state is not None:
             # Per step after the third, like the phases: the hook creates its compressors at
             # the first step it sees a parameter, and their first encodes fault in fresh
