@@ -128,10 +128,11 @@ class AdaptivePolicy:
     controller's link is measured by the hook: at the decisions Adapt.link_due names
     (spaced so that probing costs at most the controller's probe_cost of the time) every
     rank times ring steps over the process group (link_probe; GradcompState's probe_bytes,
-    0: feed state.observe_link(bandwidth, latency) yourself).  The accuracy controller needs
-    state.observe_metric(accuracy) from the training loop, and the bandwidth controller
-    state.observe_compute(forward_s, backward_s, optimizer_s) (without it the cost model
-    predicts steps of codec and link time alone, with no backward pass to overlap).  A
+    0: feed state.observe_link(bandwidth, latency) yourself).  Its compute time is measured
+    by the hook too, from the end of one exchange to the next less the hook's own time (see
+    GradcompState._clock_last), unless the training loop gives its own with
+    state.observe_compute(forward_s, backward_s, optimizer_s).  The accuracy controller
+    needs state.observe_metric(accuracy) from the training loop.  A
     tensor the controllers switch to dense sends its next step as a dense message
     (all-gathered), so that what its compressor held back goes with it, and joins the
     fp32 all_reduce from the step after.  Pickled, it keeps the method and
@@ -291,6 +292,12 @@ class GradcompState:
             self.bind(model)
 
     def _init_runtime(self):
+        # The step's compute as the hook sees it (_clock_*): when the step's first bucket
+        # arrived, when the last step ended, the hook's own time this step.
+        self._t_first = self._t_end = self._t_done = None
+        self._sync_ns = self._obs_ns = 0
+        self._compute_fed = False  # the training loop calls observe_compute itself
+        self._compute_seen = []  # the latest accepted measurements, seconds
         self._names = {}
         self._keys = {}  # id(parameter) -> key
         self._send = {}  # bucket index -> uint8 send buffer (reused)
@@ -329,8 +336,42 @@ class GradcompState:
             self.adapt.set_course(progress, metric)
 
     def observe_compute(self, forward_s, backward_s, optimizer_s=0.0):
+        """This rank's forward, backward and optimizer seconds of the step, for the bandwidth
+        controller.  Once called, the hook's own measurement (below) stops."""
+        self._compute_fed = True
         if self.adapt is not None:
             self.adapt.observe_compute(forward_s, backward_s, optimizer_s)
+
+    # The hook's own measure of the compute between two exchanges, for the bandwidth
+    # controller when the training loop gives none: from the end of the last step (its last
+    # bucket's hook returned and its collectives completed) to the return of this step's
+    # last bucket, less the hook's own time in between (the decision, the link probe, the
+    # encodes and the blocking collectives; not the controllers' observe pass, whose
+    # candidate measurements the C side takes out itself).  That is forward, backward,
+    # optimizer and whatever the loop did between steps, split as `gradcomp plan` and
+    # DistributedOptimizer split it (a third forward, the rest backward).  A step that took
+    # over 4x the median of the latest 16 (an evaluation, a checkpoint) is left out.
+    _COMPUTE_KEEP = 16
+    _COMPUTE_OUTLIER = 4.0
+
+    def _clock_first(self, t):
+        if self._t_end is not None:
+            self._t_first = max(self._t_end, self._t_done or 0)
+        self._t_end = self._t_done = None
+        self._sync_ns = self._obs_ns = 0
+
+    def _clock_last(self, t_return):
+        self._t_end = t_return
+        since, self._t_first = self._t_first, None
+        if since is None or self._compute_fed or self.adapt is None:
+            return
+        c = (t_return - since - (self._sync_ns - self._obs_ns)) * 1e-9
+        seen = self._compute_seen
+        if c <= 0 or (len(seen) >= 3 and c > self._COMPUTE_OUTLIER * sorted(seen)[len(seen) // 2]):
+            return
+        seen.append(c)
+        del seen[:-self._COMPUTE_KEEP]
+        self.adapt.observe_compute(c / 3, c - c / 3, 0.0)
 
     def _adapt_decide(self, group):
         """A decision is due: the link probe when the bandwidth controller asks for one
@@ -781,6 +822,8 @@ def gradcomp_hook(state, bucket):
     grads = bucket.gradients()
     params = bucket.parameters()
     ad = state.adapt
+    if bucket.index() == 0:
+        state._clock_first(t0)
     if ad is not None and state._adapt_due and bucket.index() == 0:
         state._adapt_decide(group)
     nseen = len(state._entries)
@@ -788,6 +831,7 @@ def gradcomp_hook(state, bucket):
     if state.check_specs and len(state._entries) != nseen:
         state._check(entries, group)
     if ad is not None:  # what the controllers see: each gradient and what is held back
+        t_obs = time.perf_counter_ns()
         for e, g in zip(entries, grads):
             if e.adapt_index is None:
                 continue
@@ -796,6 +840,7 @@ def gradcomp_hook(state, bucket):
                                                  ctypes.cast(rp, ctypes.c_void_p) if rp else None)
             if st_ and st_ != _err.E_NONFINITE:  # a NaN is left out; the exchange refuses it
                 _core._raise(st_, f"gradcomp.torch: observing parameter {e.key}")
+        state._obs_ns += time.perf_counter_ns() - t_obs
 
     st = state.stats
     routes = [e.route() for e in entries]
@@ -827,7 +872,10 @@ def gradcomp_hook(state, bucket):
         futs.append(_gather_path(state, group, world, bucket.index(), [e for e, _ in gath],
                                  [g for _, g in gath]))
     st["bytes_sent"] = st["message_bytes"] + st["dense_bytes"]
+    t_ret = time.perf_counter_ns()
+    state._sync_ns += t_ret - t0
     if bucket.is_last():
+        state._clock_last(t_ret)
         state.step += 1
         st["steps"] += 1
         if ad is not None and ad.end_step():
@@ -836,7 +884,9 @@ def gradcomp_hook(state, bucket):
     def done(f):
         for x in f.value():
             x.wait()  # re-raises the first error of any path
-        st["hook_ns"] += time.perf_counter_ns() - t0
+        t = time.perf_counter_ns()
+        st["hook_ns"] += t - t0
+        state._t_done = t if state._t_done is None else max(state._t_done, t)
         return buf
 
     if not futs:

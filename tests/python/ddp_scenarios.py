@@ -21,6 +21,7 @@ import os
 import pickle
 import socket
 import sys
+import time
 import traceback
 
 import torch
@@ -232,17 +233,39 @@ def scenario_switch(rank, method):
         opt.zero_grad()
         loss.backward()
         opt.step()
-        state.observe_compute(0.01, 0.02, 0.001)
+        state.observe_compute(0.2, 0.4, 0.01)  # the loop's own: the hook's measure stops
         state.observe_link(1e12, 1e-6)
         losses.append(loss.item())
         sent.append({"message": state.stats["message_bytes"], "dense": state.stats["dense_bytes"],
                      "specs": sorted({c.spec for c in state.compressors.values()})})
-    return {"identical": replicas_identical(model), "sent": sent, "losses": losses}
+    return {"identical": replicas_identical(model), "sent": sent, "losses": losses,
+            "compute_s": state.adapt.report["compute_s"]}
+
+
+def scenario_autocompute(rank, method):
+    """The hook measures the compute between exchanges itself: each step sleeps 30 ms
+    before its forward pass (the loop's compute), and one step in ten 1.5 s more (an
+    evaluation, which the measure must leave out).  What each decision saw."""
+    model = DDP(make_model())
+    hook, state = gt.hook(method, model=model, total_steps=40)
+    model.register_comm_hook(state, hook)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    seen = []
+    for s, (x, y) in enumerate(batches(rank, 40)):
+        time.sleep(0.03 + (1.5 if s % 10 == 2 else 0.0))
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        rep = state.adapt.report
+        if rep["decisions"] and (not seen or seen[-1][0] != rep["decisions"]):
+            seen.append((rep["decisions"], rep["step"], rep["compute_s"]))
+    return {"identical": replicas_identical(model), "seen": seen}
 
 
 SCENARIOS = {"train": scenario_train, "resume": scenario_resume, "mismatch": scenario_mismatch,
              "adaptive": scenario_adaptive, "warmup": scenario_warmup, "probe": scenario_probe,
-             "switch": scenario_switch}
+             "switch": scenario_switch, "autocompute": scenario_autocompute}
 
 
 def worker(rank, world, port, scenarios, out):

@@ -45,6 +45,7 @@ def runs(tmp_path_factory):
     scen.append(f"adaptive:{ADAPTIVE}")
     scen.append(f"probe:{PROBED}")
     scen.append(f"switch:{SWITCH}")
+    scen.append(f"autocompute:{PROBED}")
     scen.append(f"mismatch:{TOPK}")
     scen.append(f"warmup:{WARMUP}")
     out = str(tmp_path_factory.mktemp("ddp") / "r")
@@ -238,6 +239,22 @@ def test_adaptive_dense_joins_the_all_reduce(runs):
     assert all(b["dense"] - a["dense"] > 20000 for a, b in zip(sent[dense_from:], sent[dense_from + 1:]))
     assert r0["sent"] == r1["sent"]
     assert all(math.isfinite(v) for v in r0["losses"]) and r0["losses"][-1] < r0["losses"][0]
+    # The loop gave its own compute (0.61 s a step): the hook did not mix its measure in.
+    assert r0["compute_s"] == r1["compute_s"] and r0["compute_s"] > 0.5
+
+
+def test_adaptive_hook_measures_the_compute(runs):
+    r0, r1 = get(runs, f"autocompute:{PROBED}")
+    assert r0["identical"] and r1["identical"]
+    assert r0["seen"] == r1["seen"] and len(r0["seen"]) == 7
+    # Every decision saw a compute time (the slowest rank's), at least the 30 ms each step
+    # slept before its forward pass.  The decisions at steps 15, 25 and 35 cover an
+    # interval with a 1.5 s "evaluation" in it: left out, as an outlier; had it counted,
+    # their mean would exceed 0.3 s.
+    for d, step, c in r0["seen"]:
+        assert c >= 0.03, (d, step, c)
+    late = [c for d, step, c in r0["seen"] if step >= 15]
+    assert late and all(c < 0.15 for c in late), r0["seen"]
 
 
 def test_hook_probe_bytes_checked():
