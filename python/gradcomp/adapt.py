@@ -29,6 +29,26 @@ _lib = _core._lib
 _STRATEGY_FN = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_char_p)
 
 
+class _StepFilter:
+    """Which measured steps count as compute for the bandwidth controller.  A caller that
+    times the span between two exchanges (DistributedOptimizer, the DDP hook) also times
+    whatever the training loop did there: an evaluation or a checkpoint every few hundred
+    steps would weigh in the interval's mean as seconds of "compute" and hide transfers
+    that do not hide.  A step over `factor` times the median of the latest `keep` accepted
+    is left out (after three)."""
+
+    def __init__(self, keep=16, factor=4.0):
+        self.keep, self.factor, self._seen = keep, factor, []
+
+    def accept(self, seconds):
+        seen = self._seen
+        if not seconds > 0 or (len(seen) >= 3 and seconds > self.factor * sorted(seen)[len(seen) // 2]):
+            return False
+        seen.append(seconds)
+        del seen[:-self.keep]
+        return True
+
+
 def _matrix(shape):
     shape = tuple(int(d) for d in shape)
     n = math.prod(shape) if shape else 1

@@ -251,6 +251,7 @@ class _DistributedMixin:
         self._gc_due = False  # a decision is due after this step's optimizer step
         self._gc_adapt_error = None  # an observation that failed this step (this rank)
         self._gc_fb_s = None  # this step's forward + backward less codec time, seconds
+        self._gc_fb_filter = _adapt._StepFilter()  # leaves out evaluations between steps
         self._gc_mark = None  # (time, codec ns) at the end of the last step()
         self._gc_history = [(0, e.key, e.spec) for e in plan if e.adapt]
         self._gc_params = plan
@@ -632,7 +633,8 @@ class _DistributedMixin:
         ad = self._gc_adapt
         if self._gc_fb_s is not None:
             fb = self._gc_fb_s
-            ad.observe_compute(fb / 3, fb - fb / 3, opt_s)  # the split `gradcomp plan` uses
+            if self._gc_fb_filter.accept(fb):  # the span also holds what the loop did between steps
+                ad.observe_compute(fb / 3, fb - fb / 3, opt_s)  # the split `gradcomp plan` uses
             self._gc_fb_s = None
         if self._gc_due:
             self._gc_decide()

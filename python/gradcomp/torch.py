@@ -297,7 +297,7 @@ class GradcompState:
         self._t_first = self._t_end = self._t_done = None
         self._sync_ns = self._obs_ns = 0
         self._compute_fed = False  # the training loop calls observe_compute itself
-        self._compute_seen = []  # the latest accepted measurements, seconds
+        self._compute_filter = _adapt._StepFilter()
         self._names = {}
         self._keys = {}  # id(parameter) -> key
         self._send = {}  # bucket index -> uint8 send buffer (reused)
@@ -350,9 +350,8 @@ class GradcompState:
     # candidate measurements the C side takes out itself).  That is forward, backward,
     # optimizer and whatever the loop did between steps, split as `gradcomp plan` and
     # DistributedOptimizer split it (a third forward, the rest backward).  A step that took
-    # over 4x the median of the latest 16 (an evaluation, a checkpoint) is left out.
-    _COMPUTE_KEEP = 16
-    _COMPUTE_OUTLIER = 4.0
+    # over 4x the median of the latest 16 (an evaluation, a checkpoint) is left out
+    # (gradcomp.adapt._StepFilter).
 
     def _clock_first(self, t):
         if self._t_end is not None:
@@ -366,12 +365,8 @@ class GradcompState:
         if since is None or self._compute_fed or self.adapt is None:
             return
         c = (t_return - since - (self._sync_ns - self._obs_ns)) * 1e-9
-        seen = self._compute_seen
-        if c <= 0 or (len(seen) >= 3 and c > self._COMPUTE_OUTLIER * sorted(seen)[len(seen) // 2]):
-            return
-        seen.append(c)
-        del seen[:-self._COMPUTE_KEEP]
-        self.adapt.observe_compute(c / 3, c - c / 3, 0.0)
+        if self._compute_filter.accept(c):
+            self.adapt.observe_compute(c / 3, c - c / 3, 0.0)
 
     def _adapt_decide(self, group):
         """A decision is due: the link probe when the bandwidth controller asks for one

@@ -432,6 +432,24 @@ def test_optimizer_feeds_link_compute_and_metric():
     assert (rep["bandwidth"] > 0) == (SIZE > 1), rep
     assert same_everywhere(probes)
     opt.close()
+    # the compute is the span between two steps less the codec time; a loop that evaluates
+    # between two steps (here: sleeps 1 s once) must not have that counted as compute
+    model = make_model()
+    opt = wrap(model, "adapt:bandwidth;base=topk:density=0.01,feedback=ef;min_elements=64;interval=3;confirm=1",
+               probe_bytes=0)
+    seen = []
+    for s, (x, y) in enumerate(batches(12)):
+        time.sleep(0.02 + (1.0 if s == 7 else 0.0))
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+        rep = opt.adapt.report
+        if rep["decisions"] and (not seen or seen[-1][0] != rep["decisions"]):
+            seen.append((rep["decisions"], rep["compute_s"]))
+    assert len(seen) == 4 and all(c >= 0.02 for _, c in seen), seen
+    assert seen[2][1] < 0.15, seen  # steps 6-8, with the evaluation: counted, over 0.3 s
+    assert same_everywhere(seen)
+    opt.close()
     # accuracy: the metric each rank observes, averaged over ranks
     model = make_model()
     opt = wrap(model, "adapt:accuracy;target=0.9;base=topk:density=0.01,feedback=ef;min_elements=64;interval=2",
