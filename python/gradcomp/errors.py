@@ -102,7 +102,8 @@ class UnsupportedFormat(CorruptMessage, UnsupportedError):
 
 class CollectiveTimeout(Error, TimeoutError):
     """GCOMP_E_TIMEOUT: a collective did not complete within its timeout (a dead or stalled
-    peer); the communicator is failed from then on (gradcomp.mpi)."""
+    peer); the communicator is failed from then on (gradcomp.mpi).  From the DDP hook
+    (gradcomp.torch): the process group's timeout (init_process_group(timeout=...))."""
 
 
 class MPIError(Error):
@@ -112,7 +113,8 @@ class MPIError(Error):
 
 class CommunicatorFailed(Error):
     """GCOMP_E_FAILED: the communicator failed earlier (timeout or MPI error) and stays
-    failed until reset (gradcomp.mpi.Communicator.reset) or freed."""
+    failed until reset (gradcomp.mpi.Communicator.reset) or freed; from the DDP hook
+    (gradcomp.torch): its gloo process group lost a rank, whose connection closed."""
 
 
 class IOFailure(Error, OSError):

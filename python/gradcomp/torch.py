@@ -38,6 +38,13 @@ a difference raises MismatchError naming the parameter and both specs.  The stat
 pickles (every compressor's state_bytes, counters, policy; not the process group) so a
 checkpoint resumes exactly where it stopped.
 
+A rank that dies or stalls: every collective of the hook runs under the process group's
+timeout (init_process_group(timeout=...)).  A closed connection (a rank that died) raises
+CommunicatorFailed at once, a rank that does not answer CollectiveTimeout after the
+timeout, both naming the step and bucket (or the link probe) and keeping gloo's words; DDP
+re-raises either from backward() as a RuntimeError carrying that text.  The group cannot
+be used again.
+
 DGC (feedback=dgc or the dgc codec) keeps the momentum inside the compressor: give those
 parameters an optimizer without momentum, and call state.set_epoch(epoch) every epoch
 for its warm-up (include/gradcomp.h, gcomp_compressor_set_epoch).
@@ -792,6 +799,16 @@ def link_probe(nbytes=_PROBE_BYTES, process_group=None):
     if world < 2:
         return 0.0, 0.0
     nxt, prv = _global_rank(group, (rank + 1) % world), _global_rank(group, (rank - 1) % world)
+    try:
+        return _probe_ring(group, nxt, prv, nbytes)
+    except RuntimeError as e:
+        f = _gloo_failure(e, "link probe")
+        if f is None:
+            raise
+        raise f from e
+
+
+def _probe_ring(group, nxt, prv, nbytes):
     med = []
     for n in (8, nbytes):
         send, recv = torch.zeros(n, dtype=torch.uint8), torch.empty(n, dtype=torch.uint8)
@@ -808,9 +825,43 @@ def link_probe(nbytes=_PROBE_BYTES, process_group=None):
     return ((nbytes - 8) / (big - small) if big > small else nbytes / big), small
 
 
+def _gloo_failure(e, what):
+    """A gloo error from one of the hook's collectives, as the gradcomp error it means (None
+    for any other error).  gloo says where in its transport it failed; what the caller needs
+    is which of the two it was: a rank that did not answer within the process group's
+    timeout, or one whose connection closed (it died) - the group is unusable after either."""
+    msg = str(e)
+    marks = ("gloo", "Timed out", "Connection", "connection")
+    if not any(m in msg for m in marks):
+        return None
+    # gloo's own line (a callback's error arrives wrapped in torch's words around it)
+    first = next((ln.strip() for ln in msg.splitlines() if any(m in ln for m in marks)), msg.strip())
+    first = first[first.find("[./gloo"):] if "[./gloo" in first else first
+    if "Timed out" in msg or "timed out" in msg:
+        return _err.CollectiveTimeout(
+            f"gradcomp.torch: {what}: a rank did not answer within the process group's timeout "
+            f"(stalled or dead; init_process_group(timeout=...)): {first}",
+            status=_err.E_TIMEOUT, status_name="GCOMP_E_TIMEOUT")
+    return _err.CommunicatorFailed(
+        f"gradcomp.torch: {what}: the process group lost a rank (its connection closed: it died "
+        f"or left); the group cannot be used again: {first}",
+        status=_err.E_FAILED, status_name="GCOMP_E_FAILED")
+
+
 def gradcomp_hook(state, bucket):
     """The DDP communication hook (register it with a GradcompState)."""
+    try:
+        return _hook(state, bucket)
+    except RuntimeError as e:
+        f = _gloo_failure(e, f"step {state.step}, bucket {bucket.index()}")
+        if f is None:
+            raise
+        raise f from e
+
+
+def _hook(state, bucket):
     t0 = time.perf_counter_ns()
+    step = state.step
     group = state.process_group if state.process_group is not None else dist.group.WORLD
     world = dist.get_world_size(group)
     buf = bucket.buffer()
@@ -877,8 +928,14 @@ def gradcomp_hook(state, bucket):
             state._adapt_due = True
 
     def done(f):
-        for x in f.value():
-            x.wait()  # re-raises the first error of any path
+        try:
+            for x in f.value():
+                x.wait()  # re-raises the first error of any path
+        except RuntimeError as e:
+            g = _gloo_failure(e, f"step {step}, bucket {bucket.index()}'s exchange")
+            if g is None:
+                raise
+            raise g from e
         t = time.perf_counter_ns()
         st["hook_ns"] += t - t0
         state._t_done = t if state._t_done is None else max(state._t_done, t)

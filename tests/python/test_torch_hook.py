@@ -257,6 +257,32 @@ def test_adaptive_hook_measures_the_compute(runs):
     assert late and all(c < 0.15 for c in late), r0["seen"]
 
 
+@pytest.mark.parametrize("mode,method,where", [
+    ("dead", "adapt:bandwidth;min_elements=16;interval=5;confirm=1", "link probe"),  # the decision's probe
+    ("stall", "topk:density=0.1,feedback=ef", "step 5, bucket 0"),  # the gather path's lengths
+    ("dead", "none", "step 5, bucket 0's exchange"),  # the dense all_reduce, in its future
+])
+def test_a_dead_or_stalled_rank_is_named(tmp_path, mode, method, where):
+    # Rank 1 exits, or sleeps past the 3 s process-group timeout, at step 5: rank 0 gets
+    # gradcomp's error (through DDP, which re-raises it as RuntimeError with its text),
+    # at once for a closed connection, after the timeout for a silent rank; never a hang.
+    out = str(tmp_path / "r")
+    env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
+    p = subprocess.run([sys.executable, os.path.join(HERE, "ddp_peer_failure.py"), "--out", out,
+                        "--mode", mode, "--method", method], env=env, capture_output=True, text=True,
+                       timeout=120)
+    assert p.returncode == 0, p.stdout + p.stderr
+    with open(out + ".json") as f:
+        r = json.load(f)
+    want = "CommunicatorFailed" if mode == "dead" else "CollectiveTimeout"
+    assert r["error"] and f"{want}: gradcomp.torch: {where}" in r["error"], r["error"]
+    assert "[./gloo/" in r["error"], r["error"]  # gloo's own words stay in the message
+    if mode == "dead":
+        assert r["seconds"] < 2.5, r
+    else:
+        assert 2.5 < r["seconds"] < 12, r
+
+
 def test_hook_probe_bytes_checked():
     import gradcomp.torch as gt
     for bad in (1, 1023, (1 << 30) + 1, -5):
