@@ -108,6 +108,24 @@ def scenario_train(rank, spec):
     }
 
 
+def scenario_exchanges(rank, spec):
+    """The gather path in one exchange (messages padded to their bound, the lengths inside)
+    and in two (lengths first): the same training, bit for bit, from the same start."""
+    out = {}
+    real = gt._ONE_EXCHANGE_SLACK
+    try:
+        for name, slack in (("one", real), ("two", 0.0)):
+            gt._ONE_EXCHANGE_SLACK = slack
+            model, opt, state = setup(spec, names=False)
+            losses = train(model, opt, rank, 8)
+            out[name] = {"losses": losses, "params": flat_params(model).tolist(),
+                         "pad": state.stats["pad_bytes"], "message": state.stats["message_bytes"],
+                         "identical": replicas_identical(model)}
+    finally:
+        gt._ONE_EXCHANGE_SLACK = real
+    return out
+
+
 def scenario_resume(rank, spec):
     model, opt, state = setup(spec)
     train(model, opt, rank, 20)
@@ -265,7 +283,8 @@ def scenario_autocompute(rank, method):
 
 SCENARIOS = {"train": scenario_train, "resume": scenario_resume, "mismatch": scenario_mismatch,
              "adaptive": scenario_adaptive, "warmup": scenario_warmup, "probe": scenario_probe,
-             "switch": scenario_switch, "autocompute": scenario_autocompute}
+             "switch": scenario_switch, "autocompute": scenario_autocompute,
+             "exchanges": scenario_exchanges}
 
 
 def worker(rank, world, port, scenarios, out):

@@ -46,6 +46,7 @@ def runs(tmp_path_factory):
     scen.append(f"probe:{PROBED}")
     scen.append(f"switch:{SWITCH}")
     scen.append(f"autocompute:{PROBED}")
+    scen.append(f"exchanges:{TOPK}")
     scen.append(f"mismatch:{TOPK}")
     scen.append(f"warmup:{WARMUP}")
     out = str(tmp_path_factory.mktemp("ddp") / "r")
@@ -281,6 +282,18 @@ def test_a_dead_or_stalled_rank_is_named(tmp_path, mode, method, where):
         assert r["seconds"] < 2.5, r
     else:
         assert 2.5 < r["seconds"] < 12, r
+
+
+def test_gather_in_one_exchange_is_the_same_training(runs):
+    for r in get(runs, f"exchanges:{TOPK}"):
+        one, two = r["one"], r["two"]
+        assert one["identical"] and two["identical"]
+        # The same numbers to the bit, and the same messages ...
+        assert one["losses"] == two["losses"] and one["params"] == two["params"]
+        assert one["message"] == two["message"]
+        # ... but from the second step on the messages went at their bound in one exchange
+        # (padding to the bound, not to the longest rank's message).
+        assert one["pad"] > two["pad"]
 
 
 def test_hook_probe_bytes_checked():
