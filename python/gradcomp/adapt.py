@@ -35,15 +35,25 @@ class _StepFilter:
     whatever the training loop did there: an evaluation or a checkpoint every few hundred
     steps would weigh in the interval's mean as seconds of "compute" and hide transfers
     that do not hide.  A step over `factor` times the median of the latest `keep` accepted
-    is left out (after three)."""
+    is left out (from the fourth on); `settle` such steps in a row are not an interruption
+    but the step's new length (a larger batch, a slower phase, a co-tenant): they start the
+    record over and count from then on."""
 
-    def __init__(self, keep=16, factor=4.0):
-        self.keep, self.factor, self._seen = keep, factor, []
+    def __init__(self, keep=16, factor=4.0, settle=8):
+        self.keep, self.factor, self.settle = keep, factor, settle
+        self._seen, self._high = [], []
 
     def accept(self, seconds):
-        seen = self._seen
-        if not seconds > 0 or (len(seen) >= 3 and seconds > self.factor * sorted(seen)[len(seen) // 2]):
+        if not seconds > 0:
             return False
+        seen = self._seen
+        if len(seen) >= 3 and seconds > self.factor * sorted(seen)[len(seen) // 2]:
+            self._high.append(seconds)
+            if len(self._high) < self.settle:
+                return False
+            self._seen, self._high = self._high, []
+            return True
+        self._high = []
         seen.append(seconds)
         del seen[:-self.keep]
         return True

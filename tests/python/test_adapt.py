@@ -128,3 +128,18 @@ def test_controllers_state_round_trip_and_refusals():
         make("adapt:norm;interval=3", total_steps=100).load_state(blob)
     with pytest.raises(gradcomp.Error, match="shorter"):
         b.load_state(blob[:10])
+
+
+def test_step_filter_leaves_out_interruptions_not_a_new_pace():
+    from gradcomp.adapt import _StepFilter
+
+    f = _StepFilter(keep=16, factor=4.0, settle=8)
+    assert not f.accept(0.0) and not f.accept(float("nan"))
+    assert all(f.accept(0.1) for _ in range(10))
+    # An evaluation (1.5 s) between two steps: left out, and the pace goes on.
+    assert not f.accept(1.5) and f.accept(0.11)
+    # A lasting change (a step now takes 0.6 s): left out 7 times, then taken as the pace.
+    got = [f.accept(0.6) for _ in range(10)]
+    assert got == [False] * 7 + [True] * 3, got
+    # ... and judged against the new pace from then on: 0.1 s is fine, 3 s is out.
+    assert f.accept(0.1) and not f.accept(3.0)
