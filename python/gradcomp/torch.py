@@ -6,8 +6,9 @@
 Per DDP bucket, each parameter's gradient (a view into the bucket's flat buffer) is
 handled by one of three paths, chosen by the policy:
   * dense    - small and 1-D tensors (biases, norms), and those an adaptive method switched
-               to plain fp32 once their compressor holds nothing back: one fp32
-               all_reduce for all of them;
+               to plain fp32 from the step after the switch (that step's gathered
+               message flushes what their compressor held back): one fp32 all_reduce
+               for all of them;
   * gather   - every codec that makes a self-describing message (sparsifiers,
                quantizers): the messages of the bucket are encoded by C straight into one
                uint8 tensor, the per-message lengths are all-gathered (gloo in torch 1.13
@@ -58,6 +59,8 @@ Torch is imported here, not in gradcomp/__init__.py, so the core package works w
 import ctypes
 import math
 import operator
+import re
+import threading
 import time
 
 import torch
@@ -145,7 +148,8 @@ class AdaptivePolicy:
     needs state.observe_metric(accuracy) from the training loop.  A
     tensor the controllers switch to dense sends its next step as a dense message
     (all-gathered), so that what its compressor held back goes with it, and joins the
-    fp32 all_reduce from the step after.  Pickled, it keeps the method and
+    fp32 all_reduce from the step after (a restored one that is dense does the same at its
+    first step: it may hold a carry).  Pickled, it keeps the method and
     the controllers' state (Adapt.save_state), so a restored hook goes on deciding where
     it stopped; each compressor keeps its state.  A pickle made before the controllers'
     state was kept restarts them from their first decision (each compressor retuned to it).
@@ -224,15 +228,16 @@ def _u64_to_i64(v):
 
 
 class _Entry:
-    __slots__ = ("key", "shape", "numel", "spec", "comp", "kind", "plain", "adapt_index")
+    __slots__ = ("key", "shape", "numel", "spec", "comp", "kind", "plain", "flush", "adapt_index")
 
     def __init__(self, key, shape, spec, comp):
         self.key, self.shape, self.numel, self.spec, self.comp = key, shape, math.prod(shape), spec, comp
         self.adapt_index = None
+        self.plain = False
         self.set_kind()
 
     def set_kind(self):
-        self.plain = False
+        was_plain, self.plain = self.plain, False
         if self.comp is None:
             self.kind = "dense"
         elif "multiphase" in self.comp.codec["properties"]:
@@ -240,16 +245,21 @@ class _Entry:
         else:
             self.kind = "gather"
             self.plain = _is_plain_dense(self.comp.spec)
+        # A compressor that becomes plain fp32 (made so, or restored so: it may hold a
+        # retune's carry) sends one gathered message first.
+        self.flush = self.plain and not was_plain
 
     def route(self):
         """How this step sends it.  A compressor retuned to plain fp32 (an adaptive
-        method's dense) joins the fp32 all_reduce once it holds nothing back: the step
-        after the switch flushes what it held as one gathered message (g plus the carry,
-        which only its own encode adds), every step after that is what dense is: a ring
-        all_reduce, not an all-gather of P messages and a decode of each."""
-        if self.plain and not _core._lib.gcomp_compressor_residual(self.comp._h):
+        method's dense) joins the fp32 all_reduce after one step: the step after the
+        switch flushes what it held as one gathered message (g plus the carry, which only
+        its own encode adds), every step after that is what dense is: a ring all_reduce,
+        not an all-gather of P messages and a decode of each.  Whether a carry is held
+        depends on the data (held-back values that are all zero leave none), so the choice
+        follows the switch alone, which every rank makes at the same step."""
+        if self.plain and not self.flush:
             return "dense"
-        return self.kind
+        return self.kind  # a flush: _gather_path clears it once encoded
 
 
 class GradcompState:
@@ -308,6 +318,7 @@ class GradcompState:
         self._sync_ns = self._obs_ns = 0
         self._compute_fed = False  # the training loop calls observe_compute itself
         self._compute_filter = _adapt._StepFilter()
+        self._lock = threading.Lock()
         self._names = {}
         self._keys = {}  # id(parameter) -> key
         self._send = {}  # bucket index -> uint8 send buffer (reused)
@@ -362,7 +373,9 @@ class GradcompState:
     # optimizer and whatever the loop did between steps, split as `gradcomp plan` and
     # DistributedOptimizer split it (a third forward, the rest backward).  A step that took
     # over 4x the median of the latest 16 (an evaluation, a checkpoint) is left out
-    # (gradcomp.adapt._StepFilter).
+    # (gradcomp.adapt._StepFilter).  Steps accumulated under DDP's no_sync() run no hook:
+    # their compute counts toward the next exchange's, which is what the link has to hide
+    # behind (the controller's overlap is per exchange, not per batch).
 
     def _clock_first(self, t):
         if self._t_end is not None:
@@ -489,7 +502,10 @@ class GradcompState:
     def _check(self, entries, group):
         """All ranks compare fingerprints and shapes of these parameters (first step)."""
         world = dist.get_world_size(group)
-        mine = []
+        # The link probe's size too: a rank that probes with another size would wait in
+        # its ring step for bytes that never come.
+        probe = self.probe_bytes if self.adapt is not None else 0
+        mine = [probe]
         for e in entries:
             mine += [_u64_to_i64(e.comp.fingerprint) if e.comp is not None else 0, e.numel]
         t = torch.tensor(mine, dtype=torch.int64)
@@ -501,10 +517,15 @@ class GradcompState:
                 continue
             # Every rank sees the same gathered data, so all of them get here together and
             # the object gather below cannot hang.
+            if o[0] != t[0]:
+                raise _err.MismatchError(
+                    f"gradcomp.torch: rank {dist.get_rank(group)} probes the link with probe_bytes="
+                    f"{probe}, rank {r} with {int(o[0])}: give every rank the same",
+                    status=_err.E_MISMATCH)
             specs = [None] * world
             dist.all_gather_object(specs, [(e.key, e.spec, e.shape) for e in entries], group=group)
             for i, e in enumerate(entries):
-                if o[2 * i] != t[2 * i] or o[2 * i + 1] != t[2 * i + 1]:
+                if o[1 + 2 * i] != t[1 + 2 * i] or o[2 + 2 * i] != t[2 + 2 * i]:
                     other = specs[r][i] if i < len(specs[r]) else None
                     raise _err.MismatchError(
                         f"gradcomp.torch: parameter {e.key}: rank {dist.get_rank(group)} uses spec "
@@ -529,6 +550,7 @@ class GradcompState:
             "check_specs": self.check_specs,
             "probe_bytes": self.probe_bytes,
             "step": self.step,
+            "adapt_due": self._adapt_due,
             "epoch": self.epoch,
             "stats": dict(self.stats),
             "order": order,
@@ -544,6 +566,7 @@ class GradcompState:
         self.check_specs = d["check_specs"]
         self.probe_bytes = d.get("probe_bytes", _PROBE_BYTES)  # pickles from before the probe
         self.step = d["step"]
+        self._adapt_due = d.get("adapt_due", False)  # a decision due at the next step
         self.epoch = d["epoch"]
         self.stats = dict(d["stats"])
         self._init_runtime()
@@ -630,6 +653,7 @@ def _gather_path(state, group, world, bucket_index, entries, grads):
         ln = e.comp._encode_ptr(g.data_ptr(), base + off, total_bound - off)
         lens.append(ln)
         off += ln
+        e.flush = False
     total = off
     state.stats["message_bytes"] += total
     state.stats["control_bytes"] += 8 * m
@@ -867,13 +891,18 @@ def _gloo_failure(e, what):
     is which of the two it was: a rank that did not answer within the process group's
     timeout, or one whose connection closed (it died) - the group is unusable after either."""
     msg = str(e)
-    marks = ("gloo", "Timed out", "Connection", "connection")
+    # A pair that timed out in one collective closes, and a collective still waiting on it
+    # fails with "Application timeout caused pair closure": a timeout, not a death.
+    timeouts = ("Timed out", "timed out", "Application timeout")
+    marks = ("gloo", "Connection", "connection", "pair closure") + timeouts
     if not any(m in msg for m in marks):
         return None
-    # gloo's own line (a callback's error arrives wrapped in torch's words around it)
+    # gloo's own line (a callback's error arrives wrapped in torch's words around it),
+    # from its source location ("[<path>/gloo/transport/...]") on where it has one
     first = next((ln.strip() for ln in msg.splitlines() if any(m in ln for m in marks)), msg.strip())
-    first = first[first.find("[./gloo"):] if "[./gloo" in first else first
-    if "Timed out" in msg or "timed out" in msg:
+    at = re.search(r"\[[^\]\s]*gloo/", first)
+    first = first[at.start():] if at else first
+    if any(m in msg for m in timeouts):
         return _err.CollectiveTimeout(
             f"gradcomp.torch: {what}: a rank did not answer within the process group's timeout "
             f"(stalled or dead; init_process_group(timeout=...)): {first}",
@@ -973,8 +1002,9 @@ def _hook(state, bucket):
                 raise
             raise g from e
         t = time.perf_counter_ns()
-        st["hook_ns"] += t - t0
-        state._t_done = t if state._t_done is None else max(state._t_done, t)
+        with state._lock:  # buckets complete on gloo's threads, perhaps two at once
+            st["hook_ns"] += t - t0
+            state._t_done = t if state._t_done is None else max(state._t_done, t)
         return buf
 
     if not futs:

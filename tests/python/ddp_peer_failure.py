@@ -1,10 +1,13 @@
 """A rank that dies or stalls under the DDP hook: what the survivor raises, and when.
 
-    python3 ddp_peer_failure.py --out PREFIX --mode dead|stall --method SPEC [--port P]
+    python3 ddp_peer_failure.py --out PREFIX --mode dead|stall --method SPEC [--two-exchanges]
+                                [--port P]
 
 Two gloo processes with a 3 s process-group timeout train a small model through
 gradcomp's hook; at step 5 rank 1 exits (dead) or sleeps 15 s (stall).  Rank 0 writes
 PREFIX.json: the exception's type and message and the seconds from step 5 to it.
+--two-exchanges: the gather path always sends its lengths first (a blocking all_gather in
+the hook), as it does when a codec's bound is far above what it sends.
 """
 
 import argparse
@@ -26,7 +29,9 @@ import gradcomp.torch as gt  # noqa: E402
 FAIL_AT = 5
 
 
-def worker(rank, port, mode, method, out):
+def worker(rank, port, mode, method, out, two):
+    if two:
+        gt._ONE_EXCHANGE_SLACK = 0.0
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     os.environ["MASTER_PORT"] = str(port)
     torch.set_num_threads(1)
@@ -65,6 +70,7 @@ def main():
     ap.add_argument("--out", required=True)
     ap.add_argument("--mode", choices=["dead", "stall"], required=True)
     ap.add_argument("--method", required=True)
+    ap.add_argument("--two-exchanges", action="store_true")
     ap.add_argument("--port", type=int, default=0, help="0: a free one")
     a = ap.parse_args()
     if not a.port:
@@ -72,7 +78,7 @@ def main():
             so.bind(("127.0.0.1", 0))
             a.port = so.getsockname()[1]
     ctx = mp.get_context("spawn")
-    ps = [ctx.Process(target=worker, args=(r, a.port, a.mode, a.method, a.out)) for r in range(2)]
+    ps = [ctx.Process(target=worker, args=(r, a.port, a.mode, a.method, a.out, a.two_exchanges)) for r in range(2)]
     for p in ps:
         p.start()
     for p in ps:

@@ -170,6 +170,19 @@ def scenario_mismatch(rank, spec):
     return {"error": None}
 
 
+def scenario_mismatchprobe(rank, method):
+    """An adaptive method whose ranks were given different link probe sizes: refused at
+    the first step, on every rank, before any probe could wait for bytes never sent."""
+    model = DDP(make_model())
+    hook, state = gt.hook(method, model=model, total_steps=40, probe_bytes=65536 if rank == 1 else None)
+    model.register_comm_hook(state, hook)
+    try:
+        train(model, torch.optim.SGD(model.parameters(), lr=0.1), rank, 1)
+    except Exception as e:  # DDP re-raises the hook's error from backward()
+        return {"error": f"{type(e).__name__}: {e}"}
+    return {"error": None}
+
+
 def scenario_warmup(rank, spec):
     """A DGC warm-up never given an epoch is refused at the first step, by name; given one,
     the same spec trains.  Both ranks fail alike, before any collective of the hook."""
@@ -238,9 +251,11 @@ def scenario_probe(rank, method):
             "history": history, "decisions": state.adapt.report["decisions"]}
 
 
-def scenario_switch(rank, method):
+def scenario_switch(rank, method, quiet=None):
     """An adaptive method that switches every parameter to dense (a link fed as nearly
-    free): what each step sent, by path, and the replicas."""
+    free): what each step sent, by path, and the replicas.  quiet: a rank whose
+    gradients are all zero (its loss times 0), so that its compressors hold nothing back
+    when they switch while the other's do."""
     model = DDP(make_model())
     hook, state = gt.hook(method, model=model, total_steps=40, probe_bytes=0)
     model.register_comm_hook(state, hook)
@@ -249,7 +264,7 @@ def scenario_switch(rank, method):
     for x, y in batches(rank, 20):
         loss = torch.nn.functional.cross_entropy(model(x), y)
         opt.zero_grad()
-        loss.backward()
+        (loss * (0.0 if rank == quiet else 1.0)).backward()
         opt.step()
         state.observe_compute(0.2, 0.4, 0.01)  # the loop's own: the hook's measure stops
         state.observe_link(1e12, 1e-6)
@@ -258,6 +273,48 @@ def scenario_switch(rank, method):
                      "specs": sorted({c.spec for c in state.compressors.values()})})
     return {"identical": replicas_identical(model), "sent": sent, "losses": losses,
             "compute_s": state.adapt.report["compute_s"]}
+
+
+def scenario_resumeadapt(rank, method):
+    """An adaptive method saved at step 10, with a decision due as the next step begins,
+    and restored: the same training as without the break, bit for bit."""
+
+    def start(state=None):
+        model = DDP(make_model())
+        if state is None:
+            hook, state = gt.hook(method, model=model, total_steps=20, probe_bytes=0)
+        else:
+            hook = gt.gradcomp_hook
+            state.bind(model)
+        model.register_comm_hook(state, hook)
+        return model, torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9), state
+
+    def run(model, opt, state, steps, begin=0):
+        for x, y in batches(rank, steps, begin):
+            loss = torch.nn.functional.cross_entropy(model(x), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            state.observe_compute(0.2, 0.4, 0.01)
+            state.observe_link(1e12 if state.step > 5 else 1e6, 1e-6)
+
+    model, opt, state = start()
+    run(model, opt, state, 20)
+    straight = flat_params(model)
+    model, opt, state = start()
+    run(model, opt, state, 10)
+    due, specs = state._adapt_due, sorted({c.spec for c in state.compressors.values()})
+    ck = pickle.dumps({"model": model.module.state_dict(), "opt": opt.state_dict(), "hook": state})
+    del model, opt, state
+    ck = pickle.loads(ck)
+    model, opt, state = start(ck["hook"])
+    model.module.load_state_dict(ck["model"])
+    opt.load_state_dict(ck["opt"])
+    run(model, opt, state, 10, 10)
+    return {"identical": bool(torch.equal(straight, flat_params(model))), "due": due,
+            "decisions": state.adapt.report["decisions"], "specs_at_save": specs,
+            "specs_at_end": sorted({c.spec for c in state.compressors.values()}),
+            "replicas_identical": replicas_identical(model)}
 
 
 def scenario_autocompute(rank, method):
@@ -282,8 +339,10 @@ def scenario_autocompute(rank, method):
 
 
 SCENARIOS = {"train": scenario_train, "resume": scenario_resume, "mismatch": scenario_mismatch,
+             "mismatchprobe": scenario_mismatchprobe,
              "adaptive": scenario_adaptive, "warmup": scenario_warmup, "probe": scenario_probe,
-             "switch": scenario_switch, "autocompute": scenario_autocompute,
+             "switch": scenario_switch, "switchquiet": lambda r, m: scenario_switch(r, m, quiet=0),
+             "resumeadapt": scenario_resumeadapt, "autocompute": scenario_autocompute,
              "exchanges": scenario_exchanges}
 
 

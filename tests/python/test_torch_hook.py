@@ -9,6 +9,7 @@ import json
 import math
 import os
 import pickle
+import re
 import subprocess
 import sys
 
@@ -45,9 +46,12 @@ def runs(tmp_path_factory):
     scen.append(f"adaptive:{ADAPTIVE}")
     scen.append(f"probe:{PROBED}")
     scen.append(f"switch:{SWITCH}")
+    scen.append(f"switchquiet:{SWITCH}")
+    scen.append(f"resumeadapt:{SWITCH}")
     scen.append(f"autocompute:{PROBED}")
     scen.append(f"exchanges:{TOPK}")
     scen.append(f"mismatch:{TOPK}")
+    scen.append(f"mismatchprobe:{PROBED}")
     scen.append(f"warmup:{WARMUP}")
     out = str(tmp_path_factory.mktemp("ddp") / "r")
     pkg = os.path.join(REPO, "python")
@@ -151,6 +155,13 @@ def test_spec_mismatch_names_the_parameter(runs):
         assert "density=0.5" in err and "density=0.05" in err, err
 
 
+def test_mismatched_probe_sizes_are_refused(runs):
+    for r in runs:
+        err = r[f"mismatchprobe:{PROBED}"].get("error") or ""
+        assert "MismatchError" in err and "probe_bytes=" in err, err
+        assert "524288" in err and "65536" in err, err
+
+
 def test_warmup_without_an_epoch_is_refused(runs):
     for r in get(runs, f"warmup:{WARMUP}"):
         assert r["error"] and "ArgumentError" in r["error"], r["error"]
@@ -244,6 +255,29 @@ def test_adaptive_dense_joins_the_all_reduce(runs):
     assert r0["compute_s"] == r1["compute_s"] and r0["compute_s"] > 0.5
 
 
+def test_adaptive_dense_switch_is_the_same_on_every_rank(runs):
+    # Rank 0's gradients are all zero: its compressors hold nothing back when they switch
+    # to dense, rank 1's do.  Both still flush through the gather once and join the
+    # all_reduce together (a path chosen by what a rank holds would send rank 0 into the
+    # all_reduce while rank 1 all-gathers: gloo aborts, or the ranks add wrong buffers).
+    r0, r1 = get(runs, f"switchquiet:{SWITCH}")
+    assert r0["identical"] and r1["identical"]
+    assert r0["sent"] == r1["sent"]
+    sent = r0["sent"]
+    dense_from = next(i for i, s in enumerate(sent) if all(x.startswith("none:") for x in s["specs"]))
+    grew = [b["message"] > a["message"] for a, b in zip(sent, sent[1:])]
+    assert 0 < dense_from < len(sent) - 3 and all(grew[:dense_from]) and not any(grew[dense_from:])
+
+
+def test_adaptive_resume(runs):
+    # Saved at step 10 with every parameter switched to dense and a decision due: the
+    # restored hook takes that decision, flushes what it restored once, and trains as the
+    # run without the break did, to the bit.
+    r0, r1 = get(runs, f"resumeadapt:{SWITCH}")
+    assert r0 == r1 and r0["identical"] and r0["replicas_identical"] and r0["due"]
+    assert r0["decisions"] == 3 and all(s.startswith("none:") for s in r0["specs_at_save"])
+
+
 def test_adaptive_hook_measures_the_compute(runs):
     r0, r1 = get(runs, f"autocompute:{PROBED}")
     assert r0["identical"] and r1["identical"]
@@ -258,26 +292,30 @@ def test_adaptive_hook_measures_the_compute(runs):
     assert late and all(c < 0.15 for c in late), r0["seen"]
 
 
-@pytest.mark.parametrize("mode,method,where", [
-    ("dead", "adapt:bandwidth;min_elements=16;interval=5;confirm=1", "link probe"),  # the decision's probe
-    ("stall", "topk:density=0.1,feedback=ef", "step 5, bucket 0"),  # the gather path's lengths
-    ("dead", "none", "step 5, bucket 0's exchange"),  # the dense all_reduce, in its future
+@pytest.mark.parametrize("mode,method,two,where", [
+    ("dead", "adapt:bandwidth;min_elements=16;interval=5;confirm=1", False, "link probe:"),  # the decision's probe
+    ("stall", "topk:density=0.1,feedback=ef", True, "step 5, bucket 0:"),  # the gather path's lengths
+    ("stall", "topk:density=0.1,feedback=ef", False, "step 5, bucket 0's exchange:"),  # in one exchange
+    ("dead", "none", False, "step 5, bucket 0's exchange:"),  # the dense all_reduce, in its future
 ])
-def test_a_dead_or_stalled_rank_is_named(tmp_path, mode, method, where):
+def test_a_dead_or_stalled_rank_is_named(tmp_path, mode, method, two, where):
     # Rank 1 exits, or sleeps past the 3 s process-group timeout, at step 5: rank 0 gets
     # gradcomp's error (through DDP, which re-raises it as RuntimeError with its text),
     # at once for a closed connection, after the timeout for a silent rank; never a hang.
+    # The gather path exchanges its lengths first (blocking, in the hook) when told to
+    # (--two-exchanges), else sends them with the messages (one exchange, in the future).
     out = str(tmp_path / "r")
     env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
     p = subprocess.run([sys.executable, os.path.join(HERE, "ddp_peer_failure.py"), "--out", out,
-                        "--mode", mode, "--method", method], env=env, capture_output=True, text=True,
-                       timeout=120)
+                        "--mode", mode, "--method", method] + (["--two-exchanges"] if two else []),
+                       env=env, capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stdout + p.stderr
     with open(out + ".json") as f:
         r = json.load(f)
     want = "CommunicatorFailed" if mode == "dead" else "CollectiveTimeout"
     assert r["error"] and f"{want}: gradcomp.torch: {where}" in r["error"], r["error"]
-    assert "[./gloo/" in r["error"], r["error"]  # gloo's own words stay in the message
+    # gloo's own words stay in the message: its source location, or its pair closure
+    assert re.search(r"\[[^\]\s]*gloo/|Application timeout caused pair closure", r["error"]), r["error"]
     if mode == "dead":
         assert r["seconds"] < 2.5, r
     else:
@@ -294,6 +332,24 @@ def test_gather_in_one_exchange_is_the_same_training(runs):
         # ... but from the second step on the messages went at their bound in one exchange
         # (padding to the bound, not to the longest rank's message).
         assert one["pad"] > two["pad"]
+
+
+def test_gloo_errors_read_as_what_they_mean():
+    import gradcomp.torch as gt
+
+    wrap = "Got the following error when running the callback: RuntimeError: "
+    cases = [
+        ("[/src/gloo/transport/tcp/unbound_buffer.cc:81] Timed out waiting 3000ms for recv", gradcomp.CollectiveTimeout),
+        ("Application timeout caused pair closure", gradcomp.CollectiveTimeout),
+        ("[../third_party/gloo/gloo/transport/tcp/pair.cc:598] Connection closed by peer", gradcomp.CommunicatorFailed),
+    ]
+    for text, kind in cases:
+        e = gt._gloo_failure(RuntimeError(wrap + text + "\n\nAt:\n  torch.py(1): done\n"), "step 3, bucket 1's exchange")
+        assert type(e) is kind, (text, e)
+        # where, then gloo's line from its source location on, without torch's wrapping
+        assert str(e).startswith("gradcomp.torch: step 3, bucket 1's exchange: "), e
+        assert str(e).endswith(": " + text[text.find("["):] if "[" in text else text), e
+    assert gt._gloo_failure(RuntimeError("expected scalar type Float"), "x") is None
 
 
 def test_hook_probe_bytes_checked():
