@@ -139,4 +139,7 @@ EOF
   done
   rep=$((rep + 1))
 done
-"$PY" "$HERE/vs_pytorch_report.py" --target "$TARGET" "$OUT"
+# DDP dense's runs for the target: plain, else the kept-memory ones
+DENSE=ddp
+case " $METHODS " in *" ddp "*) ;; *" ddp+keepmem "*) DENSE=ddp+keepmem ;; esac
+"$PY" "$HERE/vs_pytorch_report.py" --target "$TARGET" --dense "$DENSE" "$OUT"

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """vs_pytorch_report.py - the table of bench/vs_pytorch.sh: medians over repetitions.
 
-    vs_pytorch_report.py [--target A|dense-PP] DIR     DIR/runs/*.json -> DIR/summary.{md,json}
+    vs_pytorch_report.py [--target A|dense-PP] [--dense M] DIR  DIR/runs/*.json -> DIR/summary.{md,json}
     vs_pytorch_report.py --import-gc RUNDIR METHOD OUT  a `gradcomp train` run -> one run JSON
 
 Target: a fixed accuracy (--target 80 or 0.80), or dense-PP (default dense-0.5): the
@@ -12,6 +12,8 @@ sent per training step (tx_bytes), TCP/IP headers included.  Each cell is the me
 repetitions, with [min-max]; "x sooner" compares medians with DDP dense's (with DDP + fp16's);
 "> x sooner (never there)": the baseline did not reach the target in any repetition, so its
 time to it is more than its median training time, and x is a lower bound.
+--dense M: the runs of method M are DDP dense's for the target and the "vs DDP dense"
+column (default ddp; e.g. ddp+keepmem to compare with DDP under the same malloc settings).
 """
 
 import csv
@@ -94,7 +96,7 @@ def human(b):
     return f"{b:.0f} B"
 
 
-def report(d, target_arg):
+def report(d, target_arg, dense_m="ddp"):
     runs = [json.load(open(p)) for p in sorted(glob.glob(os.path.join(d, "runs", "*.json")))]
     if not runs:
         sys.exit(f"vs_pytorch_report: no runs in {d}/runs")
@@ -107,12 +109,12 @@ def report(d, target_arg):
     for r in sorted(runs, key=lambda r: rank(r["method"])):
         by.setdefault(r["method"], []).append(r)
     if target_arg.startswith("dense-"):
-        dense = by.get("ddp")
+        dense = by.get(dense_m)
         if not dense:
-            sys.exit("vs_pytorch_report: --target dense-PP needs ddp runs")
+            sys.exit(f"vs_pytorch_report: --target dense-PP needs {dense_m} runs")
         tol = float(target_arg[len("dense-"):])
         target = statistics.median(r["final_acc"] for r in dense) - tol / 100
-        why = f"PyTorch DDP dense's median final accuracy minus {tol:g} pp"
+        why = f"{name_of(dense_m)}: median final accuracy minus {tol:g} pp"
     else:
         target = float(target_arg)
         target = target / 100 if target > 1 else target
@@ -136,7 +138,8 @@ def report(d, target_arg):
             f"{first.get('model')}, batch {first.get('batch')} per rank, "
             f"{first.get('budget_s'):g} s of training per run, {max(r['runs'] for r in rows)} repetitions")
     lines = [f"**{head}.** Target accuracy {100 * target:.2f} % ({why}).", "",
-             "| method | runs | step ms | wire bytes/step/rank | steps | final acc | time to target | vs DDP dense | vs DDP+fp16 |",
+             "| method | runs | step ms | wire bytes/step/rank | steps | final acc | time to target | "
+             f"vs DDP dense{'' if dense_m == 'ddp' else ' (' + dense_m + ')'} | vs DDP+fp16 |",
              "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         tt = r["tt"][0]
@@ -152,7 +155,7 @@ def report(d, target_arg):
             f"| {r['name']} | {r['runs']} | {fmt(r['step_ms'], prec=0)} | "
             f"{human(r['wire'][0])} | {fmt(r['steps'], prec=0)} | "
             f"{fmt(r['final'], ' %', 100, 2)} | {fmt(r['tt'], ' s')} ({r['reached']}/{r['runs']}) | "
-            f"{vs('ddp')} | {vs('ddp-fp16')} |")
+            f"{vs(dense_m)} | {vs('ddp-fp16')} |")
     lines += ["", "Load average (1, 5, 15 min) before / after each run:", ""]
     for r in rows:
         lines.append(f"- {r['name']}: " + "; ".join(r["loads"]))
@@ -168,12 +171,12 @@ def main():
     if a and a[0] == "--import-gc":
         import_gc(*a[1:4])
         return
-    target = "dense-0.5"
-    if len(a) >= 2 and a[0] == "--target":
-        target, a = a[1], a[2:]
+    opts = {"--target": "dense-0.5", "--dense": "ddp"}
+    while len(a) >= 2 and a[0] in opts:
+        opts[a[0]], a = a[1], a[2:]
     if len(a) != 1:
         sys.exit(__doc__)
-    report(a[0], target)
+    report(a[0], opts["--target"], opts["--dense"])
 
 
 if __name__ == "__main__":
