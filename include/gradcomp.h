@@ -958,7 +958,9 @@ GCOMP_API gcomp_status gcomp_cost_break_even(const gcomp_cost_model *m,
  *              path)
  *   layers:    budget=uniform|BYTES (bytes per step of the compressed tensors)
  *   norm:      eta=0.5, low=VALUE|SPEC (the critical setting; default two ladder steps
- *              lighter than base)
+ *              lighter than base), lr_drop=0.5 (a fall of the learning rate by at least
+ *              this fraction since the last decision makes the next interval critical,
+ *              Accordion's rule at a decay; 1: off; needs gcomp_adapt_observe_lr)
  *
  * One decision, on every rank:
  *     for each step:  gcomp_adapt_observe(a, i, grad, residual) for each tensor i
@@ -1076,6 +1078,11 @@ GCOMP_API void gcomp_adapt_observe_link_time(gcomp_adapt *a, double seconds);
  *  link.  The same on every rank (it follows from gathered statistics only), so every
  *  rank enters the collective probe together; 0 for NULL. */
 GCOMP_API int gcomp_adapt_link_due(const gcomp_adapt *a);
+/** The learning rate this step used (the schedule's, the same on every rank; > 0).
+ *  Local; the latest call of the interval counts, and a decision sees the least over the
+ *  ranks that gave one.  Only the norm controller reads it (lr_drop); without calls it
+ *  sees no decay. */
+GCOMP_API void gcomp_adapt_observe_lr(gcomp_adapt *a, double lr);
 /** A validation metric to steer by (accuracy as a fraction, higher is better).  Local;
  *  its mean over ranks is what the accuracy controller sees. */
 GCOMP_API void gcomp_adapt_observe_metric(gcomp_adapt *a, double value);

@@ -264,6 +264,7 @@ PROTOTYPES = {
     "gcomp_adapt_observe_link_time": (None, [_P, ctypes.c_double]),
     "gcomp_adapt_link_due": (_I, [_P]),
     "gcomp_adapt_observe_metric": (None, [_P, ctypes.c_double]),
+    "gcomp_adapt_observe_lr": (None, [_P, ctypes.c_double]),
     "gcomp_adapt_set_course": (_I, [_P, _P, _P, _S, ctypes.POINTER(ErrorInfo)]),
     "gcomp_adapt_state_bound": (_S, [_P]),
     "gcomp_adapt_save_state": (_I, [_P, _P, _S, c_size_p]),

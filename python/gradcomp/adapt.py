@@ -202,6 +202,11 @@ class Adapt:
         """A validation metric to steer by (accuracy as a fraction)."""
         _lib.gcomp_adapt_observe_metric(self._handle(), float(value))
 
+    def observe_lr(self, lr):
+        """The learning rate this step used (the same on every rank): the norm controller
+        makes the interval after a decay (a fall by lr_drop, default half) critical."""
+        _lib.gcomp_adapt_observe_lr(self._handle(), float(lr))
+
     def set_course(self, progress, metric):
         """The accuracy controller's course: a reference learning curve (e.g. a dense run's
         evaluations with the same schedule), progress the share of the run's steps done at

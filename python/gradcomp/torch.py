@@ -145,7 +145,8 @@ class AdaptivePolicy:
     by the hook too, from the end of one exchange to the next less the hook's own time (see
     GradcompState._clock_last), unless the training loop gives its own with
     state.observe_compute(forward_s, backward_s, optimizer_s).  The accuracy controller
-    needs state.observe_metric(accuracy) from the training loop.  A
+    needs state.observe_metric(accuracy) from the training loop, and the norm controller's
+    rule at a learning-rate decay state.observe_lr(lr) (without it, the norms alone).  A
     tensor the controllers switch to dense sends its next step as a dense message
     (all-gathered), so that what its compressor held back goes with it, and joins the
     fp32 all_reduce from the step after (a restored one that is dense does the same at its
@@ -352,6 +353,12 @@ class GradcompState:
     def observe_metric(self, value):
         if self.adapt is not None:
             self.adapt.observe_metric(value)
+
+    def observe_lr(self, lr):
+        """The learning rate of this step, from the training loop (the hook cannot see the
+        optimizer): the norm controller's rule at a decay."""
+        if self.adapt is not None:
+            self.adapt.observe_lr(lr)
 
     def set_course(self, progress, metric):
         if self.adapt is not None:

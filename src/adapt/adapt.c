@@ -45,8 +45,8 @@
 #define PREFIX "adapt:"
 #define MAGIC 18241.0 /* 'GA', then the version */
 /* 2: the interval's wall and measuring seconds; 3: the metric's step; 4: the link probe's
- * seconds */
-#define VERSION 4.0
+ * seconds; 5: the learning rate */
+#define VERSION 5.0
 #define MAX_LADDER 32
 #define MAX_ITEMS 64
 #define DEFAULT_BASE "topk:density=0.001,feedback=ef"
@@ -68,6 +68,7 @@ enum {
     S_PTIME,
     S_METRIC,
     S_METRIC_STEP,
+    S_LR,
     S_MEASURED,
     S_WALL,
     S_MTIME,
@@ -689,6 +690,7 @@ gcomp_status gcomp_adapt_create(gcomp_adapt **out, const char *method,
         goto fail;
     }
     a->total_steps = opt ? opt->total_steps : 0;
+    a->lr = a->last_lr = NAN;
     a->workers = opt && opt->workers > 0 ? opt->workers : 1;
     a->nodes = opt && opt->nodes > 0 ? opt->nodes : 1;
     if (a->nodes > a->workers) {
@@ -796,6 +798,7 @@ gcomp_status gcomp_adapt_create(gcomp_adapt **out, const char *method,
     in.initial = true;
     in.progress = NAN;
     in.metric = in.metric_progress = NAN;
+    in.lr = in.lr_prev = NAN;
     a->link_bw = a->link_lat = 0;
     if ((st = run_controllers(a, &in, NULL)) != GCOMP_OK) {
         st = gcomp__fail(err, st, "adapt: out of memory");
@@ -1008,6 +1011,10 @@ int gcomp_adapt_link_due(const gcomp_adapt *a) {
     return a && a->probe_cost > 0 && a->step >= a->next_probe;
 }
 
+void gcomp_adapt_observe_lr(gcomp_adapt *a, double lr) {
+    if (a && isfinite(lr) && lr > 0) a->lr = lr;
+}
+
 void gcomp_adapt_observe_metric(gcomp_adapt *a, double value) {
     if (!a || !isfinite(value)) return;
     a->metric_sum += value;
@@ -1107,6 +1114,7 @@ gcomp_status gcomp_adapt_stats(gcomp_adapt *a, double *out, size_t cap, size_t *
     uint64_t now = gcomp__now_ns();
     out[S_WALL] = 1e-9 * (double)(now - a->wall_ns);
     out[S_MTIME] = a->mtime;
+    out[S_LR] = a->lr;
     double *norm = out + S_FIXED, *meas = norm + a->nm;
     for (size_t m = 0; m < a->nm; m++) {
         gcomp__adapt_tensor *t = &a->t[a->mt[m]];
@@ -1212,6 +1220,8 @@ gcomp_status gcomp_adapt_decide(gcomp_adapt *a, const double *all, size_t len, i
     in.step = (uint64_t)all[S_STEP];
     in.progress = a->total_steps ? (double)in.step / (double)a->total_steps : NAN;
     in.metric = in.metric_progress = NAN;
+    in.lr = NAN;
+    in.lr_prev = a->last_lr;
     double msum = 0, mstep = 0;
     int mcount = 0, nbw = 0;
     for (int r = 0; r < nranks; r++) { /* rank order: the same bits on every rank */
@@ -1227,6 +1237,7 @@ gcomp_status gcomp_adapt_decide(gcomp_adapt *a, const double *all, size_t len, i
             lats[nbw] = b[S_LAT];
             nbw++;
         }
+        if (b[S_LR] > 0 && isfinite(b[S_LR]) && !(in.lr <= b[S_LR])) in.lr = b[S_LR];
         if (isfinite(b[S_METRIC])) {
             msum += b[S_METRIC];
             mstep += b[S_METRIC_STEP];
@@ -1279,6 +1290,7 @@ gcomp_status gcomp_adapt_decide(gcomp_adapt *a, const double *all, size_t len, i
     if (st == GCOMP_OK) {
         if (in.measured) space_measurements(a, &in);
         if (in.probe_s > 0 && a->probe_cost > 0) space_probes(a, &in);
+        if (isfinite(in.lr)) a->last_lr = in.lr;
         if (in.bandwidth > 0) {
             a->last_link_bw = in.bandwidth;
             a->last_link_lat = in.latency;
@@ -1310,7 +1322,7 @@ gcomp_status gcomp_adapt_decide(gcomp_adapt *a, const double *all, size_t len, i
  * have.  The wall clock of the open interval restarts at load.
  */
 #define STATE_MAGIC "GCad"
-#define STATE_VERSION 2u /* 2: the link probes' spacing; version 1 still loads */
+#define STATE_VERSION 3u /* 2: the link probes' spacing; 3: the learning rate; 1, 2 load */
 #define STATE_HEAD 40    /* magic, version, length, fingerprint, nm, K, controllers, course */
 
 /* Everything after the header and before the controllers' sections, in order; `ncourse`
@@ -1357,6 +1369,10 @@ static void state_body(const gcomp_adapt *a, size_t ncourse, unsigned version,
     if (version >= 2) {
         gcomp__adapt_w64(c, a->next_probe);
         gcomp__adapt_wf(c, a->ptime);
+    }
+    if (version >= 3) {
+        gcomp__adapt_wf(c, a->lr);
+        gcomp__adapt_wf(c, a->last_lr);
     }
 }
 
@@ -1468,6 +1484,14 @@ static gcomp_status load_body(gcomp_adapt *a, const uint8_t *p, size_t ncourse, 
     if (!(ptime >= 0 && ptime < 1e12))
         return gcomp__fail(err, GCOMP_E_STATE,
                            "adapt: saved state: link probe seconds %g out of range", ptime);
+    /* Versions 1 and 2 have no learning rate: none seen yet, so no decay across the load. */
+    double lr = version >= 3 ? gcomp__adapt_rf(&c) : NAN;
+    double last_lr = version >= 3 ? gcomp__adapt_rf(&c) : NAN;
+    if (!(isnan(lr) || (lr > 0 && isfinite(lr))) ||
+        !(isnan(last_lr) || (last_lr > 0 && isfinite(last_lr))))
+        return gcomp__fail(err, GCOMP_E_STATE,
+                           "adapt: saved state: a learning rate that is not > 0 (%g, %g)", lr,
+                           last_lr);
     double *course = NULL;
     if (apply && ncourse && !(course = gcomp__alloc(2 * ncourse * sizeof(double))))
         return gcomp__fail(err, GCOMP_E_NOMEM, "adapt: out of memory");
@@ -1482,6 +1506,8 @@ static gcomp_status load_body(gcomp_adapt *a, const uint8_t *p, size_t ncourse, 
     a->measured = u[6] != 0;
     a->next_probe = next_probe;
     a->ptime = ptime;
+    a->lr = lr;
+    a->last_lr = last_lr;
     double *dst[] = {&a->fwd,
                      &a->bwd,
                      &a->opt,

@@ -39,6 +39,8 @@ typedef struct gcomp__adapt_in {
     double metric;          /* mean over ranks */
     double metric_progress; /* when the metrics were observed: steps then / total steps (mean
                                over them and over ranks); NaN when the length is unknown */
+    double lr, lr_prev;     /* the learning rate now (least over ranks that observed one) and
+                               at the last decision that had one; NaN: none */
     /* Per managed tensor m: |sum of its gradients over the interval|^2, summed over ranks;
      * NaN when not tracked. */
     const double *norm2;
@@ -60,7 +62,7 @@ typedef struct gcomp__adapt_plan {
 } gcomp__adapt_plan;
 
 /* Words of a statistics block before the per-tensor part (adapt.c's S_FIXED). */
-#define GCOMP__ADAPT_STATS_FIXED 16
+#define GCOMP__ADAPT_STATS_FIXED 17
 
 /* One key=value of the method string. */
 typedef struct gcomp__adapt_item {
@@ -149,6 +151,7 @@ struct gcomp_adapt {
     uint64_t decisions;
     gcomp_adapt_report report;
     double last_link_bw, last_link_lat; /* the link the last decision used (bandwidth) */
+    double last_lr;                     /* the learning rate the last decision saw; NaN */
     uint64_t next_probe;                /* the first step whose decision probes the link */
     double *pred;                       /* K: bandwidth's predicted steps, NaN when none */
     uint64_t next_measure;              /* the step (0-based) that measures next */
@@ -162,6 +165,7 @@ struct gcomp_adapt {
     double ptime; /* seconds spent probing the link for this interval's decision */
     double metric_sum, metric_step_sum;
     uint64_t metric_n;
+    double lr; /* the latest gcomp_adapt_observe_lr; NaN: none yet */
     bool measuring, measured;
     double mtime_step, mtime; /* seconds spent measuring: this step, this interval */
     uint64_t wall_ns;         /* when the last statistics were taken (or create) */

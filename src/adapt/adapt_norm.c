@@ -13,6 +13,13 @@
  * the paper.  Here ||G_k||^2 is summed over ranks (each rank's own accumulated gradient):
  * the ratio of two such sums is what the rule reads, and every rank has the same sums.
  *
+ * Accordion's second rule: where the learning rate decays, the interval after it is
+ * critical whatever the norms say (the paper's code switches every layer to the low
+ * setting at each decay point).  Here a decay is a fall of the rate by at least lr_drop
+ * (default 0.5) between two decisions, from the rates the training loop gives
+ * (gcomp_adapt_observe_lr; the least over ranks): a step schedule's /10 is one, a cosine
+ * schedule's slow fall is not until its last few intervals; lr_drop=1 turns the rule off.
+ *
  * The interval scales with the run (interval=auto: steps / 40), so a two-epoch run gets
  * the same number of chances to leave the critical regime as a long one: the "warm-up
  * that scales with the run's length" a fixed number of warm-up epochs is not.
@@ -26,13 +33,13 @@
 #include "adapt_internal.h"
 
 typedef struct norm_state {
-    double eta;
+    double eta, lr_drop;
     int low;
     double *prev;        /* ||G_k-1|| per managed tensor, NaN before the first interval */
     unsigned char *crit; /* the current verdict */
 } norm_state;
 
-static const char *const norm_keys[] = {"eta", "low", NULL};
+static const char *const norm_keys[] = {"eta", "low", "lr_drop", NULL};
 
 static void norm_free(void *p) {
     norm_state *s = p;
@@ -47,6 +54,8 @@ static gcomp_status norm_create(gcomp_adapt *a, void **out, gcomp_error *err) {
     if (!s) return gcomp__fail(err, GCOMP_E_NOMEM, "adapt: out of memory");
     *out = s;
     gcomp_status st = gcomp__adapt_num(a, "norm", "eta", 0.5, 1e-6, 1e6, &s->eta, err);
+    if (st != GCOMP_OK) return st;
+    st = gcomp__adapt_num(a, "norm", "lr_drop", 0.5, 0, 1, &s->lr_drop, err);
     if (st != GCOMP_OK) return st;
     const char *low = gcomp__adapt_opt(a, "low");
     if (low) {
@@ -95,6 +104,10 @@ static gcomp_status norm_load(const gcomp_adapt *a, void *p, gcomp__adapt_cursor
 static void norm_decide(gcomp_adapt *a, void *p, const gcomp__adapt_in *in,
                         gcomp__adapt_plan *plan) {
     norm_state *s = p;
+    /* The rate fell by lr_drop or more since the last decision: the next interval is
+     * critical for every tensor (Accordion's rule at a decay). */
+    bool decay = !in->initial && s->lr_drop < 1 && in->lr < in->lr_prev &&
+                 in->lr <= (1 - s->lr_drop) * in->lr_prev;
     for (size_t m = 0; m < a->nm; m++) {
         if (!in->initial && in->norm2 && isfinite(in->norm2[m])) {
             double g = sqrt(in->norm2[m]), prev = s->prev[m];
@@ -104,6 +117,7 @@ static void norm_decide(gcomp_adapt *a, void *p, const gcomp__adapt_in *in,
                 s->crit[m] = prev > 0 ? fabs(g - prev) / prev >= s->eta : g > 0; /* Accordion */
             s->prev[m] = g;
         }
+        if (decay) s->crit[m] = 1;
         if (s->crit[m]) {
             if (plan->level[m] > s->low) plan->level[m] = s->low;
             plan->critical++;

@@ -222,6 +222,10 @@ void gtrain_adapt_metric(gtrain_adapt *a, double accuracy) {
     gcomp_adapt_observe_metric(a->ad, accuracy);
 }
 
+void gtrain_adapt_lr(gtrain_adapt *a, double lr) {
+    gcomp_adapt_observe_lr(a->ad, lr);
+}
+
 int gtrain_adapt_end_step(gtrain_adapt *a, gtrain_exchange *ex, gtrain_model *m,
                           unsigned char *skip, size_t step, double epoch, double compute_s,
                           double optimizer_s, double *spent_s, char *err, size_t errlen) {

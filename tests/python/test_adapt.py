@@ -84,6 +84,35 @@ def test_ranks_with_different_observations_decide_alike():
         ranks[0].decide(np.stack([ranks[0].stats(), other.stats()]))
 
 
+def test_a_learning_rate_decay_is_critical_on_every_rank():
+    """Accordion's rule at a decay: the interval after the rate falls by half or more is
+    critical whatever the norms say.  Only rank 0 reports the rate (the least over the
+    ranks that do counts), and both ranks take the same decision."""
+    ranks = [make("adapt:norm;interval=4", workers=2) for _ in range(2)]
+    rng = np.random.default_rng(3)
+
+    def run(steps, lr):
+        for _ in range(steps):
+            for a in ranks:
+                for i, (_, shape) in enumerate(TENSORS):
+                    if a.managed(i):
+                        g = 0.1 * (1 + 0.1 * rng.standard_normal(shape))  # steady norms
+                        a.observe(i, g.astype(np.float32))
+            ranks[0].observe_lr(lr)
+            if [a.end_step() for a in ranks][0]:
+                every = np.stack([a.stats() for a in ranks])
+                for a in ranks:
+                    a.decide(every)
+        crit = [a.report["critical"] for a in ranks]
+        assert crit[0] == crit[1] and [a.level(0) for a in ranks][0] == ranks[1].level(0)
+        return crit[0]
+
+    assert run(12, 0.1) == 0     # steady norms: out of the critical regime
+    assert run(4, 0.08) == 0     # -20 %: not a decay
+    assert run(4, 0.008) == 2    # /10: both managed tensors critical for one interval
+    assert run(4, 0.008) == 0
+
+
 def test_accuracy_course_from_a_reference_curve():
     # A reference that rises slowly and jumps at the end (a cosine rate's shape); a run 0.3 pp
     # below it all along is on its course and keeps its setting.

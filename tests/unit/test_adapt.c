@@ -196,6 +196,96 @@ static void test_norm(void) {
     gcomp_adapt_free(a);
 }
 
+/* Accordion's rule at a learning-rate decay: the interval after a fall of the rate by
+ * lr_drop (default half) is critical for every tensor, whatever the norms say; a slow fall
+ * is not a decay, lr_drop=1 turns the rule off, and the rule holds across a save and load
+ * (the last decision's rate is in the state). */
+static size_t run_lr(gcomp_adapt *a, size_t steps, double lr, size_t *step,
+                     unsigned long long *seed) {
+    float *g = malloc(256 * 256 * sizeof(float));
+    size_t critical = 0;
+    for (size_t s = 0; s < steps; s++, (*step)++) {
+        for (size_t i = 0; i < NMLP; i++) {
+            if (!gcomp_adapt_managed(a, i)) continue;
+            for (size_t k = 0; k < MLP[i].n; k++)
+                g[k] = (float)(0.1 * (1.0 + 0.1 * test_gauss(seed))); /* steady norms */
+            CHECK_OK(gcomp_adapt_observe(a, i, g, NULL));
+        }
+        gcomp_adapt_observe_lr(a, lr);
+        int due;
+        gcomp_adapt_end_step(a, &due);
+        if (due) {
+            decide1(a);
+            gcomp_adapt_report r;
+            gcomp_adapt_get_report(a, &r);
+            critical = r.critical;
+        }
+    }
+    free(g);
+    return critical;
+}
+
+static void test_norm_lr_decay(void) {
+    const char *methods[] = {"adapt:norm;interval=10", "adapt:norm;interval=10;lr_drop=1",
+                             "adapt:norm;interval=10;lr_drop=0.95"};
+    for (int v = 0; v < 3; v++) {
+        gcomp_adapt *a, *b;
+        gcomp_error e = {0};
+        CHECK_OK(make(&a, methods[v], 0, &e));
+        CHECK_OK(make(&b, methods[v], 0, &e));
+        if (!a || !b) return;
+        unsigned long long seed = 11;
+        size_t step = 0;
+        run_lr(a, 30, 0.1, &step, &seed); /* steady norms: leaves the critical regime */
+        CHECK_EQ_INT(gcomp_adapt_level(a, 0), 4);
+        CHECK_EQ_INT(run_lr(a, 10, 0.09, &step, &seed), 0); /* -10 %: not a decay */
+        CHECK_EQ_INT(gcomp_adapt_level(a, 0), 4);
+        /* saved between the decay and the decision that sees it */
+        run_lr(a, 5, 0.009, &step, &seed);
+        size_t cap = gcomp_adapt_state_bound(a), len;
+        uint8_t *blob = malloc(cap);
+        CHECK_OK(gcomp_adapt_save_state(a, blob, cap, &len));
+        CHECK_OK(gcomp_adapt_load_state(b, blob, len, &e));
+        if (v == 0) {
+            /* version 2: the same blob less the two rates (the body's last 16 bytes, before
+             * the norm controller's section of 8 + 2 * 16 bytes for its two tensors, and the
+             * CRC) loads, and knows no rate before the load: no decay to see */
+            size_t sec = 8 + 2 * 16, at = len - 4 - sec - 16, l2 = len - 16;
+            memmove(blob + at, blob + at + 16, sec + 4);
+            gcomp__put32(blob + 4, 2);
+            gcomp__put64(blob + 8, l2);
+            gcomp__put32(blob + l2 - 4, gcomp__crc32c(0, blob, l2 - 4));
+            gcomp_adapt *c;
+            CHECK_OK(make(&c, methods[v], 0, &e));
+            if (c) {
+                CHECK_MSG(gcomp_adapt_load_state(c, blob, l2, &e) == GCOMP_OK, "version 2: %s",
+                          e.message);
+                size_t st = step;
+                unsigned long long sd = seed;
+                CHECK_EQ_INT(run_lr(c, 5, 0.009, &st, &sd), 0);
+                gcomp_adapt_free(c);
+            }
+        }
+        free(blob);
+        for (int k = 0; k < 2; k++) {
+            gcomp_adapt *x = k ? b : a;
+            size_t st = step;
+            unsigned long long sd = seed;
+            size_t crit = run_lr(x, 5, 0.009, &st, &sd); /* /10 */
+            bool expect = v == 0; /* lr_drop 0.5: yes; off; 0.95 asks for more than /10 */
+            CHECK_MSG(crit == (expect ? 2 : 0), "%s, %s: %zu tensors critical after a decay",
+                      methods[v], k ? "loaded" : "unbroken", crit);
+            CHECK_EQ_INT(gcomp_adapt_level(x, 0), expect ? 2 : 4);
+            /* one interval only: the norms are steady again at the next decision */
+            CHECK_EQ_INT(run_lr(x, 10, 0.009, &st, &sd), 0);
+            CHECK_EQ_INT(gcomp_adapt_level(x, 2), 4);
+        }
+        gcomp_adapt_free(a);
+        gcomp_adapt_free(b);
+    }
+    expect_spec_error("adapt:norm;lr_drop=1.5", "lr_drop");
+}
+
 /* A NaN gradient is refused with nothing kept: the run after it decides as one without it. */
 static void test_observe_nonfinite(void) {
     gcomp_adapt *a, *b;
@@ -745,12 +835,12 @@ static void test_probe_spacing(void) {
         }
         gcomp_adapt_free(x);
     }
-    /* version 1: the same blob less the two fields it did not have (u64 next probe step,
-     * f64 probe seconds: the body's last 16 bytes, before the bandwidth controller's
-     * section of 8 + 4 * 8 + K * 16 bytes and the CRC) */
-    size_t sec = 8 + 32 + 16 * a[0]->K, at = blen - 4 - sec - 16;
-    memmove(blob + at, blob + at + 16, sec + 4);
-    size_t l1 = blen - 16;
+    /* version 1: the same blob less the four fields it did not have (u64 next probe step,
+     * f64 probe seconds; version 3's two f64 learning rates: the body's last 32 bytes,
+     * before the bandwidth controller's section of 8 + 4 * 8 + K * 16 bytes and the CRC) */
+    size_t sec = 8 + 32 + 16 * a[0]->K, at = blen - 4 - sec - 32;
+    memmove(blob + at, blob + at + 32, sec + 4);
+    size_t l1 = blen - 32;
     gcomp__put32(blob + 4, 1);
     gcomp__put64(blob + 8, l1);
     gcomp__put32(blob + l1 - 4, gcomp__crc32c(0, blob, l1 - 4));
@@ -764,7 +854,7 @@ static void test_probe_spacing(void) {
         gcomp_adapt_free(x);
     }
     /* version 0 and a future version are refused as versions */
-    for (unsigned v = 0; v < 4; v += 3) {
+    for (unsigned v = 0; v < 5; v += 4) {
         gcomp__put32(blob + 4, v);
         CHECK_OK(make(&x, m, 0, &e));
         if (x) {
@@ -1058,7 +1148,7 @@ static void test_state(void) {
     bad[0] ^= 1;
     CHECK_EQ_INT(gcomp_adapt_load_state(b, bad, len, &e), GCOMP_E_BAD_MAGIC);
     memcpy(bad, blob, len);
-    bad[4] = 3; /* a version after this library's */
+    bad[4] = 4; /* a version after this library's */
     CHECK_EQ_INT(gcomp_adapt_load_state(b, bad, len, &e), GCOMP_E_VERSION);
     memcpy(bad, blob, len);
     bad[len / 2] ^= 0x40;
@@ -1204,6 +1294,7 @@ int main(void) {
     test_grammar();
     test_ladder();
     test_norm();
+    test_norm_lr_decay();
     test_observe_nonfinite();
     test_layers_dp();
     test_layers_margin();
