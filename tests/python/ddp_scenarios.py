@@ -160,21 +160,19 @@ def scenario_mismatch(rank, spec):
             return other
         return None
 
-    model = DDP(make_model())
-    hook, state = gt.hook(pol, model=model)
-    model.register_comm_hook(state, hook)
-    try:
-        train(model, torch.optim.SGD(model.parameters(), lr=0.1), rank, 1)
-    except Exception as e:  # DDP re-raises the hook's error from backward()
-        return {"error": f"{type(e).__name__}: {e}"}
-    return {"error": None}
+    return first_step_error(rank, pol)
 
 
 def scenario_mismatchprobe(rank, method):
     """An adaptive method whose ranks were given different link probe sizes: refused at
     the first step, on every rank, before any probe could wait for bytes never sent."""
+    return first_step_error(rank, method, total_steps=40, probe_bytes=65536 if rank == 1 else None)
+
+
+def first_step_error(rank, policy, **kw):
+    """One step of DDP with gradcomp's hook on `policy`: the error it raised, or None."""
     model = DDP(make_model())
-    hook, state = gt.hook(method, model=model, total_steps=40, probe_bytes=65536 if rank == 1 else None)
+    hook, state = gt.hook(policy, model=model, **kw)
     model.register_comm_hook(state, hook)
     try:
         train(model, torch.optim.SGD(model.parameters(), lr=0.1), rank, 1)
