@@ -1078,10 +1078,11 @@ GCOMP_API void gcomp_adapt_observe_link_time(gcomp_adapt *a, double seconds);
  *  link.  The same on every rank (it follows from gathered statistics only), so every
  *  rank enters the collective probe together; 0 for NULL. */
 GCOMP_API int gcomp_adapt_link_due(const gcomp_adapt *a);
-/** The learning rate this step used (the schedule's, the same on every rank; > 0).
- *  Local; the latest call of the interval counts, and a decision sees the least over the
- *  ranks that gave one.  Only the norm controller reads it (lr_drop); without calls it
- *  sees no decay. */
+/** The learning rate of the steps to come (the schedule's rate for the next step, the
+ *  same on every rank; > 0).  Local; the latest call of the interval counts, and a
+ *  decision sees the least over the ranks that gave one.  Only the norm controller reads
+ *  it (lr_drop); without calls it sees no decay.  A loop that only knows the rate it just
+ *  used may pass that: a decay on a decision's step is then seen one decision late. */
 GCOMP_API void gcomp_adapt_observe_lr(gcomp_adapt *a, double lr);
 /** A validation metric to steer by (accuracy as a fraction, higher is better).  Local;
  *  its mean over ranks is what the accuracy controller sees. */

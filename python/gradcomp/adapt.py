@@ -203,8 +203,10 @@ class Adapt:
         _lib.gcomp_adapt_observe_metric(self._handle(), float(value))
 
     def observe_lr(self, lr):
-        """The learning rate this step used (the same on every rank): the norm controller
-        makes the interval after a decay (a fall by lr_drop, default half) critical."""
+        """The learning rate of the coming steps (the same on every rank): the norm
+        controller makes the interval after a decay (a fall by lr_drop, default half)
+        critical.  The rate just used also works: a decay that falls on a decision's step
+        is then seen one decision late."""
         _lib.gcomp_adapt_observe_lr(self._handle(), float(lr))
 
     def set_course(self, progress, metric):

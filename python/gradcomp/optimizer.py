@@ -631,7 +631,9 @@ class _DistributedMixin:
         """After the wrapped optimizer's step: this step's compute, and the decision when
         one is due (so a tensor's momentum moves between two optimizer steps)."""
         ad = self._gc_adapt
-        ad.observe_lr(self.param_groups[0]["lr"])  # the norm controller's decay rule
+        # the norm controller's decay rule: the rate as the loop has it now (a scheduler
+        # stepped after this step shows its decay at the next decision)
+        ad.observe_lr(self.param_groups[0]["lr"])
         if self._gc_fb_s is not None:
             fb = self._gc_fb_s
             if self._gc_fb_filter.accept(fb):  # the span also holds what the loop did between steps

@@ -355,8 +355,8 @@ class GradcompState:
             self.adapt.observe_metric(value)
 
     def observe_lr(self, lr):
-        """The learning rate of this step, from the training loop (the hook cannot see the
-        optimizer): the norm controller's rule at a decay."""
+        """The learning rate of the coming steps, from the training loop (the hook cannot
+        see the optimizer): the norm controller's rule at a decay."""
         if self.adapt is not None:
             self.adapt.observe_lr(lr)
 

@@ -66,7 +66,7 @@ int gtrain_adapt_set_reference(gtrain_adapt *a, const struct gtrain_point *pts, 
                                int epochs, int *used, char *err, size_t errlen);
 /* A test accuracy to steer by (every rank, the same value). */
 void gtrain_adapt_metric(gtrain_adapt *a, double accuracy);
-/* The learning rate of this step (the norm controller's decay rule). */
+/* The learning rate of the next step (the norm controller's decay rule). */
 void gtrain_adapt_lr(gtrain_adapt *a, double lr);
 /* After the optimizer step: this step's compute; at a decision, decides with every rank
  * and retunes the tensors that change, zeroing the optimizer momentum of a tensor whose

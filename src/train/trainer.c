@@ -368,7 +368,11 @@ int gtrain_run(const gtrain_config *cfg, const char *method, const gtrain_data *
             double t2 = now_s();
             float lr = gtrain_lr_at(cfg, (double)step / (double)(steps_per_epoch * cfg->epochs));
             gtrain_sgd_step(m, lr, cfg->momentum, cfg->weight_decay, cfg->nesterov, skip);
-            if (adapt) gtrain_adapt_lr(adapt, lr);
+            /* the rate of the coming steps: a decision at a decay point sees the decay */
+            if (adapt)
+                gtrain_adapt_lr(adapt,
+                                gtrain_lr_at(cfg, (double)(step + 1) /
+                                                      (double)(steps_per_epoch * cfg->epochs)));
             if (ox && gtrain_outer_step(ox) != 0) {
                 rc = fail(err, errlen, "step %zu: %s", step, gtrain_outer_error(ox));
                 break;
