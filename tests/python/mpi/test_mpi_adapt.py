@@ -302,6 +302,26 @@ def test_optimizer_adapts_trains_and_stays_identical():
 
 
 @needs_torch
+def test_optimizer_reads_a_learning_rate_decay():
+    """The optimizer feeds its learning rate: after the rate falls tenfold, the next
+    decision puts every managed tensor back at the low setting (Accordion's rule at a
+    decay), on every rank alike."""
+    model = make_model()
+    opt = wrap(model)
+    ad = opt.adapt
+    train(model, opt, 40, check=False)
+    assert ad.report["critical"] < 3, opt.adapt_history()  # else the decay shows nothing
+    for g in opt.param_groups:
+        g["lr"] = 0.01
+    train(model, opt, 4, start=40, check=False)  # the decision at step 44 sees the decay
+    assert ad.report["critical"] == 3, opt.adapt_history()
+    low = gradcomp.canonical("topk:density=0.1,feedback=ef")
+    assert [opt.specs()[k] for k in ["0.weight", "2.weight", "4.weight"]] == [low] * 3
+    assert same_everywhere(opt.adapt_history()) and same_everywhere(opt.specs())
+    opt.close()
+
+
+@needs_torch
 def test_optimizer_moves_momentum_with_dgc():
     # Critical (the first intervals): top-k with the optimizer's momentum; then DGC, which
     # keeps the momentum in the compressor: the parameter moves to the group without, and
