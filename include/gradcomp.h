@@ -958,7 +958,7 @@ GCOMP_API gcomp_status gcomp_cost_break_even(const gcomp_cost_model *m,
  *              path)
  *   layers:    budget=uniform|BYTES (bytes per step of the compressed tensors)
  *   norm:      eta=0.5, low=VALUE|SPEC (the critical setting; default two ladder steps
- *              lighter than base), lr_drop=0.5 (a fall of the learning rate by at least
+ *              lighter than base), lr_drop=0.8 (a fall of the learning rate by at least
  *              this fraction since the last decision makes the next interval critical,
  *              Accordion's rule at a decay; 1: off; needs gcomp_adapt_observe_lr)
  *
