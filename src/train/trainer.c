@@ -366,13 +366,11 @@ int gtrain_run(const gtrain_config *cfg, const char *method, const gtrain_data *
                 break;
             }
             double t2 = now_s();
-            float lr = gtrain_lr_at(cfg, (double)step / (double)(steps_per_epoch * cfg->epochs));
+            const double run_steps = (double)(steps_per_epoch * cfg->epochs);
+            float lr = gtrain_lr_at(cfg, (double)step / run_steps);
             gtrain_sgd_step(m, lr, cfg->momentum, cfg->weight_decay, cfg->nesterov, skip);
             /* the rate of the coming steps: a decision at a decay point sees the decay */
-            if (adapt)
-                gtrain_adapt_lr(adapt,
-                                gtrain_lr_at(cfg, (double)(step + 1) /
-                                                      (double)(steps_per_epoch * cfg->epochs)));
+            if (adapt) gtrain_adapt_lr(adapt, gtrain_lr_at(cfg, (double)(step + 1) / run_steps));
             if (ox && gtrain_outer_step(ox) != 0) {
                 rc = fail(err, errlen, "step %zu: %s", step, gtrain_outer_error(ox));
                 break;
