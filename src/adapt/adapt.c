@@ -23,7 +23,8 @@
  *
  * Measurement (layers' errors, bandwidth's codec times): on a measurement step each
  * managed tensor's gradient plus its compressor's residual (the vector the codec will
- * compress) is compressed by every candidate on a scratch compressor without feedback
+ * compress; the gradient alone with layers' error_on=gradient) is compressed by every
+ * candidate on a scratch compressor without feedback
  * (specs whose feedback is fixed keep it, from a fresh state) and without warm-up (the
  * steady state, whose bytes the controllers weigh), decoded, and the squared
  * error and the encode and decode times recorded.  Scratch compressors are created and
@@ -964,8 +965,9 @@ gcomp_status gcomp_adapt_observe(gcomp_adapt *a, size_t i, const float *grad,
         off = t->rows && t->cols ? (size_t)(h >> 11) % (t->rows - t->sample_rows + 1) * t->cols
                                  : (size_t)(h >> 11) % (t->n - t->sample_n + 1);
     }
+    const float *r = a->error_on_grad ? NULL : residual;
     for (size_t k = 0; k < t->sample_n; k++)
-        a->xbuf[k] = residual ? grad[off + k] + residual[off + k] : grad[off + k];
+        a->xbuf[k] = r ? grad[off + k] + r[off + k] : grad[off + k];
     double *row = a->meas + (size_t)t->m * a->K * 4;
     gcomp_status st = GCOMP_OK;
     for (size_t j = 0; j < a->K && st == GCOMP_OK; j++) {

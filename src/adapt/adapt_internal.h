@@ -131,6 +131,8 @@ struct gcomp_adapt {
     double probe_cost;   /* bandwidth (set by its create): the share link probes may take;
                             0 without the controller */
     size_t sample;       /* elements a measurement compresses per tensor, at most */
+    bool error_on_grad;  /* layers (set by its create): errors of the gradient alone, not of
+                            the gradient plus the compressor's residual */
     int workers, nodes;
     gcomp_cost_calibration *cal; /* codec rates before measurements (copied), may be NULL */
 

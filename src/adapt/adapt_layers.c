@@ -30,6 +30,15 @@
  * feeds the choice back into the next measurement (a starved tensor's residual grows, so
  * the next DP feeds it again), and a small measured gain is not worth the switch.
  *
+ * What the errors are of (`error_on`): by default the vector the codec will compress, the
+ * gradient plus the residual.  With error feedback that input carries the plan in force:
+ * a tensor the plan starves piles up residual, measures a large error at the next
+ * measurement and wins its bytes back, and the plan can swing between two plans at every
+ * measurement that only the margin holds still (the CNN of docs/BENCHMARKS.md at
+ * margin=0).  error_on=gradient measures the gradient alone: the errors then depend on
+ * the gradients and not on the plans chosen before, the decision has no loop through
+ * its own past, and the total it reports is the error of compressing the gradients.
+ *
  * Rejected: greedy by error per byte (not optimal for a ladder of discrete settings, and
  * the DP is cheap at a decision every few hundred steps).
  */
@@ -47,7 +56,7 @@ typedef struct layers_state {
     bool has_err;
 } layers_state;
 
-static const char *const layers_keys[] = {"budget", "margin", NULL};
+static const char *const layers_keys[] = {"budget", "margin", "error_on", NULL};
 
 static void layers_free(void *p) {
     layers_state *s = p;
@@ -78,6 +87,13 @@ static gcomp_status layers_create(gcomp_adapt *a, void **out, gcomp_error *err) 
     }
     gcomp_status st = gcomp__adapt_num(a, "layers", "margin", 0.05, 0, 0.9, &s->margin, err);
     if (st != GCOMP_OK) return st;
+    const char *on = gcomp__adapt_opt(a, "error_on");
+    if (on && strcmp(on, "input") && strcmp(on, "gradient"))
+        return gcomp__fail(err, GCOMP_E_SPEC,
+                           "adapt: layers: error_on=%s: input (the gradient plus the residual) "
+                           "or gradient",
+                           on);
+    a->error_on_grad = on && !strcmp(on, "gradient");
     s->err = gcomp__alloc((a->nm * a->K + 1) * sizeof(double));
     s->cur = gcomp__alloc((a->nm + 1) * sizeof(int));
     if (!s->err || !s->cur) return gcomp__fail(err, GCOMP_E_NOMEM, "adapt: out of memory");

@@ -536,6 +536,62 @@ static void test_measure_steady_state(void) {
               warm[1], warm[2]);
 }
 
+/* The errors one measuring step records for tensor fc1 (gaussian g, residual r = g / 2 on
+ * every other element, or none). */
+static void errors_with_residual(const char *method, bool residual, double *err, size_t K) {
+    static const gcomp_tensor_desc T[] = {{"fc1.weight", 128 * 128, 128, 128}};
+    gcomp_adapt *a;
+    gcomp_error e = {0};
+    CHECK_OK(gcomp_adapt_create(&a, method, T, 1, NULL, &e));
+    if (!a) return;
+    CHECK_EQ_INT((int)a->K, (int)K);
+    unsigned long long seed = 21;
+    float *g = malloc(T[0].n * sizeof(float)), *r = malloc(T[0].n * sizeof(float));
+    for (size_t k = 0; k < T[0].n; k++) {
+        g[k] = test_gauss(&seed);
+        r[k] = k % 2 ? 0.5f * g[k] : 0;
+    }
+    CHECK(gcomp_adapt_measuring(a));
+    CHECK_OK(gcomp_adapt_observe(a, 0, g, residual ? r : NULL));
+    gcomp_adapt_end_step(a, NULL);
+    size_t len;
+    double *buf = malloc(gcomp_adapt_stats_size(a) * sizeof(double));
+    CHECK_OK(gcomp_adapt_stats(a, buf, gcomp_adapt_stats_size(a), &len));
+    const double *meas = buf + GCOMP__ADAPT_STATS_FIXED + a->nm;
+    for (size_t j = 0; j < K; j++) err[j] = meas[4 * j];
+    free(buf);
+    free(r);
+    free(g);
+    gcomp_adapt_free(a);
+}
+
+/* error_on=gradient: the layers' errors are of the gradient alone, whatever residual the
+ * caller hands in; error_on=input (the default) measures the gradient plus the residual. */
+static void test_layers_error_on(void) {
+    expect_spec_error("adapt:layers;error_on=residual", "error_on=residual");
+    expect_spec_error("adapt:norm;error_on=gradient", "layers");
+    const char *const M = "adapt:layers;ladder=0.1/0.01/0.001;interval=1;measure=1";
+    char grad_m[128];
+    snprintf(grad_m, sizeof grad_m, "%s;error_on=gradient", M);
+    double in_r[3], in_none[3], grad_r[3], input_r[3];
+    errors_with_residual(M, true, in_r, 3);
+    errors_with_residual(M, false, in_none, 3);
+    errors_with_residual(grad_m, true, grad_r, 3);
+    char input_m[128];
+    snprintf(input_m, sizeof input_m, "%s;error_on=input", M);
+    errors_with_residual(input_m, true, input_r, 3);
+    for (size_t j = 0; j < 3; j++) {
+        CHECK_MSG(grad_r[j] == in_none[j],
+                  "entry %zu: %g with error_on=gradient, %g without "
+                  "a residual",
+                  j, grad_r[j], in_none[j]);
+        CHECK_MSG(in_r[j] != in_none[j], "entry %zu: the residual changed nothing (%g)", j,
+                  in_r[j]);
+        CHECK_MSG(input_r[j] == in_r[j], "entry %zu: error_on=input %g, default %g", j, input_r[j],
+                  in_r[j]);
+    }
+}
+
 /* ---- measurement: the sample block, its spacing, its cost out of compute ------------------ */
 
 /* One measuring step over MLP with gradient g, then the statistics. */
@@ -1301,6 +1357,7 @@ int main(void) {
     test_layers_margin();
     test_layers_measured();
     test_measure_steady_state();
+    test_layers_error_on();
     test_measure_sample();
     test_measure_spacing();
     test_bandwidth();
