@@ -494,48 +494,6 @@ static void test_layers_measured(void) {
     gcomp_adapt_free(a);
 }
 
-/* The errors of one measuring step on tensor fc1 (gaussian), per ladder entry. */
-static void measured_errors(const char *method, double *err, size_t k_expect) {
-    static const gcomp_tensor_desc T[] = {{"fc1.weight", 256 * 256, 256, 256}};
-    gcomp_adapt *a;
-    gcomp_error e = {0};
-    CHECK_OK(gcomp_adapt_create(&a, method, T, 1, NULL, &e));
-    if (!a) return;
-    CHECK_EQ_INT((int)a->K, (int)k_expect);
-    unsigned long long seed = 11;
-    float *g = malloc(T[0].n * sizeof(float));
-    for (size_t k = 0; k < T[0].n; k++) g[k] = test_gauss(&seed);
-    CHECK(gcomp_adapt_measuring(a));
-    CHECK_OK(gcomp_adapt_observe(a, 0, g, NULL));
-    gcomp_adapt_end_step(a, NULL);
-    size_t len;
-    double *buf = malloc(gcomp_adapt_stats_size(a) * sizeof(double));
-    CHECK_OK(gcomp_adapt_stats(a, buf, gcomp_adapt_stats_size(a), &len));
-    const double *meas = buf + GCOMP__ADAPT_STATS_FIXED + a->nm;
-    for (size_t j = 0; j < a->K && j < k_expect; j++) err[j] = meas[4 * j];
-    free(buf);
-    free(g);
-    gcomp_adapt_free(a);
-}
-
-/* A candidate is measured in its steady state, as its bytes are: DGC's warm-up on a fresh
- * scratch compressor (epoch 0) sent warmup_start for every density, so all candidates
- * lighter than it measured the same error and the DP starved the big layers. */
-static void test_measure_steady_state(void) {
-    double warm[3] = {0}, plain[3] = {0};
-    measured_errors("adapt:layers;base=dgc:density=0.001,warmup=1,warmup_stages=4,"
-                    "warmup_start=0.05;ladder=0.01/0.001/0.0001;interval=1;measure=1",
-                    warm, 3);
-    measured_errors("adapt:layers;base=dgc:density=0.001;ladder=0.01/0.001/0.0001;"
-                    "interval=1;measure=1",
-                    plain, 3);
-    for (size_t j = 0; j < 3; j++)
-        CHECK_MSG(warm[j] == plain[j], "entry %zu: error %g with a warm-up, %g without", j, warm[j],
-                  plain[j]);
-    CHECK_MSG(warm[0] < warm[1] && warm[1] < warm[2], "errors %g %g %g do not rise", warm[0],
-              warm[1], warm[2]);
-}
-
 /* The errors one measuring step records for tensor fc1 (gaussian g, residual r = g / 2 on
  * every other element, or none). */
 static void errors_with_residual(const char *method, bool residual, double *err, size_t K) {
@@ -565,6 +523,24 @@ static void errors_with_residual(const char *method, bool residual, double *err,
     gcomp_adapt_free(a);
 }
 
+/* A candidate is measured in its steady state, as its bytes are: DGC's warm-up on a fresh
+ * scratch compressor (epoch 0) sent warmup_start for every density, so all candidates
+ * lighter than it measured the same error and the DP starved the big layers. */
+static void test_measure_steady_state(void) {
+    double warm[3] = {0}, plain[3] = {0};
+    errors_with_residual("adapt:layers;base=dgc:density=0.001,warmup=1,warmup_stages=4,"
+                         "warmup_start=0.05;ladder=0.01/0.001/0.0001;interval=1;measure=1",
+                         false, warm, 3);
+    errors_with_residual("adapt:layers;base=dgc:density=0.001;ladder=0.01/0.001/0.0001;"
+                         "interval=1;measure=1",
+                         false, plain, 3);
+    for (size_t j = 0; j < 3; j++)
+        CHECK_MSG(warm[j] == plain[j], "entry %zu: error %g with a warm-up, %g without", j, warm[j],
+                  plain[j]);
+    CHECK_MSG(warm[0] < warm[1] && warm[1] < warm[2], "errors %g %g %g do not rise", warm[0],
+              warm[1], warm[2]);
+}
+
 /* error_on=gradient: the layers' errors are of the gradient alone, whatever residual the
  * caller hands in; error_on=input (the default) measures the gradient plus the residual. */
 static void test_layers_error_on(void) {
@@ -582,9 +558,8 @@ static void test_layers_error_on(void) {
     errors_with_residual(input_m, true, input_r, 3);
     for (size_t j = 0; j < 3; j++) {
         CHECK_MSG(grad_r[j] == in_none[j],
-                  "entry %zu: %g with error_on=gradient, %g without "
-                  "a residual",
-                  j, grad_r[j], in_none[j]);
+                  "entry %zu: %g with error_on=gradient, %g without a residual", j, grad_r[j],
+                  in_none[j]);
         CHECK_MSG(in_r[j] != in_none[j], "entry %zu: the residual changed nothing (%g)", j,
                   in_r[j]);
         CHECK_MSG(input_r[j] == in_r[j], "entry %zu: error_on=input %g, default %g", j, input_r[j],
