@@ -129,6 +129,20 @@ gcomp_status gcomp__adapt_num(gcomp_adapt *a, const char *ctl, const char *key, 
     return GCOMP_OK;
 }
 
+gcomp_status gcomp__adapt_word(gcomp_adapt *a, const char *ctl, const char *key,
+                               const char *const *words, const char *expected, int *out,
+                               gcomp_error *err) {
+    const char *v = gcomp__adapt_opt(a, key);
+    *out = 0;
+    if (!v) return GCOMP_OK;
+    for (int k = 0; words[k]; k++)
+        if (!strcmp(v, words[k])) {
+            *out = k;
+            return GCOMP_OK;
+        }
+    return gcomp__fail(err, GCOMP_E_SPEC, "adapt: %s: %s=%s: expected %s", ctl, key, v, expected);
+}
+
 void gcomp__adapt_plan_uniform(const gcomp_adapt *a, gcomp__adapt_plan *p, int level) {
     if (level < 0) level = 0;
     if (level >= (int)a->K) level = (int)a->K - 1;

@@ -105,13 +105,14 @@ static gcomp_status acc_create(gcomp_adapt *a, void **out, gcomp_error *err) {
         (st = gcomp__adapt_num(a, "accuracy", "hold", 0.8, 0, 1, &s->hold, err)) ||
         (st = gcomp__adapt_num(a, "accuracy", "window", 4, 1, ACC_WINDOW, &s->window, err)))
         return st;
-    const char *course = gcomp__adapt_opt(a, "course");
-    if (course && strcmp(course, "auto") && strcmp(course, "glide"))
-        return gcomp__fail(err, GCOMP_E_SPEC,
-                           "adapt: accuracy: course=%s: expected auto (a reference curve when "
-                           "one is given, else the glide path) or glide",
-                           course);
-    s->glide = course && !strcmp(course, "glide");
+    static const char *const course[] = {"auto", "glide", NULL};
+    int w;
+    if ((st = gcomp__adapt_word(a, "accuracy", "course", course,
+                                "auto (a reference curve when one is given, else the glide "
+                                "path) or glide",
+                                &w, err)))
+        return st;
+    s->glide = w == 1;
     if (isfinite(s->below) && s->glide)
         return gcomp__fail(err, GCOMP_E_SPEC,
                            "adapt: accuracy: target=%s needs the reference curve, which "

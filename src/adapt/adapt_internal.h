@@ -213,6 +213,11 @@ const char *gcomp__adapt_opt(gcomp_adapt *a, const char *key);
 /* Option `key` as a number in [lo, hi] (dflt when absent); GCOMP_E_SPEC naming it. */
 gcomp_status gcomp__adapt_num(gcomp_adapt *a, const char *ctl, const char *key, double dflt,
                               double lo, double hi, double *out, gcomp_error *err);
+/* Option `key` as one of the words in `words` (NULL-terminated; the first when absent):
+ * *out its index; GCOMP_E_SPEC naming it and `expected` (what the words mean). */
+gcomp_status gcomp__adapt_word(gcomp_adapt *a, const char *ctl, const char *key,
+                               const char *const *words, const char *expected, int *out,
+                               gcomp_error *err);
 /* GCOMP_E_STATE for a saved controller section whose fields are out of range. */
 gcomp_status gcomp__adapt_bad_state(gcomp_error *err, const char *ctl);
 /* The level of a ladder item (a knob value or a spec) or -1 with *err filled. */

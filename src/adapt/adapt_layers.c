@@ -87,13 +87,12 @@ static gcomp_status layers_create(gcomp_adapt *a, void **out, gcomp_error *err) 
     }
     gcomp_status st = gcomp__adapt_num(a, "layers", "margin", 0.05, 0, 0.9, &s->margin, err);
     if (st != GCOMP_OK) return st;
-    const char *on = gcomp__adapt_opt(a, "error_on");
-    if (on && strcmp(on, "input") && strcmp(on, "gradient"))
-        return gcomp__fail(err, GCOMP_E_SPEC,
-                           "adapt: layers: error_on=%s: input (the gradient plus the residual) "
-                           "or gradient",
-                           on);
-    a->error_on_grad = on && !strcmp(on, "gradient");
+    static const char *const on[] = {"input", "gradient", NULL};
+    int w;
+    if ((st = gcomp__adapt_word(a, "layers", "error_on", on,
+                                "input (the gradient plus the residual) or gradient", &w, err)))
+        return st;
+    a->error_on_grad = w == 1;
     s->err = gcomp__alloc((a->nm * a->K + 1) * sizeof(double));
     s->cur = gcomp__alloc((a->nm + 1) * sizeof(int));
     if (!s->err || !s->cur) return gcomp__fail(err, GCOMP_E_NOMEM, "adapt: out of memory");
