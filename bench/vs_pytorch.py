@@ -215,6 +215,9 @@ def main():
     ap.add_argument("--powersgd-rank", type=int, default=4)
     ap.add_argument("--powersgd-start", type=int, default=10)
     ap.add_argument("--powersgd-buckets", choices=["one", "default"], default="one")
+    ap.add_argument("--one-bucket", action="store_true",
+                    help="one DDP bucket for the whole model with any method (what "
+                         "--powersgd-buckets one does for ddp-powersgd)")
     ap.add_argument("--bucket-view", action="store_true",
                     help="DDP(gradient_as_bucket_view=True): gradients live in the buckets (no copies)")
     ap.add_argument("--keep-memory", action="store_true",
@@ -244,7 +247,7 @@ def main():
     model = build_model(a.model, a.seed)
     nparams = sum(p.numel() for p in model.parameters())
     algo = None  # algorithmic bytes per step and rank, where the method says
-    if base == "ddp-powersgd" and a.powersgd_buckets == "one":
+    if a.one_bucket or (base == "ddp-powersgd" and a.powersgd_buckets == "one"):
         dist._DEFAULT_FIRST_BUCKET_BYTES = 8 * nparams
         ddp = DDP(model, bucket_cap_mb=8 * nparams / 2**20, gradient_as_bucket_view=a.bucket_view)
     else:
@@ -376,6 +379,7 @@ def main():
             "best_acc": max(p["acc"] for p in curve), "curve": curve, "budget_s": a.budget,
             "torch": torch.__version__,
             "powersgd_buckets": a.powersgd_buckets if base == "ddp-powersgd" else None,
+            "one_bucket": a.one_bucket or (base == "ddp-powersgd" and a.powersgd_buckets == "one"),
         }
         ph = phases[3:] or phases
         res["phase_ms_median"] = {k: 1e3 * statistics.median(p[i] for p in ph)
