@@ -956,7 +956,10 @@ GCOMP_API gcomp_status gcomp_cost_break_even(const gcomp_cost_model *m,
  *              (progress from which it only lightens), course=auto|glide (auto: the
  *              reference curve of gcomp_adapt_set_course when one is set, else the glide
  *              path)
- *   layers:    budget=uniform|BYTES (bytes per step of the compressed tensors)
+ *   layers:    budget=uniform|BYTES (bytes per step of the compressed tensors),
+ *              margin=0.05 (the least relative error reduction for which a new plan
+ *              replaces the plan in force), error_on=input|gradient (what the measured
+ *              errors are of: the gradient plus the residual, or the gradient alone)
  *   norm:      eta=0.5, low=VALUE|SPEC (the critical setting; default two ladder steps
  *              lighter than base), lr_drop=0.8 (a fall of the learning rate by at least
  *              this fraction since the last decision makes the next interval critical,

@@ -204,10 +204,9 @@ class Adapt:
 
     def observe_lr(self, lr):
         """The learning rate of the coming steps (the same on every rank): the norm
-        controller makes the interval after a decay (a fall by lr_drop, default 0.8:
-        a /5 or /10 step)
-        critical.  The rate just used also works: a decay that falls on a decision's step
-        is then seen one decision late."""
+        controller makes the interval after a decay (a fall by lr_drop, default 0.8: a /5
+        or /10 step) critical.  The rate just used also works: a decay that falls on a
+        decision's step is then seen one decision late."""
         _lib.gcomp_adapt_observe_lr(self._handle(), float(lr))
 
     def set_course(self, progress, metric):
