@@ -341,6 +341,41 @@ int gtrain_shuffle(uint32_t *perm, size_t n, uint64_t seed, uint64_t epoch) {
     return GTRAIN_OK;
 }
 
+int gtrain_data_hold_out(gtrain_data *d, size_t n, gtrain_data *val) {
+    if (!val) return GTRAIN_ERR_ARG;
+    memset(val, 0, sizeof *val);
+    if (!d || !d->x || !d->y || n == 0 || n >= d->n || d->n > UINT32_MAX) return GTRAIN_ERR_ARG;
+    size_t dim = d->dim, keep = d->n - n;
+    uint32_t *perm = malloc(d->n * sizeof *perm);
+    unsigned char *out = calloc(d->n, 1);
+    val->x = malloc(n * dim * sizeof(float));
+    val->y = malloc(n);
+    if (!perm || !out || !val->x || !val->y) {
+        free(perm);
+        free(out);
+        gtrain_data_free(val);
+        return GTRAIN_ERR_NOMEM;
+    }
+    gtrain_shuffle(perm, d->n, GTRAIN_VAL_SEED, 0);
+    for (size_t i = 0; i < n; i++) out[perm[i]] = 1;
+    size_t v = 0, t = 0;
+    for (size_t i = 0; i < d->n; i++) { /* both halves keep the file's order */
+        if (out[i]) {
+            memcpy(val->x + v * dim, d->x + i * dim, dim * sizeof(float));
+            val->y[v++] = d->y[i];
+        } else {
+            if (t != i) memmove(d->x + t * dim, d->x + i * dim, dim * sizeof(float));
+            d->y[t++] = d->y[i];
+        }
+    }
+    free(perm);
+    free(out);
+    val->n = n;
+    val->dim = dim;
+    d->n = keep; /* the buffers keep their size: the tail is unused */
+    return GTRAIN_OK;
+}
+
 size_t gtrain_shard(const uint32_t *perm, size_t n, unsigned rank, unsigned nranks, uint32_t *out) {
     if (nranks == 0 || rank >= nranks || !perm || !out) return 0;
     size_t count = n / nranks;

@@ -17,6 +17,10 @@
  *
  * Statuses are gtrain_status from model.h. Nothing prints, exits or aborts.
  *
+ * A validation split (gtrain_data_hold_out) comes out of the training set, so that a decision
+ * taken on accuracy (the accuracy controller, the sensitivity probe) never looks at the test
+ * set the results are reported on.
+ *
  * Rejected: a fixed 28×28×60000 layout with no validation (a truncated download would train on
  * zeros); torchvision-style download on demand (the machines have no network; Debian packages the
  * data); a generic loader for any IDX type (the models take 28×28 uint8 images only).
@@ -80,6 +84,16 @@ int gtrain_data_load(const char *dir, const char *split, gtrain_data *out, char 
  * GTRAIN_ERR_NOMEM; on failure *out is zeroed.
  */
 int gtrain_data_synthetic(size_t n, uint64_t seed, gtrain_data *out);
+
+/*
+ * Moves `n` samples of *d into *val, a held-out validation split: a uniformly random subset
+ * drawn from GTRAIN_VAL_SEED, so every rank and every --seed holds out the same samples (a
+ * fixed validation set; the training order still follows the run's seed). *d keeps the other
+ * d->n − n samples in their order. Returns GTRAIN_OK; GTRAIN_ERR_ARG (n == 0, or n >= d->n:
+ * nothing would be left to train on) or GTRAIN_ERR_NOMEM, with *d untouched and *val zeroed.
+ */
+#define GTRAIN_VAL_SEED 0x76616c6964617465ull /* "validate" */
+int gtrain_data_hold_out(gtrain_data *d, size_t n, gtrain_data *val);
 
 /* Frees what a dataset owns and zeroes it. NULL or an already freed dataset is a no-op. */
 void gtrain_data_free(gtrain_data *d);

@@ -165,7 +165,7 @@ static int worker_run(const gtrain_config *cfg, const gtrain_ps_config *pc, cons
         goto done;
     }
     gtrain_point p0 = {0};
-    if (gtrain_evaluate(m, test, wcomm, &p0.test_acc, &p0.test_loss)) {
+    if (gtrain_evaluate_point(m, cfg, test, wcomm, &p0)) {
         rc = fail(err, errlen, "evaluation failed");
         goto done;
     }
@@ -244,7 +244,7 @@ static int worker_run(const gtrain_config *cfg, const gtrain_ps_config *pc, cons
         p.train_loss = ls[1] > 0 ? ls[0] / ls[1] : NAN;
         loss_sum = 0;
         loss_n = 0;
-        if (gtrain_evaluate(m, test, wcomm, &p.test_acc, &p.test_loss)) {
+        if (gtrain_evaluate_point(m, cfg, test, wcomm, &p)) {
             rc = fail(err, errlen, "evaluation failed");
             break;
         }
@@ -440,6 +440,7 @@ agree:
         const gtrain_point *last = &out->points[out->npoints - 1];
         out->final_acc = last->test_acc;
         out->final_loss = last->test_loss;
+        out->final_val_acc = last->val_acc;
         for (size_t i = 0; i < out->npoints; i++)
             if (out->points[i].test_acc > out->best_acc) out->best_acc = out->points[i].test_acc;
     }

@@ -66,6 +66,22 @@ int gtrain_adapt_is_method(const char *method) {
     return method && !strncmp(method, "adapt:", 6);
 }
 
+int gtrain_adapt_method_uses(const char *method, const char *controller) {
+    if (!gtrain_adapt_is_method(method) || !controller) return 0;
+    size_t cl = strlen(controller);
+    const char *p = method + 6, *end = p + strcspn(p, ";@");
+    while (p < end) {
+        const char *next = memchr(p, '+', (size_t)(end - p));
+        const char *tok_end = next ? next : end;
+        while (p < tok_end && *p == ' ') p++;
+        const char *e = tok_end;
+        while (e > p && e[-1] == ' ') e--;
+        if ((size_t)(e - p) == cl && !memcmp(p, controller, cl)) return 1;
+        p = next ? next + 1 : end;
+    }
+    return 0;
+}
+
 static int strategy_cb(void *ctx, const char *spec) {
     int s = 0;
     (void)ctx;
@@ -117,7 +133,8 @@ static int log_decision(gtrain_adapt *a, size_t step, double epoch, double probe
                                               (size_t)r.next_measure_step,
                                               j,
                                               gcomp_adapt_predicted(a->ad, j),
-                                              (int)j == r.uniform_level};
+                                              (int)j == r.uniform_level,
+                                              r.metric};
     return 0;
 }
 
@@ -196,7 +213,7 @@ int gtrain_adapt_observe(gtrain_adapt *a, const gtrain_exchange *ex, size_t i) {
 }
 
 int gtrain_adapt_set_reference(gtrain_adapt *a, const gtrain_point *pts, size_t n, int epochs,
-                               int *used, char *err, size_t errlen) {
+                               int use_val, int *used, char *err, size_t errlen) {
     *used = 0;
     if (!gcomp_adapt_uses(a->ad, "accuracy") || !n || epochs < 1) return 0;
     double *prog = malloc(2 * n * sizeof(double)), *acc = prog + n;
@@ -206,9 +223,16 @@ int gtrain_adapt_set_reference(gtrain_adapt *a, const gtrain_point *pts, size_t 
         double p = pts[j].epoch / epochs;
         if (p > 0 && p <= 1 && (!k || p > prog[k - 1])) {
             prog[k] = p;
-            acc[k++] = pts[j].test_acc;
+            acc[k++] = use_val ? pts[j].val_acc : pts[j].test_acc;
         }
     }
+    for (size_t j = 0; j < k; j++)
+        if (!isfinite(acc[j])) {
+            free(prog);
+            return afail(err, errlen,
+                         "reference curve: the reference run has no validation "
+                         "accuracy to steer by");
+        }
     gcomp_error e = {0};
     int rc = 0;
     if (k && gcomp_adapt_set_course(a->ad, prog, acc, k, &e) != GCOMP_OK)

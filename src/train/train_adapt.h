@@ -2,10 +2,10 @@
  * train_adapt.h - the trainer's side of adaptive compression: an "adapt:..." method (the grammar
  * of gradcomp.h, "Adaptive compression") run inside gtrain_run.  It owns the controllers
  * (gcomp_adapt), feeds them this rank's observations (each tensor's gradient as backward
- * makes it final, the step's compute time, a link probe, the test accuracy), takes the
- * decision with every rank at the controllers' interval (gcomp_mpi_adapt_decide) and
- * applies it to the live buckets (gtrain_exchange_retune), and keeps the history of every
- * tensor's setting for metrics.csv and the plots.
+ * makes it final, the step's compute time, a link probe, the validation or test accuracy), takes
+ * the decision with every rank at the controllers' interval (gcomp_mpi_adapt_decide) and applies it
+ * to the live buckets (gtrain_exchange_retune), and keeps the history of every tensor's setting for
+ * metrics.csv and the plots.
  */
 #ifndef GTRAIN_ADAPT_H
 #define GTRAIN_ADAPT_H
@@ -39,7 +39,8 @@ typedef struct gtrain_decision {
     size_t next_measure;                  /* the step that measures next */
     size_t candidate;                     /* its ladder index, most bytes first */
     double predicted_s;
-    int chosen; /* 1 for the uniform level the decision took */
+    int chosen;    /* 1 for the uniform level the decision took */
+    double metric; /* the accuracy controller's metric at the decision (NaN: none) */
 } gtrain_decision;
 
 typedef struct gtrain_adapt gtrain_adapt;
@@ -47,6 +48,10 @@ struct gtrain_point; /* trainer.h */
 
 /* 1 when `method` is an adaptive method ("adapt:..."). */
 int gtrain_adapt_is_method(const char *method);
+/* 1 when `method` is an adaptive method whose controller list ("adapt:CTL+CTL;...", before
+ * any ';' or '@') names `controller`: e.g. whether the run needs a validation split.  Only
+ * the list is read; gtrain_adapt_create judges the rest. */
+int gtrain_adapt_method_uses(const char *method, const char *controller);
 /* Parses the method and takes the first decision for the model's tensors.  Collective over
  * comm (counts the nodes).  total_steps: the run's length; pd: the trainer's layer-policy
  * defaults, of which the adaptive policy takes min_elements and dense_spec (not min_k: a
@@ -60,11 +65,12 @@ const char *const *gtrain_adapt_specs(const gtrain_adapt *a);
 /* Tensor i's gradient is final: observe it (with what its compressor holds back). */
 int gtrain_adapt_observe(gtrain_adapt *a, const gtrain_exchange *ex, size_t i);
 /* The accuracy controller's course: a reference run's evaluations (epochs of `epochs`),
- * those after the start (gcomp_adapt_set_course).  *used = 1 when the method steers by it
- * (it has the accuracy controller); 0 with nothing done otherwise. */
+ * those after the start (gcomp_adapt_set_course), their validation accuracy with use_val
+ * (the reference must then have one), else their test accuracy.  *used = 1 when the method
+ * steers by it (it has the accuracy controller); 0 with nothing done otherwise. */
 int gtrain_adapt_set_reference(gtrain_adapt *a, const struct gtrain_point *pts, size_t n,
-                               int epochs, int *used, char *err, size_t errlen);
-/* A test accuracy to steer by (every rank, the same value). */
+                               int epochs, int use_val, int *used, char *err, size_t errlen);
+/* An accuracy to steer by, validation or test (every rank, the same value). */
 void gtrain_adapt_metric(gtrain_adapt *a, double accuracy);
 /* The learning rate of the next step (the norm controller's decay rule). */
 void gtrain_adapt_lr(gtrain_adapt *a, double lr);

@@ -89,6 +89,13 @@ int gtrain_evaluate(gtrain_model *m, const gtrain_data *test, MPI_Comm comm, dou
     return 0;
 }
 
+int gtrain_evaluate_point(gtrain_model *m, const gtrain_config *cfg, const gtrain_data *test,
+                          MPI_Comm comm, gtrain_point *p) {
+    p->val_acc = p->val_loss = NAN;
+    return gtrain_evaluate(m, test, comm, &p->test_acc, &p->test_loss) ||
+           (cfg->val && gtrain_evaluate(m, cfg->val, comm, &p->val_acc, &p->val_loss));
+}
+
 /* Median of 3 forward+backward passes (after one warm-up), the slowest rank's. */
 static double measure_compute(gtrain_model *m, const gtrain_data *train, size_t batch,
                               MPI_Comm comm) {
@@ -177,10 +184,10 @@ static void on_ready(void *ctx, size_t i) {
 /* Evaluates the model the ranks share and checks that they do share it: the weights, or
  * with an outer step its global weights (the last syncs'; the live ones differ between
  * syncs by design).  Collective. */
-static int eval_shared(gtrain_model *m, gtrain_outer *ox, const gtrain_data *test, MPI_Comm comm,
-                       double *acc, double *loss, int *same) {
+static int eval_shared(gtrain_model *m, gtrain_outer *ox, const gtrain_config *cfg,
+                       const gtrain_data *test, MPI_Comm comm, gtrain_point *p, int *same) {
     if (ox) gtrain_outer_eval_begin(ox);
-    int rc = gtrain_evaluate(m, test, comm, acc, loss);
+    int rc = gtrain_evaluate_point(m, cfg, test, comm, p);
     *same = gtrain_same_weights(m, comm);
     if (ox) gtrain_outer_eval_end(ox);
     return rc;
@@ -281,7 +288,7 @@ int gtrain_run(const gtrain_config *cfg, const char *method, const gtrain_data *
                                   cfg->calibration, comm, err, errlen);
     if (!bad && adapt && cfg->nreference)
         bad = gtrain_adapt_set_reference(adapt, cfg->reference, cfg->nreference, cfg->epochs,
-                                         &out->steered_by_reference, err, errlen);
+                                         cfg->val != NULL, &out->steered_by_reference, err, errlen);
     if (bad || (oc.local_steps > 0
                     ? gtrain_outer_create(&ox, &oc, core, t, nt, &cfg->policy, cfg->strategy,
                                           cfg->timeout_s, comm, err, errlen)
@@ -330,7 +337,7 @@ int gtrain_run(const gtrain_config *cfg, const char *method, const gtrain_data *
 
     /* Starting point. */
     gtrain_point p0 = {0};
-    if (gtrain_evaluate(m, test, comm, &p0.test_acc, &p0.test_loss)) {
+    if (gtrain_evaluate_point(m, cfg, test, comm, &p0)) {
         rc = fail(err, errlen, "evaluation failed");
         goto done;
     }
@@ -401,11 +408,11 @@ int gtrain_run(const gtrain_config *cfg, const char *method, const gtrain_data *
                 loss_sum = 0;
                 loss_n = 0;
                 int same;
-                if (eval_shared(m, ox, test, comm, &p.test_acc, &p.test_loss, &same)) {
+                if (eval_shared(m, ox, cfg, test, comm, &p, &same)) {
                     rc = fail(err, errlen, "evaluation failed");
                     break;
                 }
-                if (adapt) gtrain_adapt_metric(adapt, p.test_acc);
+                if (adapt) gtrain_adapt_metric(adapt, cfg->val ? p.val_acc : p.test_acc);
                 if (!same) {
                     rc = fail(err, errlen, "the ranks' weights differ after step %zu", step);
                     break;
@@ -455,7 +462,7 @@ int gtrain_run(const gtrain_config *cfg, const char *method, const gtrain_data *
             p.wall_s = w / P;
             p.bytes = gtrain_outer_bytes_sent(ox);
             int same;
-            if (eval_shared(m, ox, test, comm, &p.test_acc, &p.test_loss, &same))
+            if (eval_shared(m, ox, cfg, test, comm, &p, &same))
                 rc = fail(err, errlen, "evaluation failed");
             else if (!same)
                 rc = fail(err, errlen, "the ranks' weights differ after the last sync");
@@ -503,6 +510,7 @@ int gtrain_run(const gtrain_config *cfg, const char *method, const gtrain_data *
     const gtrain_point *last = &out->points[out->npoints - 1];
     out->final_acc = last->test_acc;
     out->final_loss = last->test_loss;
+    out->final_val_acc = last->val_acc;
     for (size_t i = 0; i < out->npoints; i++)
         out->best_acc =
             out->points[i].test_acc > out->best_acc ? out->points[i].test_acc : out->best_acc;

@@ -67,6 +67,10 @@ typedef struct gtrain_config {
      * trainer's CLI passes the dense run of the same command.  NULL: the glide path. */
     const struct gtrain_point *reference;
     size_t nreference;
+    /* A validation split held out of the training set (gtrain_data_hold_out; NULL: none):
+     * evaluated beside the test set at every evaluation, and then the metric accuracy-driven
+     * methods steer by and their reference curve, so no decision looks at the test set. */
+    const gtrain_data *val;
     int slow_rank;      /* with slow_factor > 1: this (worker) rank computes each step */
     double slow_factor; /* slow_factor times slower (it sleeps the difference) */
 } gtrain_config;
@@ -78,6 +82,7 @@ typedef struct gtrain_point {
     double train_loss; /* mean over ranks of the recent steps */
     double test_acc;   /* fraction */
     double test_loss;
+    double val_acc, val_loss; /* on cfg->val; NaN without one */
 } gtrain_point;
 
 typedef struct gtrain_result {
@@ -85,6 +90,7 @@ typedef struct gtrain_result {
     char detail[512]; /* the specs actually used, e.g. "fc1.weight,fc2.weight: dgc:...; rest: none"
                        */
     double final_acc, final_loss, best_acc;
+    double final_val_acc;        /* on cfg->val at the end; NaN without one */
     char outer[160];             /* the outer step ("H=32 nesterov lr=0.7 ..."), "" for
                                     data-parallel training */
     unsigned local_steps;        /* H; 0 for data-parallel training */
@@ -157,6 +163,10 @@ float gtrain_lr_at(const gtrain_config *cfg, double progress);
 /* Test accuracy and loss of m, the test set split across the ranks of comm (collective). */
 int gtrain_evaluate(gtrain_model *m, const gtrain_data *test, MPI_Comm comm, double *acc,
                     double *loss);
+/* p's test_acc/test_loss on `test`, and its val_acc/val_loss on cfg->val (NaN without one).
+ * Collective. */
+int gtrain_evaluate_point(gtrain_model *m, const gtrain_config *cfg, const gtrain_data *test,
+                          MPI_Comm comm, gtrain_point *p);
 /* 1 when every rank of comm holds bit-identical weights (collective). */
 int gtrain_same_weights(gtrain_model *m, MPI_Comm comm);
 /* Sleeps (factor - 1) x compute_s: how --slow-rank emulates a slower device. */

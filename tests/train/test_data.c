@@ -320,6 +320,53 @@ static void test_shuffle_shard(void) {
     CHECK(gtrain_shard(a, n, 3, 3, out) == 0 && gtrain_shard(a, n, 0, 0, out) == 0, "bad rank");
 }
 
+/* The validation split: every sample lands in exactly one half (rows and labels stay
+ * together), each half in the file's order, the same split on every call, and bad sizes
+ * refused with the dataset untouched. */
+static void test_hold_out(void) {
+    enum { n = 400, nv = 50 };
+    gtrain_data a, b, v, w;
+    CHECK(gtrain_data_synthetic(n, 3, &a) == GTRAIN_OK &&
+              gtrain_data_synthetic(n, 3, &b) == GTRAIN_OK,
+          "synthetic");
+    /* tag each row by its index in its first feature, so the halves can be traced back */
+    for (size_t i = 0; i < n; i++) a.x[i * 784] = b.x[i * 784] = (float)i;
+    CHECK(gtrain_data_hold_out(&a, 0, &v) == GTRAIN_ERR_ARG && a.n == n && !v.x, "n 0");
+    CHECK(gtrain_data_hold_out(&a, n, &v) == GTRAIN_ERR_ARG && a.n == n && !v.x, "n = all");
+    CHECK(gtrain_data_hold_out(&a, nv, &v) == GTRAIN_OK, "hold out");
+    CHECK(a.n == n - nv && v.n == nv && v.dim == 784, "sizes %zu + %zu", a.n, v.n);
+    CHECK(gtrain_data_hold_out(&b, nv, &w) == GTRAIN_OK, "hold out again");
+    CHECK(memcmp(v.x, w.x, nv * 784 * sizeof(float)) == 0 &&
+              memcmp(a.x, b.x, a.n * 784 * sizeof(float)) == 0,
+          "two calls, two different splits");
+    gtrain_data ref;
+    gtrain_data_synthetic(n, 3, &ref);
+    unsigned char seen[n] = {0};
+    for (int half = 0; half < 2; half++) {
+        const gtrain_data *h = half ? &v : &a;
+        float last = -1;
+        for (size_t i = 0; i < h->n; i++) {
+            float tag = h->x[i * 784];
+            size_t r = (size_t)tag;
+            CHECK(tag > last && r < n && !seen[r], "half %d row %zu: tag %g", half, i, tag);
+            if (r >= n) continue;
+            seen[r] = 1;
+            last = tag;
+            CHECK(h->y[i] == ref.y[r] &&
+                      memcmp(h->x + i * 784 + 1, ref.x + r * 784 + 1, 783 * sizeof(float)) == 0,
+                  "half %d row %zu is not sample %zu", half, i, r);
+        }
+    }
+    size_t total = 0;
+    for (size_t i = 0; i < n; i++) total += seen[i];
+    CHECK(total == n, "%zu of %d samples in the two halves", total, n);
+    gtrain_data_free(&a);
+    gtrain_data_free(&b);
+    gtrain_data_free(&v);
+    gtrain_data_free(&w);
+    gtrain_data_free(&ref);
+}
+
 int main(int argc, char **argv) {
     root = argc > 1 ? argv[1] : "idx_fixtures";
     mkdir(root, 0755);
@@ -327,6 +374,7 @@ int main(int argc, char **argv) {
     test_real();
     test_synthetic();
     test_shuffle_shard();
+    test_hold_out();
     if (!check_failures) printf("train_data: all checks passed\n");
     return check_failures ? 1 : 0;
 }

@@ -134,6 +134,50 @@ ok = ok and len(rows) >= 2 and all(r["spec"].startswith("topk:density=") for r i
 print("train_mpi course: %d passed, %d failed" % (ok, not ok))
 sys.exit(0 if ok else 1)
 PYEOF
+# The loop steers by a validation split held out of the training set (--val auto: a twelfth
+# of the synthetic 12000), never by the test set: every decision's metric is the validation
+# accuracy of the evaluation at its step, and with --val 0 it is the test accuracy.
+check_metric() { # DIR SAMPLES COLUMN
+    "$PY" - "$@" <<'PYEOF'
+import csv, json, math, sys
+d, n, col = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+bad = 0
+r = json.load(open(d + "/results.json"))
+if r["validation_samples"] != n:
+    print("FAIL: %s: validation_samples %r, expected %d" % (d, r["validation_samples"], n)); bad += 1
+pts = {}
+for row in csv.DictReader(open(d + "/metrics.csv")):
+    has = row["val_accuracy"] != ""
+    if has != (n > 0):
+        print("FAIL: %s: val_accuracy %r with --val %d" % (d, row["val_accuracy"], n)); bad += 1
+    if row["method"].startswith("adapt:"):
+        pts[round(float(row["epoch"]), 4)] = row
+dec = [x for x in csv.DictReader(open(d + "/decisions.csv")) if x["chosen"] == "1"]
+differ = 0
+for x in dec:
+    p = pts.get(round(float(x["epoch"]), 4))
+    if p is None or abs(float(x["metric"]) - float(p[col])) > 1e-6:
+        print("FAIL: %s: decision at epoch %s saw %s, %s was %s" % (d, x["epoch"], x["metric"], col, p and p[col])); bad += 1
+    elif abs(float(p["val_accuracy"] or "nan") - float(p["test_accuracy"])) > 1e-6:
+        differ += 1
+if len(dec) < 7 or (n and not differ):
+    print("FAIL: %s: %d decisions, %d where validation and test differ" % (d, len(dec), differ)); bad += 1
+print("train_mpi %s steers by %s: %d passed, %d failed" % (d, col, 0 if bad else 1, bad))
+sys.exit(1 if bad else 0)
+PYEOF
+}
+check_metric course 1000 val_accuracy || exit 1
+timeout 300 mpirun -np 2 "$G" train --data synthetic --model mlp --hidden 64 --epochs 1 --batch 16 \
+    --evals 8 --max-steps 80 --quiet --min-elements 100 --compare "dense,$A" --val 0 \
+    --out course0 > course0.log 2>&1 || { cat course0.log; echo "FAIL: --val 0"; exit 1; }
+check_metric course0 0 test_accuracy || exit 1
+timeout 60 mpirun -np 2 "$G" train --data synthetic --model mlp --epochs 1 --quiet \
+    --compare dense --val 12000 --out val-all > val-all.log 2>&1
+rc=$?
+if [ $rc -ne 1 ] || ! grep -q "val 12000: leaves no training samples" val-all.log; then
+    cat val-all.log; echo "FAIL: --val as large as the training set: exit $rc"; exit 1
+fi
+echo "train_mpi --val too large: 1 passed, 0 failed"
 course_run nocourse "$A"
 rc=$?
 if [ $rc -ne 1 ] || [ "$(grep -c 'needs a reference curve' nocourse.log)" -lt 1 ]; then
@@ -152,7 +196,10 @@ rc=$?
 "$PY" - <<'PYEOF' || exit 1
 import sys
 bad = 0
-rows = [l.split() for l in open("sens/sensitivity.txt") if not l.startswith(("#", "tensor "))]
+lines = open("sens/sensitivity.txt").read().splitlines()
+if "(validation accuracy)" not in lines[0]:  # --val auto: the probe decides on a held-out split
+    print("FAIL: sensitivity.txt header %r" % lines[0]); bad += 1
+rows = [l.split() for l in lines if not l.startswith(("#", "tensor "))]
 if [r[0] for r in rows] != ["fc1.weight", "fc2.weight", "fc3.weight"] or any(len(r) != 5 for r in rows):
     print("FAIL: sensitivity.txt rows %r" % rows); bad += 1
 for r in rows:

@@ -43,6 +43,7 @@ typedef struct opts {
     const char *link, *out, *data, *calibration, *sensitivity;
     double threshold_pp;      /* --sensitivity: a layer costing more goes a decade lighter */
     double target, tolerance; /* --target-acc (fraction, < 0: dense's); --target-tolerance */
+    long val;                 /* --val: samples held out for validation (-1: auto) */
     const char *host_rate[MAX_HOST_RATES]; /* netsim: "I:RATE", host I's own link */
     int nhost_rates;
     const char *delay_us; /* netsim: one-way delay per host */
@@ -62,7 +63,7 @@ static const char *usage_text =
     "                      [--min-k K] [--dense-spec SPEC] [--strategy S] [--max-steps N] "
     "[--timeout SEC]\n"
     "                      [--lr-schedule const|cosine|step] [--loss mean|sum]\n"
-    "                      [--time-budget SEC] [--calibration FILE] [--quiet]\n"
+    "                      [--time-budget SEC] [--calibration FILE] [--val N|auto] [--quiet]\n"
     "                      [--local-steps H] [--outer sgd|nesterov[:lr=X,momentum=M]]\n"
     "                      [--stream F] [--stream-delay D] [--mix A] [--ef-decay B]\n"
     "                      [--ps S[:sync|async|device,...]] [--ps-only] [--ps-update]\n"
@@ -94,6 +95,12 @@ static const char *usage_text =
     "         (default 0), so that a run cut by --time-budget while still improving gives\n"
     "         the compressed methods a target dense itself reached before its last\n"
     "         evaluation.\n"
+    "--val N: hold N training samples out as a validation split (the same samples for every\n"
+    "         --seed), evaluated beside the test set; accuracy-driven methods and\n"
+    "         --sensitivity then decide on it, never on the test set the table reports.\n"
+    "         auto (default): a twelfth of the training set (5000 of Fashion-MNIST's 60000)\n"
+    "         when a method has the accuracy controller or with --sensitivity, else none;\n"
+    "         every method of the command trains on the same remaining samples.\n"
     "--loss:  the gradient the methods compress: of the batch's mean loss (default,\n"
     "         PyTorch's unit) or of its summed loss (MXNet's, where the optimizer divides by\n"
     "         the batch); dense training is the same, but absolute thresholds (twobit's,\n"
@@ -177,6 +184,7 @@ static int parse(int argc, char **argv, opts *o) {
     gtrain_outer_cfg_default(&c->outer);
     o->out = "out";
     o->target = -1;
+    o->val = -1;
     o->threshold_pp = 0.1;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -228,6 +236,10 @@ static int parse(int argc, char **argv, opts *o) {
             o->tolerance = strtod(v, &end);
             if (*end || !(o->tolerance >= 0 && o->tolerance < 100))
                 return cli_fail("train", 2, "--target-tolerance %s: percentage points, 0..100", v);
+        } else if (!strcmp(a, "--val")) {
+            if (strcmp(v, "auto") && (cli_parse_count(v, &cnt) || cnt > LONG_MAX))
+                return cli_fail("train", 2, "--val %s: a sample count or auto", v);
+            o->val = strcmp(v, "auto") ? (long)cnt : -1;
         } else if (!strcmp(a, "--out"))
             o->out = v;
         else if (!strcmp(a, "--data"))
@@ -522,22 +534,23 @@ static void settings_text(const gtrain_result *r, double epoch, char *out, size_
 }
 
 /* Per adaptive method, every decision's inputs and each candidate's predicted step
- * (decisions.csv, a row per decision and candidate): why it chose what it chose. */
+ * (decisions.csv, a row per decision and candidate): why it chose what it chose.  metric:
+ * what the accuracy controller saw (the validation split's accuracy when there is one). */
 static void write_decisions(const opts *o, const gtrain_result *r, int nr) {
     char path[PATH_MAX];
     snprintf(path, sizeof path, "%s/decisions.csv", o->out);
     FILE *f = fopen(path, "w");
     if (!f) return;
     fprintf(f, "method,decision,step,epoch,link_MBps,latency_ms,compute_ms,measure_s,probe_s,"
-               "next_measure_step,level,candidate,predicted_ms,chosen\n");
+               "next_measure_step,level,candidate,predicted_ms,chosen,metric\n");
     for (int i = 0; i < nr; i++)
         for (size_t k = 0; k < r[i].ndlog; k++) {
             const gtrain_decision *d = &r[i].dlog[k];
-            fprintf(f, "\"%s\",%zu,%zu,%.4f,%.6g,%.6g,%.6g,%.4g,%.4g,%zu,%zu,\"%s\",%.6g,%d\n",
+            fprintf(f, "\"%s\",%zu,%zu,%.4f,%.6g,%.6g,%.6g,%.4g,%.4g,%zu,%zu,\"%s\",%.6g,%d,%.6f\n",
                     r[i].method, d->decision, d->step, d->epoch, d->bandwidth / 1e6,
                     1e3 * d->latency, 1e3 * d->compute_s, d->measure_s, d->probe_s, d->next_measure,
                     d->candidate, d->candidate < r[i].nladder ? r[i].ladder[d->candidate] : "",
-                    1e3 * d->predicted_s, d->chosen);
+                    1e3 * d->predicted_s, d->chosen, d->metric);
         }
     fclose(f);
 }
@@ -630,7 +643,8 @@ static int write_outputs(const opts *o, gtrain_result *r, int nr, double target,
         fputs("null", f);
     json_num(f, "target_accuracy", target);
     json_num(f, "time_budget_s", o->cfg.time_budget_s > 0 ? o->cfg.time_budget_s : NAN);
-    fprintf(f, ",\"servers\":%d", o->ps_servers);
+    fprintf(f, ",\"servers\":%d,\"validation_samples\":%zu", o->ps_servers,
+            o->cfg.val ? o->cfg.val->n : 0);
     if (o->cfg.slow_factor > 1)
         fprintf(f, ",\"slow_rank\":%d,\"slow_factor\":%g", o->cfg.slow_rank, o->cfg.slow_factor);
     fprintf(f, ",\"methods\":[");
@@ -647,6 +661,7 @@ static int write_outputs(const opts *o, gtrain_result *r, int nr, double target,
             fputs("null", f);
         json_num(f, "test_accuracy", x->final_acc);
         json_num(f, "best_accuracy", x->best_acc);
+        json_num(f, "validation_accuracy", x->final_val_acc);
         json_num(f, "delta_vs_dense_pp", 100 * (x->final_acc - dense_acc));
         json_num(f, "bytes_per_step", x->bytes_per_step);
         json_num(f, "bytes_per_worker", x->bytes_total);
@@ -705,15 +720,20 @@ static int write_outputs(const opts *o, gtrain_result *r, int nr, double target,
     f = fopen(path, "w");
     if (!f) return cli_fail("train", 1, "cannot write %s: %s", path, strerror(errno));
     fprintf(f, "method,epoch,train_seconds,bytes_sent,train_loss,test_loss,test_accuracy,"
-               "settings\n");
+               "val_loss,val_accuracy,settings\n");
     for (int i = 0; i < nr; i++)
         for (size_t j = 0; j < r[i].npoints; j++) {
             gtrain_point *p = &r[i].points[j];
             char st[2048] = "";
             settings_text(&r[i], p->epoch, st, sizeof st); /* adaptive: name=density/bits;... */
-            fprintf(f, "\"%s%s%s%s\",%.4f,%.4f,%.0f,%.6g,%.6g,%.6f,\"%s\"\n", r[i].method,
+            fprintf(f, "\"%s%s%s%s\",%.4f,%.4f,%.0f,%.6g,%.6g,%.6f,", r[i].method,
                     r[i].exchange[0] ? " [" : "", r[i].exchange, r[i].exchange[0] ? "]" : "",
-                    p->epoch, p->wall_s, p->bytes, p->train_loss, p->test_loss, p->test_acc, st);
+                    p->epoch, p->wall_s, p->bytes, p->train_loss, p->test_loss, p->test_acc);
+            if (o->cfg.val) /* empty fields without a validation split */
+                fprintf(f, "%.6g,%.6f", p->val_loss, p->val_acc);
+            else
+                fputc(',', f);
+            fprintf(f, ",\"%s\"\n", st);
         }
     fclose(f);
 
@@ -832,6 +852,10 @@ static void print_table(gtrain_result *r, int nr, double target, const char *why
             if (r[i].steered_by_reference)
                 printf("    accuracy: steered by dense's curve in this command, shifted to end at "
                        "the target\n");
+            if (isfinite(r[i].final_val_acc) && gtrain_adapt_method_uses(r[i].method, "accuracy"))
+                printf("    accuracy: steered by the validation split, where it ended at %.2f%%; "
+                       "the table is the test set's\n",
+                       100 * r[i].final_val_acc);
             if (r[i].error_uniform > 0)
                 printf("    layers: total compression error %.4g against %.4g for the uniform "
                        "setting on the same gradients (%.1f%% less)\n",
@@ -895,21 +919,44 @@ int cmd_train(int argc, char **argv) {
         bad = gtrain_data_load(o.data, "train", &train, err, sizeof err) ||
               gtrain_data_load(o.data, "t10k", &test, err, sizeof err);
     }
+    /* The validation split: decisions on accuracy never look at the test set. */
+    gtrain_data val = {0};
+    size_t nval = o.val >= 0 ? (size_t)o.val : 0;
+    if (o.val < 0) {
+        for (int i = 0; i < o.nmethods; i++)
+            if (gtrain_adapt_method_uses(o.methods[i], "accuracy")) nval = 1;
+        if (o.sensitivity) nval = 1;
+        nval = nval ? train.n / 12 : 0;
+    }
+    if (!bad && nval) {
+        int st = gtrain_data_hold_out(&train, nval, &val);
+        if (st) {
+            snprintf(err, sizeof err, "--val %zu: %s", nval,
+                     st == GTRAIN_ERR_ARG ? "leaves no training samples" : "out of memory");
+            bad = 1;
+        }
+    }
     MPI_Allreduce(MPI_IN_PLACE, &bad, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
     if (bad) {
         if (rank == 0)
             cli_fail("train", 1, "%s", err[0] ? err : "data could not be loaded on some rank");
         gtrain_data_free(&train);
         gtrain_data_free(&test);
+        gtrain_data_free(&val);
         MPI_Finalize();
         return 1;
     }
-    if (rank == 0 && o.cfg.progress)
+    o.cfg.val = nval ? &val : NULL;
+    if (rank == 0 && o.cfg.progress) {
         fprintf(
             stderr,
-            "gradcomp train: %s, %d rank%s, %d epoch%s, batch %zu per rank, %zu training samples\n",
+            "gradcomp train: %s, %d rank%s, %d epoch%s, batch %zu per rank, %zu training samples",
             o.cfg.model, P, P > 1 ? "s" : "", o.cfg.epochs, o.cfg.epochs > 1 ? "s" : "",
             o.cfg.batch, train.n);
+        if (nval)
+            fprintf(stderr, " (%zu held out for validation: decisions on accuracy use them)", nval);
+        fputc('\n', stderr);
+    }
 
     /* The cost model's calibration, on every rank (each predicts; rank 0 reports). */
     gcomp_cost_calibration *cal = NULL;
@@ -925,6 +972,7 @@ int cmd_train(int argc, char **argv) {
         gcomp_cost_calibration_free(cal);
         gtrain_data_free(&train);
         gtrain_data_free(&test);
+        gtrain_data_free(&val);
         MPI_Finalize();
         return 2;
     }
@@ -939,6 +987,7 @@ int cmd_train(int argc, char **argv) {
         gcomp_cost_calibration_free(cal);
         gtrain_data_free(&train);
         gtrain_data_free(&test);
+        gtrain_data_free(&val);
         MPI_Finalize();
         return rc;
     }
@@ -1025,6 +1074,7 @@ int cmd_train(int argc, char **argv) {
     if (S) MPI_Comm_free(&wcomm);
     gtrain_data_free(&train);
     gtrain_data_free(&test);
+    gtrain_data_free(&val);
     MPI_Allreduce(MPI_IN_PLACE, &rc, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
     MPI_Finalize();
     return rc;

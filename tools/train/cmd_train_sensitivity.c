@@ -7,7 +7,9 @@
  * One run with every tensor dense (f32), then one run per tensor the layer policy would
  * compress with SPEC, that tensor alone compressed and everything else dense, all from the
  * same weights and batches (the trainer's seed), for the trainer's --epochs / --max-steps:
- * meant to be short.  A layer's cost is the dense run's final accuracy minus its run's.
+ * meant to be short.  A layer's cost is the dense run's final accuracy minus its run's, on
+ * the validation split when the trainer holds one out (`--val`, by default for the probe),
+ * so the policy it writes was not chosen on the test set.
  * Layers whose cost exceeds the threshold get SPEC one decade lighter (density x 10, rank
  * x 4: the knob the adaptive ladder uses), and the policy that says so is written as a
  * method for --compare: `policy:spec=SPEC;min_elements=...;dense=...;NAME=LIGHTER;...`.
@@ -122,7 +124,7 @@ int train_sensitivity(const gtrain_config *cfg, const char *spec, double thresho
             rc = 1;
             break;
         }
-        acc[k] = r.final_acc;
+        acc[k] = cfg->val ? r.final_val_acc : r.final_acc; /* a held-out split when there is one */
         gtrain_result_free(&r);
     }
     if (rank == 0 && !rc) {
@@ -132,14 +134,16 @@ int train_sensitivity(const gtrain_config *cfg, const char *spec, double thresho
         FILE *f = fopen(path, "w");
         int w = snprintf(pol, sizeof pol, "policy:spec=%s;min_elements=%zu;dense=%s", canon,
                          cfg->policy.min_elements, cfg->policy.dense_spec);
-        printf("\nlayer sensitivity to %s (dense: %.2f%%; threshold %.2f pp)\n", canon,
-               100 * acc[0], threshold_pp);
-        printf("%-20s %10s %9s %9s  %s\n", "tensor", "elements", "test acc", "cost pp", "suggest");
+        const char *on = cfg->val ? "validation" : "test";
+        printf("\nlayer sensitivity to %s (dense: %.2f%%; threshold %.2f pp; %s accuracy)\n", canon,
+               100 * acc[0], threshold_pp, on);
+        printf("%-20s %10s %9s %9s  %s\n", "tensor", "elements", cfg->val ? "val acc" : "test acc",
+               "cost pp", "suggest");
         if (f)
             fprintf(f,
-                    "# gradcomp train --sensitivity %s: dense %.4f\ntensor elements accuracy "
-                    "cost_pp suggested\n",
-                    canon, acc[0]);
+                    "# gradcomp train --sensitivity %s: dense %.4f (%s accuracy)\ntensor "
+                    "elements accuracy cost_pp suggested\n",
+                    canon, acc[0], on);
         for (size_t k = 0; k < nc; k++) {
             double cost = 100 * (acc[0] - acc[k + 1]);
             bool sensitive = cost > threshold_pp;
