@@ -853,11 +853,14 @@ def _global_rank(group, r):
 
 
 def link_probe(nbytes=_PROBE_BYTES, process_group=None):
-    """Measures this rank's link over a gloo process group (collective: every rank of the
-    group calls it): after a barrier, one ring step (send to the next rank, receive from the
-    previous) of 8 bytes and one of nbytes, the median of three each, as
-    gcomp_mpi_link_probe does over MPI.  Returns (bandwidth, latency): payload bytes per
-    second each way and one-way seconds, for Adapt.observe_link; (0, 0) for one rank."""
+    """Measures the link over a gloo process group as gcomp_mpi_link_probe does over MPI
+    (collective: every rank of the group calls it): after an untimed ring step of nbytes
+    (it empties a shaper's burst), ring steps (send to the next rank, receive from the
+    previous) of 8 bytes, nbytes/2 and nbytes, three of each after a barrier; a step's time
+    is its slowest rank's, and of each size the fastest repetition counts.  Returns
+    (bandwidth, latency): payload bytes per second each way from the two large sizes'
+    difference, and the 8-byte step's seconds, the same on every rank, for
+    Adapt.observe_link; (0, 0) for one rank."""
     nbytes = operator.index(nbytes)
     if not 1024 <= nbytes <= 1 << 30:
         raise ValueError(f"link_probe: nbytes must be 1 KiB..1 GiB, got {nbytes}")
@@ -876,19 +879,24 @@ def link_probe(nbytes=_PROBE_BYTES, process_group=None):
 
 
 def _probe_ring(group, nxt, prv, nbytes):
-    med = []
-    for n in (8, nbytes):
+    sizes = (8, nbytes // 2, nbytes)
+    times = torch.zeros(3, 3, dtype=torch.float64)
+    for k, rep in [(-1, 0)] + [(k, rep) for k in range(3) for rep in range(3)]:
+        n = nbytes if k < 0 else sizes[k]
         send, recv = torch.zeros(n, dtype=torch.uint8), torch.empty(n, dtype=torch.uint8)
-        t = []
-        for _ in range(3):
-            dist.barrier(group=group)
-            t0 = time.perf_counter()
-            reqs = [dist.irecv(recv, src=prv, group=group), dist.isend(send, dst=nxt, group=group)]
-            for q in reqs:
-                q.wait()
-            t.append(time.perf_counter() - t0)
-        med.append(sorted(t)[1])
-    small, big = med
+        dist.barrier(group=group)
+        t0 = time.perf_counter()
+        reqs = [dist.irecv(recv, src=prv, group=group), dist.isend(send, dst=nxt, group=group)]
+        for q in reqs:
+            q.wait()
+        if k >= 0:  # the untimed first step empties a shaper's burst
+            times[k, rep] = time.perf_counter() - t0
+    # the slowest rank's time of each step: a rank that left the barrier late finds part of
+    # its message there already and alone would read the link as faster than it is
+    dist.all_reduce(times, op=dist.ReduceOp.MAX, group=group)
+    small, half, big = (float(times[k].min()) for k in range(3))
+    if big > half:
+        return (nbytes - sizes[1]) / (big - half), small
     return ((nbytes - 8) / (big - small) if big > small else nbytes / big), small
 
 

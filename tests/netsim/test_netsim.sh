@@ -1,5 +1,5 @@
 #!/bin/sh
-# test_netsim.sh NETSIM PROBE - ctest for scripts/netsim (exit 77 = skipped).
+# test_netsim.sh NETSIM PROBE [LINK_PROBE] - ctest for scripts/netsim (exit 77 = skipped).
 #
 # Brings up 2 hosts at 100mbit, runs tests/netsim/mpi_probe as a 2-rank job (ranks in
 # different namespaces, a 2 MiB Sendrecv below 150 Mbit/s), checks that the tc counters saw
@@ -8,6 +8,7 @@
 set -u
 netsim=$1
 probe=$2
+link_probe=${3:-}
 
 fail() {
     echo "FAIL: $*"
@@ -59,6 +60,15 @@ for link in "gc-h0 eth0" "gc-sw p-gc-h0" "gc-h1 eth0" "gc-sw p-gc-h1"; do
     [ "$sent" -ge 2097152 ] || fail "$2 in $1 sent only $sent bytes through tbf"
 done
 
+# gcomp_mpi_link_probe (the bandwidth controller's measurement) reads the shaped rate, not
+# tbf's 256 kB burst: TCP payload is 1448 of the 1514 bytes tbf counts per frame, so
+# 100 Mbit/s carries 11.95 MB/s. Within 20 % at 100mbit here and at 10mbit below.
+payload_100=11950000
+if [ -n "$link_probe" ]; then
+    NETSIM_TIMEOUT=60 "$netsim" run 2 -- "$link_probe" 524288 $payload_100 0.2 ||
+        fail "link probe at 100mbit"
+fi
+
 # `rate` reshapes every link of the live setup (a link that changes under a job); the
 # shaped links then hold a job to the new rate (1 MiB, below 20 Mbit/s with tbf's 256 kB
 # burst; about 95 at 100mbit).
@@ -67,6 +77,10 @@ n10=$("$netsim" status | awk '$4 == "tbf" && $5 == "10Mbit"' | wc -l)
 [ "$n10" -eq 4 ] || fail "after rate 10mbit, $n10 of 4 links at 10Mbit"
 NETSIM_TIMEOUT=60 "$netsim" run 2 -- "$rel" 1048576 20 >/dev/null 2>&1 ||
     fail "probe above 20 Mbit/s after rate 10mbit"
+if [ -n "$link_probe" ]; then
+    NETSIM_TIMEOUT=60 "$netsim" run 2 -- "$link_probe" 524288 $((payload_100 / 10)) 0.2 ||
+        fail "link probe at 10mbit"
+fi
 "$netsim" rate 100mbit || fail "netsim rate 100mbit"
 
 # The program's own exit status must come back through mpirun and netsim.
