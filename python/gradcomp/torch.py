@@ -854,13 +854,13 @@ def _global_rank(group, r):
 
 def link_probe(nbytes=_PROBE_BYTES, process_group=None):
     """Measures the link over a gloo process group as gcomp_mpi_link_probe does over MPI
-    (collective: every rank of the group calls it): after an untimed ring step of nbytes
-    (it empties a shaper's burst), ring steps (send to the next rank, receive from the
-    previous) of 8 bytes, nbytes/2 and nbytes, three of each after a barrier; a step's time
-    is its slowest rank's, and of each size the fastest repetition counts.  Returns
-    (bandwidth, latency): payload bytes per second each way from the two large sizes'
-    difference, and the 8-byte step's seconds, the same on every rank, for
-    Adapt.observe_link; (0, 0) for one rank."""
+    (collective: every rank of the group calls it): ring steps (send to the next rank,
+    receive from the previous), each after a barrier: one of nbytes, untimed (it empties a
+    shaper's burst), three of 8 bytes, three pairs of nbytes/2 and nbytes; a step's time is
+    its slowest rank's.  Returns (bandwidth, latency): payload bytes per second each way,
+    (nbytes - nbytes/2) over the fastest nbytes step less the median nbytes/2 step, and the
+    median 8-byte step's seconds, the same on every rank, for Adapt.observe_link; (0, 0)
+    for one rank."""
     nbytes = operator.index(nbytes)
     if not 1024 <= nbytes <= 1 << 30:
         raise ValueError(f"link_probe: nbytes must be 1 KiB..1 GiB, got {nbytes}")
@@ -881,7 +881,8 @@ def link_probe(nbytes=_PROBE_BYTES, process_group=None):
 def _probe_ring(group, nxt, prv, nbytes):
     sizes = (8, nbytes // 2, nbytes)
     times = torch.zeros(3, 3, dtype=torch.float64)
-    for k, rep in [(-1, 0)] + [(k, rep) for k in range(3) for rep in range(3)]:
+    order = [(-1, 0), (0, 0), (0, 1), (0, 2)] + [(k, rep) for rep in range(3) for k in (1, 2)]
+    for k, rep in order:
         n = nbytes if k < 0 else sizes[k]
         send, recv = torch.zeros(n, dtype=torch.uint8), torch.empty(n, dtype=torch.uint8)
         dist.barrier(group=group)
@@ -894,7 +895,9 @@ def _probe_ring(group, nxt, prv, nbytes):
     # the slowest rank's time of each step: a rank that left the barrier late finds part of
     # its message there already and alone would read the link as faster than it is
     dist.all_reduce(times, op=dist.ReduceOp.MAX, group=group)
-    small, half, big = (float(times[k].min()) for k in range(3))
+    # a bucket refilled while the link sat idle is spent by a pair's first step: the median
+    # of those, the fastest of the nbytes steps that follow them
+    small, half, big = float(times[0].median()), float(times[1].median()), float(times[2].min())
     if big > half:
         return (nbytes - sizes[1]) / (big - half), small
     return ((nbytes - 8) / (big - small) if big > small else nbytes / big), small
