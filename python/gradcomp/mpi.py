@@ -678,12 +678,14 @@ class Communicator(_core._Closable):
         return [i for i in range(len(adapt)) if _core._lib.gcomp_adapt_changed(ah, i)]
 
     def link_probe(self, nbytes=512 << 10, timeout=None):
-        """Measures this rank's link (collective; gcomp_mpi_link_probe): after a barrier,
-        one timed ring step of 8 bytes and one of `nbytes` (1 KiB..1 GiB; the C trainer
-        probes 512 KiB), the median of three each.  Returns (bandwidth, latency): payload
-        bytes per second in each direction and one-way latency in seconds, both 0 on one
-        rank; feed them to Adapt.observe_link.  Raises ArgumentError for nbytes out of
-        range, CollectiveTimeout / MPIError when a peer is gone."""
+        """Measures the ring's slowest link (collective; gcomp_mpi_link_probe): ring
+        steps after a barrier, one of `nbytes` untimed (1 KiB..1 GiB; the C trainer probes
+        512 KiB, twice a shaper's burst), three of 8 bytes, three pairs of nbytes/2 and
+        nbytes, each timed by its slowest rank.  Returns (bandwidth, latency), the same on
+        every rank: payload bytes per second in each direction, from the two large sizes'
+        difference, and the 8-byte step's seconds, both 0 on one rank; feed them to
+        Adapt.observe_link.  Raises ArgumentError for nbytes out of range,
+        CollectiveTimeout / MPIError when a peer is gone."""
         fn = _need("gcomp_mpi_link_probe")
         n = operator.index(nbytes)
         if n < 0:
