@@ -44,6 +44,24 @@ static gcomp_status settle(gcomp_mpi_comm *c, MPI_Request *req, int n, void **bu
     return GCOMP_OK;
 }
 
+/* Waits for one collective writing into b0 and b1 (b1 may be NULL) and frees req.  On
+ * failure MPI may still write them: the communicator keeps them with the request. */
+static gcomp_status wait_one(gcomp_mpi_comm *c, MPI_Request *req, void *b0, void *b1,
+                             uint64_t deadline, const char *what, gcomp_error *err) {
+    gcomp_status st = gm_wait_all(c, req, 1, deadline, what, err);
+    if (st == GCOMP_OK) {
+        gm_free(req);
+        return GCOMP_OK;
+    }
+    void **bufs = gm_calloc(2, sizeof *bufs);
+    if (bufs) { /* else leaked on purpose */
+        bufs[0] = b0;
+        bufs[1] = b1;
+        gm_comm_bury(c, req, 1, bufs, b1 ? 2 : 1, NULL, 0);
+    }
+    return st;
+}
+
 gcomp_status gcomp_mpi_adapt_decide(gcomp_mpi_comm *c, gcomp_adapt *a, double timeout_s,
                                     size_t *changed, gcomp_error *err) {
     if (changed) *changed = 0;
@@ -68,16 +86,8 @@ gcomp_status gcomp_mpi_adapt_decide(gcomp_mpi_comm *c, gcomp_adapt *a, double ti
         gm_free(req);
         return gm_comm_mpi_fail(c, err, rc, "MPI_Iallgather (adaptive statistics sizes)");
     }
-    st = gm_wait_all(c, req, 1, deadline, "adaptive decision (sizes)", err);
-    if (st != GCOMP_OK) { /* MPI may still write lens: the communicator keeps it */
-        void **bufs = gm_calloc(1, sizeof *bufs);
-        if (bufs) {
-            bufs[0] = lens;
-            gm_comm_bury(c, req, 1, bufs, 1, NULL, 0);
-        }
-        return st;
-    }
-    gm_free(req);
+    st = wait_one(c, req, lens, NULL, deadline, "adaptive decision (sizes)", err);
+    if (st != GCOMP_OK) return st;
     size_t bad = P;
     for (size_t r = 0; r < P; r++)
         if (lens[r] != len) bad = r;
@@ -105,17 +115,8 @@ gcomp_status gcomp_mpi_adapt_decide(gcomp_mpi_comm *c, gcomp_adapt *a, double ti
         gm_free(req);
         return gm_comm_mpi_fail(c, err, rc, "MPI_Iallgather (adaptive statistics)");
     }
-    st = gm_wait_all(c, req, 1, deadline, "adaptive decision (statistics)", err);
-    if (st != GCOMP_OK) {
-        void **bufs = gm_calloc(2, sizeof *bufs);
-        if (bufs) {
-            bufs[0] = mine;
-            bufs[1] = all;
-            gm_comm_bury(c, req, 1, bufs, 2, NULL, 0);
-        }
-        return st;
-    }
-    gm_free(req);
+    st = wait_one(c, req, mine, all, deadline, "adaptive decision (statistics)", err);
+    if (st != GCOMP_OK) return st;
     gm_free(mine);
     st = gcomp_adapt_decide(a, all, len, c->size, changed, err);
     gm_free(all);
@@ -144,18 +145,10 @@ static gcomp_status probe_max(gcomp_mpi_comm *c, double *v, int n, uint64_t dead
         gm_free(req);
         return gm_comm_mpi_fail(c, err, rc, "MPI_Iallreduce (link probe)");
     }
-    gcomp_status st = gm_wait_all(c, req, 1, deadline, "link probe (times)", err);
-    if (st != GCOMP_OK) { /* MPI may still write buf: the communicator keeps it */
-        void **keep = gm_calloc(1, sizeof *keep);
-        if (keep) {
-            keep[0] = buf;
-            gm_comm_bury(c, req, 1, keep, 1, NULL, 0);
-        }
-        return st;
-    }
+    gcomp_status st = wait_one(c, req, buf, NULL, deadline, "link probe (times)", err);
+    if (st != GCOMP_OK) return st;
     memcpy(v, buf, (size_t)n * sizeof *buf);
     gm_free(buf);
-    gm_free(req);
     return GCOMP_OK;
 }
 
