@@ -175,6 +175,34 @@ def test_retune_on_one_rank_only_raises_everywhere():
         c.close()
 
 
+@pytest.mark.parametrize("call", ["probe", "decide"])
+def test_rank_that_stays_away_times_out_the_others(call):
+    """The last rank does not join a link probe or an adaptive decision: the others fail
+    with a timeout, within it, and their communicator is marked failed (what MPI may still
+    write is kept, not freed); nobody hangs."""
+    if SIZE < 2:
+        pytest.skip("needs two ranks")
+    c = gm.Communicator(WORLD, timeout=0.4, setup_timeout=TIMEOUT)
+    try:
+        a = gradcomp.Adapt("adapt:norm;base=topk:density=0.01;interval=1", [("w", (64, 64))],
+                           workers=SIZE)
+        a.end_step()
+        if RANK == SIZE - 1:
+            time.sleep(1.0)  # away for longer than the others' timeout
+            assert not c.failed
+            return
+        t0 = time.monotonic()
+        with pytest.raises(gradcomp.CollectiveTimeout):
+            if call == "probe":
+                c.link_probe(1 << 16)
+            else:
+                c.adapt_decide(a)
+        assert time.monotonic() - t0 < 5
+        assert c.failed
+    finally:
+        c.close()
+
+
 METHOD = "adapt:bandwidth+layers+norm;base=topk:density=0.01,feedback=ef;interval=3;measure=6;confirm=1;" \
          "ladder=0.1/0.03/0.003/0.001;min_elements=1000"
 
