@@ -286,7 +286,11 @@ GCOMP_API gcomp_status gcomp_mpi_comm_create(gcomp_mpi_comm **out, MPI_Comm comm
  * first: otherwise GCOMP_E_ARG and nothing is freed.  NULL is a no-op (GCOMP_OK).
  * Buffers and communicators of operations abandoned after a failure are freed only if
  * those operations have completed by now; otherwise they are leaked on purpose (MPI may
- * still write into them).  Returns GCOMP_OK or GCOMP_E_ARG.
+ * still write into them).  A process that goes on using MPI after a peer failed should
+ * not free a communicator toward which that peer may still have operations pending (a
+ * collective this rank never joined): Open MPI reuses the context id, and the late
+ * messages can land in a later communicator (seen as a crash at 4 ranks); keep it
+ * instead.  Returns GCOMP_OK or GCOMP_E_ARG.
  */
 GCOMP_API gcomp_status gcomp_mpi_comm_free(gcomp_mpi_comm *c);
 
