@@ -223,7 +223,7 @@ int gtrain_adapt_set_reference(gtrain_adapt *a, const gtrain_point *pts, size_t 
         double p = pts[j].epoch / epochs;
         if (p > 0 && p <= 1 && (!k || p > prog[k - 1])) {
             prog[k] = p;
-            acc[k++] = use_val ? pts[j].val_acc : pts[j].test_acc;
+            acc[k++] = gtrain_decision_acc(&pts[j], use_val);
         }
     }
     for (size_t j = 0; j < k; j++)

@@ -412,7 +412,7 @@ int gtrain_run(const gtrain_config *cfg, const char *method, const gtrain_data *
                     rc = fail(err, errlen, "evaluation failed");
                     break;
                 }
-                if (adapt) gtrain_adapt_metric(adapt, cfg->val ? p.val_acc : p.test_acc);
+                if (adapt) gtrain_adapt_metric(adapt, gtrain_decision_acc(&p, cfg->val != NULL));
                 if (!same) {
                     rc = fail(err, errlen, "the ranks' weights differ after step %zu", step);
                     break;

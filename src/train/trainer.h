@@ -146,6 +146,12 @@ typedef struct gtrain_result {
     size_t nladder;
 } gtrain_result;
 
+/* The accuracy decisions are taken on (the accuracy controller's metric and course, the
+ * sensitivity probe's costs): the validation split's when the run holds one out. */
+static inline double gtrain_decision_acc(const gtrain_point *p, int use_val) {
+    return use_val ? p->val_acc : p->test_acc;
+}
+
 /* Trains one method.  Collective over `comm`.  `test` may be evaluated in shards.
  * Returns 0, or non-zero with a message in err (the same on every rank where possible). */
 int gtrain_run(const gtrain_config *cfg, const char *method, const gtrain_data *train,

@@ -124,7 +124,7 @@ int train_sensitivity(const gtrain_config *cfg, const char *spec, double thresho
             rc = 1;
             break;
         }
-        acc[k] = cfg->val ? r.final_val_acc : r.final_acc; /* a held-out split when there is one */
+        acc[k] = gtrain_decision_acc(&r.points[r.npoints - 1], cfg->val != NULL);
         gtrain_result_free(&r);
     }
     if (rank == 0 && !rc) {
