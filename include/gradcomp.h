@@ -602,8 +602,9 @@ GCOMP_API gcomp_status gcomp_spec_bytes_estimate(const char *spec, size_t n, siz
  *
  *  compute   forward, backward and optimizer time, given by the caller (measured on one
  *            worker: it does not depend on the method).  The backward time is spread over
- *            the tensors in proportion to their elements, last tensor first (the order in
- *            which a backward pass makes gradients final).
+ *            the tensors in proportion to their work (gcomp_cost_tensor.work; by default
+ *            their elements), last tensor first (the order in which a backward pass makes
+ *            gradients final).
  *  codec     encode and decode time per tensor, from a calibration measured on this
  *            machine (gcomp_cost_calibrate_codec, `gradcomp plan --calibrate`), times the
  *            number of encodes and decodes the tensor's strategy runs (allgather decodes P
@@ -805,6 +806,15 @@ typedef struct gcomp_cost_tensor {
     size_t rows, cols; /**< matrix shape, or 0 x 0 */
     int strategy;      /**< a gcomp_cost_strategy, optionally | GCOMP_COST_HIERARCHICAL;
                             never 0 (auto): gcomp_mpi_strategy_auto gives it */
+    double work;       /**< >= 0: the backward work between the previous tensor's gradient
+                            and this one's, relative to the other tensors' (e.g. the layer's
+                            multiply-adds a sample).  0 on every tensor: the elements, right
+                            for fully connected layers, not for convolutions */
+    unsigned bucket;   /**< 0: the tensor is sent alone.  Adjacent tensors with the same
+                            nonzero id are sent as one message (Horovod's tensor fusion,
+                            DDP's buckets) once all of them are final, i.e. with the first of
+                            them in the list, which carries the bucket's bytes and codec time;
+                            they must share spec and an allreduce strategy, not PowerSGD's */
 } gcomp_cost_tensor;
 
 /** A model: tensors in forward order, their message sizes and codec rates.  Opaque. */
@@ -819,7 +829,8 @@ typedef struct gcomp_cost_model gcomp_cost_model;
  * element (marked uncalibrated in the result).  The bytes depend on P (chunks, regions) and the
  * nodes (hierarchical), so `workers` and `nodes` (1..workers) are fixed here; gcomp_cost_eval takes
  * the links.  `cal` is not kept. Returns GCOMP_OK; GCOMP_E_ARG (count 0, n 0, a shape that does not
- * hold n, strategy 0 or unknown, workers < 1, nodes outside 1..workers: *err names the tensor); the
+ * hold n, strategy 0 or unknown, workers < 1, nodes outside 1..workers, work negative or not
+ * finite, a bucket that is not adjacent or mixes specs or strategies: *err names the tensor); the
  * spec's status (GCOMP_E_SPEC, GCOMP_E_UNKNOWN_CODEC, GCOMP_E_LIMIT); GCOMP_E_UNSUPPORTED
  * (allreduce for a codec that does not sum linearly); GCOMP_E_NOMEM.  On failure *out is NULL.
  */

@@ -58,6 +58,7 @@ void plan_net_finalize(void);
 typedef struct ptensor {
     char name[128];
     size_t n, rows, cols;
+    double work; /* macs= of the model file; 0 without */
 } ptensor;
 
 typedef struct popts {
@@ -69,7 +70,7 @@ typedef struct popts {
     size_t min_elements, min_k, batch;
     size_t calib_n[8], ncalib; /* --size: the sizes codecs are calibrated at */
     double link_bps, latency, intra_bps, intra_latency, efficiency;
-    double compute_ms, forward_ms, backward_ms, optimizer_ms, overlap;
+    double compute_ms, forward_ms, backward_ms, optimizer_ms, overlap, bucket_mb;
     bool have_link, have_compute;
 } popts;
 
@@ -79,13 +80,16 @@ static const char *usage_text =
     "                     [--intra-link RATE] [--intra-latency US] [--efficiency E]\n"
     "                     [--compute-ms MS | --forward-ms MS --backward-ms MS] [--optimizer-ms "
     "MS]\n"
-    "                     [--overlap X] [--batch B] [--min-elements N] [--min-k K]\n"
+    "                     [--overlap X] [--bucket-mb MB] [--batch B] [--min-elements N]\n"
+    "                     [--min-k K]\n"
     "                     [--dense-spec SPEC] [--strategy S] [--servers S]\n"
     "                     [--calibration FILE] [--per-tensor]\n"
     "                     [--json] [--plot FILE.png]\n"
     "       gradcomp plan --calibrate [--compare M1,...] [--calibration FILE] [--size N,...]\n"
     "                     (under mpirun with >= 2 ranks it also measures the network)\n"
-    "FILE: one tensor a line, `name d0 [d1 ...]` (# comments); d0 x d1*d2*... is its matrix.\n"
+    "FILE: one tensor a line, `name d0 [d1 ...] [macs=M]` (# comments); d0 x d1*d2*... is its\n"
+    "      matrix; macs=: the backward work before its gradient is final (the layer's\n"
+    "      multiply-adds a sample), on every line or none (then: its elements).\n"
     "RATE: 100mbit, 1gbit, 10gbit, 100gbit, 25gbit, ...; the model uses RATE/8 x E bytes/s\n"
     "      (E = --efficiency, default 1448/1514: TCP payload of Ethernet frames).\n"
     "Without --link the calibration's measured network is used (net inter, else intra).\n"
@@ -93,6 +97,9 @@ static const char *usage_text =
     "      built-in models it is measured here (--batch, default 32) when not given.\n"
     "--overlap: share of the remaining backward a transfer can use (default 1: transfers\n"
     "      progress beside compute, as with NCCL; the CPU trainer's MPI needs 0).\n"
+    "--bucket-mb: fuse adjacent allreduced tensors of one spec into messages of up to MB\n"
+    "      (MiB of f32 gradient), filled in backward order: Horovod's tensor fusion (64),\n"
+    "      DDP's buckets (25). Default 0: a message a tensor, as the trainer sends them.\n"
     "Calibration file: --calibration, else $GRADCOMP_CALIBRATION, else\n"
     "      $XDG_CACHE_HOME/gradcomp/calibration.txt (~/.cache/gradcomp/calibration.txt).\n";
 
@@ -239,6 +246,8 @@ static int parse_args(int argc, char **argv, popts *o) {
         } else if (!strcmp(a, "--overlap")) {
             if (parse_double(a, v, 0, &o->overlap) || o->overlap > 1)
                 return cli_fail(CMD, 2, "--overlap %s: in 0..1", v);
+        } else if (!strcmp(a, "--bucket-mb")) {
+            if (parse_double(a, v, 0, &o->bucket_mb)) return 2;
         } else if (!strcmp(a, "--batch")) {
             if (cli_parse_count(v, &o->batch) || o->batch < 1 || o->batch > 65536)
                 return cli_fail(CMD, 2, "--batch %s: 1..65536", v);
@@ -298,6 +307,7 @@ static int read_model_file(const char *path, ptensor **out, size_t *count) {
     size_t cap = 16, n = 0, lineno = 0;
     ptensor *t = malloc(cap * sizeof *t);
     char line[4096];
+    bool with_work = false; /* the first tensor's macs= decides for the file */
     int rc = t ? 0 : cli_fail(CMD, 1, "out of memory");
     while (!rc && fgets(line, sizeof line, f)) {
         lineno++;
@@ -322,9 +332,25 @@ static int read_model_file(const char *path, ptensor **out, size_t *count) {
         }
         strcpy(x->name, tok);
         size_t dims[8], nd = 0, elems = 1;
+        bool has_work = false;
+        x->work = 0;
         while (!rc && (tok = strtok_r(NULL, " \t\r\n", &save))) {
             char *end;
             errno = 0;
+            if (!strncmp(tok, "macs=", 5)) {
+                double w = strtod(tok + 5, &end);
+                if (has_work || end == tok + 5 || *end || errno || !isfinite(w) || w < 0)
+                    rc = cli_fail(CMD, 2, "%s:%zu: '%s': macs= takes one number >= 0", path, lineno,
+                                  tok);
+                x->work = w;
+                has_work = true;
+                continue;
+            }
+            if (has_work) {
+                rc = cli_fail(CMD, 2, "%s:%zu: '%s' after macs=: the dimensions come first", path,
+                              lineno, tok);
+                break;
+            }
             unsigned long long d = strtoull(tok, &end, 10);
             if (!isdigit((unsigned char)tok[0]) || *end || errno || d == 0)
                 rc = cli_fail(CMD, 2, "%s:%zu: '%s': dimensions must be positive integers", path,
@@ -345,6 +371,15 @@ static int read_model_file(const char *path, ptensor **out, size_t *count) {
                           path, lineno, x->name);
             break;
         }
+        if (n > 0 && has_work != with_work) {
+            rc = cli_fail(CMD, 2,
+                          "%s:%zu: '%s' %s macs= and the tensors before it %s: give it on "
+                          "every tensor or on none",
+                          path, lineno, x->name, has_work ? "has" : "has no",
+                          has_work ? "do not" : "do");
+            break;
+        }
+        with_work = has_work;
         x->n = elems;
         x->rows = nd > 1 && dims[0] > 1 && elems / dims[0] > 1 ? dims[0] : 0;
         x->cols = x->rows ? elems / dims[0] : 0;
@@ -466,6 +501,35 @@ static void method_plan_free(method_plan *mp) {
     mp->t = NULL;
 }
 
+/* Tensor fusion: from the last tensor back (the order backward makes them final), adjacent
+ * tensors that an allreduce sums as one vector (not PowerSGD's factors) and that share a
+ * spec and strategy fill a bucket up to `cap` bytes of f32 gradient; a tensor larger than
+ * `cap` goes alone. */
+static void assign_buckets(method_plan *mp, double cap) {
+    unsigned id = 0;
+    double fill = 0;
+    for (size_t i = mp->nt; i-- > 0;) {
+        gcomp_cost_tensor *t = &mp->t[i];
+        gcomp_spec_info info;
+        bool fusable = (t->strategy & 0xff) == GCOMP_COST_ALLREDUCE &&
+                       gcomp_spec_describe(t->spec, t->n, &info, NULL) == GCOMP_OK &&
+                       !(info.flags & GCOMP_SPEC_MULTIPHASE);
+        const gcomp_cost_tensor *next = i + 1 < mp->nt ? &mp->t[i + 1] : NULL;
+        bool joins = fusable && id && next && next->bucket == id && !strcmp(next->spec, t->spec) &&
+                     next->strategy == t->strategy && fill + 4.0 * (double)t->n <= cap;
+        if (!fusable) {
+            t->bucket = 0;
+            continue;
+        }
+        if (!joins) {
+            id++;
+            fill = 0;
+        }
+        t->bucket = id;
+        fill += 4.0 * (double)t->n;
+    }
+}
+
 /* Each tensor's spec (the policy) and strategy (auto, or the method's @STRATEGY). */
 static int plan_method(const popts *o, const char *method, const ptensor *pt, size_t nt, int P,
                        method_plan *mp) {
@@ -511,10 +575,16 @@ static int plan_method(const popts *o, const char *method, const ptensor *pt, si
             int base = forced & 0xff;
             s = (base ? base : s) | (forced & GCOMP_COST_HIERARCHICAL);
         }
-        mp->t[i] =
-            (gcomp_cost_tensor){pt[i].name, mp->specs[i], pt[i].n, pt[i].rows, pt[i].cols, s};
+        mp->t[i] = (gcomp_cost_tensor){.name = pt[i].name,
+                                       .spec = mp->specs[i],
+                                       .n = pt[i].n,
+                                       .rows = pt[i].rows,
+                                       .cols = pt[i].cols,
+                                       .strategy = s,
+                                       .work = pt[i].work};
     }
     gcomp_policy_free(policy);
+    if (!rc && o->bucket_mb > 0) assign_buckets(mp, o->bucket_mb * 1048576.0);
     if (rc) method_plan_free(mp);
     return rc;
 }
@@ -835,6 +905,11 @@ int cmd_plan(int argc, char **argv) {
                     json_num(stdout, per[k].decode_s);
                     printf(", \"comm_s\": ");
                     json_num(stdout, per[k].comm_s);
+                    printf(", \"ready_s\": ");
+                    json_num(stdout, per[k].ready_s);
+                    printf(", \"done_s\": ");
+                    json_num(stdout, per[k].done_s);
+                    printf(", \"bucket\": %u", plans[i].t[k].bucket);
                     printf(", \"break_even_link_bits_per_s\": ");
                     json_num(stdout, tb * 8 / o.efficiency);
                     printf(", \"calibrated\": %d}", per[k].calibrated);

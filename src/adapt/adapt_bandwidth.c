@@ -111,9 +111,12 @@ static double predict(gcomp_adapt *a, bw_state *s, gcomp_cost_calibration *cal,
                       gcomp_cost_tensor *ct) {
     for (size_t i = 0; i < a->nt; i++) {
         const gcomp__adapt_tensor *t = &a->t[i];
-        ct[i] = (gcomp_cost_tensor){t->name, t->managed ? a->ladder[L] : t->fixed,
-                                    t->n,    t->rows,
-                                    t->cols, t->managed ? a->strategy[L] : t->fixed_strategy};
+        ct[i] = (gcomp_cost_tensor){.name = t->name,
+                                    .spec = t->managed ? a->ladder[L] : t->fixed,
+                                    .n = t->n,
+                                    .rows = t->rows,
+                                    .cols = t->cols,
+                                    .strategy = t->managed ? a->strategy[L] : t->fixed_strategy};
     }
     (void)s;
     gcomp_cost_model *cm = NULL;

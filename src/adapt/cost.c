@@ -132,15 +132,13 @@ gcomp_status gcomp_cost_eval(const gcomp_cost_model *m, const gcomp_cost_net *ne
         return GCOMP_E_ARG;
     memset(out, 0, sizeof *out);
     int L = per_node_of(m->workers, m->nodes);
-    double total_n = 0;
-    for (size_t i = 0; i < m->count; i++) total_n += (double)m->t[i].n;
     /* Backward: last tensor first; each encoded on the worker as soon as it is final. */
     double cpu = c->forward_s, link = 0, bwd_end;
     double rate = c->overlap > 0 ? c->overlap : 1e-300;
     out->calibrated = 2;
     for (size_t k = m->count; k-- > 0;) {
         const cost_tensor *t = &m->t[k];
-        cpu += c->backward_s * (double)t->n / total_n + t->encode_s;
+        cpu += c->backward_s * t->work / m->total_work + t->encode_s;
     }
     bwd_end = cpu;
     /* Second pass: the link takes the tensors in the order they became ready; the worker
@@ -149,7 +147,7 @@ gcomp_status gcomp_cost_eval(const gcomp_cost_model *m, const gcomp_cost_net *ne
     cpu = c->forward_s;
     for (size_t k = m->count; k-- > 0;) {
         const cost_tensor *t = &m->t[k];
-        cpu += c->backward_s * (double)t->n / total_n + t->encode_s;
+        cpu += c->backward_s * t->work / m->total_work + t->encode_s;
         double comm = tensor_comm(t, net, L);
         link = advance(cpu > link ? cpu : link, comm, rate, bwd_end);
         dec = (dec > link ? dec : link) + t->decode_s;

@@ -29,6 +29,7 @@ typedef struct cost_tensor {
     char name[64];
     size_t n, rows, cols;
     int strategy;
+    double work; /* backward work before the gradient is final (gcomp_cost_tensor.work, or n) */
     double message_bytes, bytes_sent, node_bytes;
     double encode_s, decode_s;
     int calibrated;
@@ -39,6 +40,7 @@ typedef struct cost_tensor {
 struct gcomp_cost_model {
     size_t count;
     int workers, nodes;
+    double total_work;
     cost_tensor *t;
 };
 

@@ -375,6 +375,52 @@ static gcomp_status build_tensor(cost_tensor *ct, const gcomp_cost_tensor *t, si
     return GCOMP_OK;
 }
 
+/* Tensors [i, e) share bucket id `id`: one message of their elements, carried by tensor i
+ * (the last of them to become final: backward runs from the end of the list). */
+static gcomp_status fuse_bucket(cost_tensor *t, const gcomp_cost_tensor *in, size_t i, size_t e,
+                                int P, int nodes, const gcomp_cost_calibration *cal,
+                                gcomp_error *err) {
+    size_t n = 0;
+    for (size_t j = i; j < e; j++) {
+        if (strcmp(in[j].spec, in[i].spec) || in[j].strategy != in[i].strategy)
+            return gcomp__fail(err, GCOMP_E_ARG,
+                               "cost model: tensor '%s': bucket %u mixes '%s' (%d) with '%s' (%d)",
+                               t[j].name, in[i].bucket, in[i].spec, in[i].strategy, in[j].spec,
+                               in[j].strategy);
+        n += in[j].n;
+    }
+    gcomp_spec_info info;
+    if ((in[i].strategy & 0xff) != GCOMP_COST_ALLREDUCE ||
+        gcomp_spec_describe(in[i].spec, n, &info, NULL) != GCOMP_OK ||
+        (info.flags & GCOMP_SPEC_MULTIPHASE))
+        return gcomp__fail(err, GCOMP_E_ARG,
+                           "cost model: tensor '%s': bucket %u: only tensors reduced by allreduce "
+                           "as one vector can share a message ('%s', strategy %d)",
+                           t[i].name, in[i].bucket, in[i].spec, in[i].strategy);
+    gcomp_cost_tensor whole = in[i];
+    whole.n = n;
+    whole.rows = whole.cols = 0;
+    cost_tensor fused;
+    gcomp_status st = build_tensor(&fused, &whole, i, P, nodes, cal, err);
+    if (st != GCOMP_OK) return st;
+    for (size_t j = i; j < e; j++) { /* keep each tensor's own name and shape */
+        cost_tensor keep = t[j];
+        if (j == i) {
+            t[j] = fused;
+        } else {
+            memset(&t[j], 0, sizeof t[j]);
+            t[j].strategy = keep.strategy;
+            t[j].calibrated = fused.calibrated;
+        }
+        memcpy(t[j].name, keep.name, sizeof keep.name);
+        t[j].n = keep.n;
+        t[j].rows = keep.rows;
+        t[j].cols = keep.cols;
+        t[j].work = keep.work;
+    }
+    return GCOMP_OK;
+}
+
 gcomp_status gcomp_cost_model_create(gcomp_cost_model **out, const gcomp_cost_tensor *tensors,
                                      size_t count, int workers, int nodes,
                                      const gcomp_cost_calibration *cal, gcomp_error *err) {
@@ -396,8 +442,34 @@ gcomp_status gcomp_cost_model_create(gcomp_cost_model **out, const gcomp_cost_te
     m->count = count;
     m->workers = workers;
     m->nodes = nodes;
+    bool given = false; /* any tensor's work: then every tensor's, zeros included */
+    for (size_t i = 0; i < count; i++) given |= tensors[i].work != 0;
     for (size_t i = 0; i < count; i++) {
         gcomp_status st = build_tensor(&t[i], &tensors[i], i, workers, nodes, cal, err);
+        double w = tensors[i].work;
+        if (st == GCOMP_OK && !(w >= 0 && w < INFINITY))
+            st = gcomp__fail(err, GCOMP_E_ARG,
+                             "cost model: tensor '%s': work %g: must be finite and >= 0", t[i].name,
+                             w);
+        if (st != GCOMP_OK) {
+            gcomp_cost_model_free(m);
+            return st;
+        }
+        t[i].work = given ? w : (double)t[i].n;
+        m->total_work += t[i].work;
+    }
+    for (size_t i = 0, e; i < count; i = e) {
+        unsigned id = tensors[i].bucket;
+        for (e = i + 1; id && e < count && tensors[e].bucket == id; e++) continue;
+        gcomp_status st = GCOMP_OK;
+        for (size_t j = e; id && j < count && st == GCOMP_OK; j++)
+            if (tensors[j].bucket == id)
+                st = gcomp__fail(err, GCOMP_E_ARG,
+                                 "cost model: tensor '%s': bucket %u is not adjacent (it ends "
+                                 "at '%s')",
+                                 t[j].name, id, t[e - 1].name);
+        if (st == GCOMP_OK && e - i > 1)
+            st = fuse_bucket(t, tensors, i, e, workers, nodes, cal, err);
         if (st != GCOMP_OK) {
             gcomp_cost_model_free(m);
             return st;

@@ -270,9 +270,12 @@ void gtrain_exchange_cost_tensors(const gtrain_exchange *ex, gcomp_cost_tensor *
     for (size_t i = 0; i < ex->nt; i++) {
         const gtrain_tensor *t = &ex->t[i];
         size_t rows = t->is_bias || t->cols == 1 ? 0 : t->rows;
-        out[i] = (gcomp_cost_tensor){
-            t->name, ex->plan.spec[i],   t->n,
-            rows,    rows ? t->cols : 0, gcomp_mpi_bucket_strategy(ex->b[i], 0)};
+        out[i] = (gcomp_cost_tensor){.name = t->name,
+                                     .spec = ex->plan.spec[i],
+                                     .n = t->n,
+                                     .rows = rows,
+                                     .cols = rows ? t->cols : 0,
+                                     .strategy = gcomp_mpi_bucket_strategy(ex->b[i], 0)};
     }
 }
 

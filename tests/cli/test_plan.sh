@@ -32,6 +32,38 @@ assert r['tensors'][1]['spec'].startswith('none'), r   # 1-D: dense by the polic
 " && ok || bad "json content"
 
 
+# macs=: the backward spread by work. A last layer of no work is final when backward starts;
+# by elements, after half of it (1 ms of 2).
+printf 'first 1000 1000 macs=1\nlast 1000 1000 macs=0\n' > w.txt
+printf 'first 1000 1000\nlast 1000 1000\n' > w0.txt
+for f in w w0; do
+  "$G" plan --model $f.txt --compare dense --workers 2 --link 10gbit --compute-ms 3 $C --json \
+      > $f.json 2> err.txt || { bad "plan $f.txt"; cat err.txt; }
+done
+python3 -c "
+import json
+w, w0 = (json.load(open(f))['results'][0] for f in ('w.json', 'w0.json'))
+last, last0 = w['tensors'][1], w0['tensors'][1]
+assert abs(last0['ready_s'] - last['ready_s'] - 1e-3) < 1e-12, (last, last0)  # half of backward
+" && ok || { bad "macs= moves the ready time"; cat w.json; }
+# --bucket-mb: both tensors in one message, sent when the first is final.
+"$G" plan --model w0.txt --compare dense --workers 2 --link 10gbit --compute-ms 3 $C --json \
+    --bucket-mb 64 > b.json 2> err.txt || { bad "plan --bucket-mb"; cat err.txt; }
+python3 -c "
+import json
+r, r0 = (json.load(open(f))['results'][0] for f in ('b.json', 'w0.json'))
+t = r['tensors']
+assert t[1]['bytes_sent'] == 0 and t[0]['bytes_sent'] == r0['bytes_per_step'], (t, r0)
+assert t[0]['bucket'] == t[1]['bucket'] == 1, t
+assert r['bytes_per_step'] == r0['bytes_per_step'], (r, r0)
+" && ok || { bad "--bucket-mb fuses"; cat b.json; }
+printf 'a 10 10 macs=5\nb 5\n' > m5.txt
+expect_err "macs= on some lines" "m5.txt:2.*every tensor or on none" "$G" plan --model m5.txt --link 1gbit $C
+printf 'a 10 10 macs=-1\n' > m6.txt
+expect_err "negative macs" "m6.txt:1.*macs=" "$G" plan --model m6.txt --link 1gbit $C
+printf 'a 10 macs=2 10\n' > m7.txt
+expect_err "dimension after macs" "m7.txt:1.*after macs=" "$G" plan --model m7.txt --link 1gbit $C
+expect_err "bad --bucket-mb" "--bucket-mb" "$G" plan --model m.txt --bucket-mb -1 --link 1gbit $C
 printf 'a 10 10\nb 5\nc 7 x\n' > m2.txt
 expect_err "bad model line" "m2.txt:3.*positive integers" "$G" plan --model m2.txt --link 1gbit $C
 printf 'a 10 10\nlonely\n' > m3.txt

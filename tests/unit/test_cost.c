@@ -20,7 +20,7 @@ static double rel(double a, double b) {
 static int one(const char *spec, size_t n, size_t rows, size_t cols, int strategy, int P, double B,
                const gcomp_cost_calibration *cal, gcomp_cost_result *r,
                gcomp_cost_tensor_result *tr) {
-    gcomp_cost_tensor t = {"t", spec, n, rows, cols, strategy};
+    gcomp_cost_tensor t = {"t", spec, n, rows, cols, strategy, 0, 0};
     gcomp_cost_model *m = NULL;
     gcomp_error e = {0};
     int st = gcomp_cost_model_create(&m, &t, 1, P, P, cal, &e);
@@ -110,7 +110,7 @@ static void test_laws(void) {
 
     /* Parameter server: the worker pushes its message and pulls the dense sum; the
      * servers' NICs carry P/S of it. */
-    gcomp_cost_tensor t = {"t", tk, 100000, 0, 0, GCOMP_COST_PS};
+    gcomp_cost_tensor t = {"t", tk, 100000, 0, 0, GCOMP_COST_PS, 0, 0};
     gcomp_cost_model *pm;
     CHECK_OK(gcomp_cost_model_create(&pm, &t, 1, 8, 8, NULL, NULL));
     gcomp_cost_net net;
@@ -130,7 +130,8 @@ static void test_hierarchical(void) {
     /* 8 ranks on 2 nodes: 2 rounds of 4n inside the node each way, then the allreduce
      * between the 2 leaders: bytes 2*1/2*4n = 4n, node bytes 2*2*4n. */
     size_t n = 1 << 20;
-    gcomp_cost_tensor t = {"t", "none", n, 0, 0, GCOMP_COST_ALLREDUCE | GCOMP_COST_HIERARCHICAL};
+    gcomp_cost_tensor t = {"t", "none", n, 0, 0, GCOMP_COST_ALLREDUCE | GCOMP_COST_HIERARCHICAL,
+                           0,   0};
     gcomp_cost_model *m;
     CHECK_OK(gcomp_cost_model_create(&m, &t, 1, 8, 2, NULL, NULL));
     gcomp_cost_net net;
@@ -152,8 +153,8 @@ static void test_hierarchical(void) {
 /* Overlap: two equal tensors, backward 1 s; the later layer's gradient is final after
  * 0.5 s and its 0.4 s transfer hides in the remaining 0.5 s; the first layer's does not. */
 static void test_overlap(void) {
-    gcomp_cost_tensor t[2] = {{"a", "none", 1 << 20, 0, 0, GCOMP_COST_ALLREDUCE},
-                              {"b", "none", 1 << 20, 0, 0, GCOMP_COST_ALLREDUCE}};
+    gcomp_cost_tensor t[2] = {{"a", "none", 1 << 20, 0, 0, GCOMP_COST_ALLREDUCE, 0, 0},
+                              {"b", "none", 1 << 20, 0, 0, GCOMP_COST_ALLREDUCE, 0, 0}};
     gcomp_cost_calibration *cal;
     CHECK_OK(gcomp_cost_calibration_create(&cal));
     gcomp_cost_codec_rate zero = {"none", 0, 0, 0, 0, 0};
@@ -188,6 +189,85 @@ static void test_overlap(void) {
     gcomp_cost_calibration_free(cal);
 }
 
+/* The setting of test_overlap (backward 1 s, forward 0.25, optimizer 0.1, a 0.4 s transfer
+ * a tensor) with the backward spread by work and the two tensors in one bucket. */
+static void test_work_and_buckets(void) {
+    size_t n = 1 << 20;
+    gcomp_cost_tensor t[3] = {{"a", "none", n, 0, 0, GCOMP_COST_ALLREDUCE, 1, 0},
+                              {"b", "none", n, 0, 0, GCOMP_COST_ALLREDUCE, 3, 0},
+                              {"c", "none", n, 0, 0, GCOMP_COST_ALLREDUCE, 0, 0}};
+    gcomp_cost_calibration *cal;
+    CHECK_OK(gcomp_cost_calibration_create(&cal));
+    gcomp_cost_codec_rate zero = {"none", 0, 0, 0, 0, 0};
+    CHECK_OK(gcomp_cost_calibration_add_codec(cal, &zero, NULL));
+    gcomp_cost_net net;
+    gcomp_cost_net_default(&net);
+    net.workers = net.nodes = 2;
+    double comm = 0.4, B = 4.0 * (double)n / comm;
+    net.inter = (gcomp_cost_link){B, 0};
+    gcomp_cost_compute c = {0.25, 1.0, 0.1, 1.0};
+    gcomp_cost_result r;
+    gcomp_cost_tensor_result tr[2];
+    gcomp_cost_model *m;
+    /* Work 1 and 3: b (last layer) is final after 0.75 s of backward, at 1.0, on the wire
+     * until 1.4; a is final at 1.25 and waits for the link: done 1.8, step 1.9.  By elements
+     * (test_overlap) the step is 1.75. */
+    CHECK_OK(gcomp_cost_model_create(&m, t, 2, 2, 2, cal, NULL));
+    CHECK_OK(gcomp_cost_eval(m, &net, &c, &r, tr));
+    CHECK_MSG(rel(tr[1].ready_s, 1.0) < 1e-12, "%.17g", tr[1].ready_s);
+    CHECK_MSG(rel(r.step_s, 1.9) < 1e-12, "%.17g", r.step_s);
+    gcomp_cost_model_free(m);
+    /* A tensor of work 0 is final with the one before it in backward order: c at 0.25. */
+    gcomp_cost_tensor_result tr3[3];
+    CHECK_OK(gcomp_cost_model_create(&m, t, 3, 2, 2, cal, NULL));
+    CHECK_OK(gcomp_cost_eval(m, &net, &c, &r, tr3));
+    CHECK_MSG(rel(tr3[2].ready_s, 0.25) < 1e-12, "%.17g", tr3[2].ready_s);
+    gcomp_cost_model_free(m);
+    /* One bucket: one message of 2n, carried by a and sent once a is final (1.25): 0.8 s on
+     * the wire, step 2.15; with a latency the bucket pays it once, the pair twice. */
+    t[0].bucket = t[1].bucket = 7;
+    net.inter.latency = 0.01;
+    CHECK_OK(gcomp_cost_model_create(&m, t, 2, 2, 2, cal, NULL));
+    CHECK_OK(gcomp_cost_eval(m, &net, &c, &r, tr));
+    CHECK(tr[0].bytes_sent == 8.0 * (double)n && tr[1].bytes_sent == 0);
+    CHECK(r.bytes_sent == 8.0 * (double)n);
+    CHECK_MSG(rel(r.comm_s, 0.8 + 2 * 0.01) < 1e-12, "%.17g", r.comm_s);
+    CHECK_MSG(rel(r.step_s, 2.15 + 2 * 0.01) < 1e-12, "%.17g", r.step_s);
+    gcomp_cost_model_free(m);
+    t[0].bucket = t[1].bucket = 0;
+    CHECK_OK(gcomp_cost_model_create(&m, t, 2, 2, 2, cal, NULL));
+    CHECK_OK(gcomp_cost_eval(m, &net, &c, &r, NULL));
+    CHECK_MSG(rel(r.comm_s, 0.8 + 4 * 0.01) < 1e-12, "%.17g", r.comm_s);
+    gcomp_cost_model_free(m);
+
+    /* Refused, naming the tensor: a bad work, a bucket split by another tensor, a bucket
+     * that mixes specs, or holds what an allreduce does not sum as one vector. */
+    gcomp_error e = {0};
+    t[1].work = -1;
+    CHECK(gcomp_cost_model_create(&m, t, 2, 2, 2, cal, &e) == GCOMP_E_ARG && !m);
+    CHECK_MSG(strstr(e.message, "'b'") && strstr(e.message, "work"), "%s", e.message);
+    t[1].work = NAN;
+    CHECK(gcomp_cost_model_create(&m, t, 2, 2, 2, cal, &e) == GCOMP_E_ARG);
+    t[1].work = 3;
+    t[0].bucket = t[2].bucket = 1;
+    CHECK(gcomp_cost_model_create(&m, t, 3, 2, 2, cal, &e) == GCOMP_E_ARG);
+    CHECK_MSG(strstr(e.message, "'c'") && strstr(e.message, "not adjacent"), "%s", e.message);
+    t[2].bucket = 0;
+    t[1].bucket = 1;
+    t[1].spec = "none:values=f16";
+    CHECK(gcomp_cost_model_create(&m, t, 2, 2, 2, cal, &e) == GCOMP_E_ARG);
+    CHECK_MSG(strstr(e.message, "mixes"), "%s", e.message);
+    gcomp_cost_tensor p[2] = {
+        {"p", "powersgd:rank=2", 1 << 16, 256, 256, GCOMP_COST_ALLREDUCE, 0, 2},
+        {"q", "powersgd:rank=2", 1 << 16, 256, 256, GCOMP_COST_ALLREDUCE, 0, 2}};
+    CHECK(gcomp_cost_model_create(&m, p, 2, 2, 2, cal, &e) == GCOMP_E_ARG);
+    CHECK_MSG(strstr(e.message, "'p'") && strstr(e.message, "bucket 2"), "%s", e.message);
+    gcomp_cost_tensor g[2] = {{"g", "none", 4096, 0, 0, GCOMP_COST_ALLGATHER, 0, 3},
+                              {"h", "none", 4096, 0, 0, GCOMP_COST_ALLGATHER, 0, 3}};
+    CHECK(gcomp_cost_model_create(&m, g, 2, 2, 2, cal, &e) == GCOMP_E_ARG);
+    gcomp_cost_calibration_free(cal);
+}
+
 /* Break-even: dense f32 ring (2 ranks: 4n bytes, free codec) against top-k by allgather
  * (8 + m bytes, encode 1 ns/elem): equal when 4n/B = 1e-9 n + (8 + m)/B. */
 static void test_break_even(void) {
@@ -199,8 +279,8 @@ static void test_break_even(void) {
     snprintf(topk.spec, sizeof topk.spec, "%s", tk);
     CHECK_OK(gcomp_cost_calibration_add_codec(cal, &zero, NULL));
     CHECK_OK(gcomp_cost_calibration_add_codec(cal, &topk, NULL));
-    gcomp_cost_tensor td = {"t", "none", n, 0, 0, GCOMP_COST_ALLREDUCE},
-                      tc = {"t", tk, n, 0, 0, GCOMP_COST_ALLGATHER};
+    gcomp_cost_tensor td = {"t", "none", n, 0, 0, GCOMP_COST_ALLREDUCE, 0, 0},
+                      tc = {"t", tk, n, 0, 0, GCOMP_COST_ALLGATHER, 0, 0};
     gcomp_cost_model *md, *mc;
     CHECK_OK(gcomp_cost_model_create(&md, &td, 1, 2, 2, cal, NULL));
     CHECK_OK(gcomp_cost_model_create(&mc, &tc, 1, 2, 2, cal, NULL));
@@ -243,7 +323,7 @@ static void test_calibration_text(void) {
     const gcomp_cost_net_rate *gn = gcomp_cost_calibration_net(back, "inter");
     CHECK(gn && gn->ranks == 4 && gn->latency == 24.5e-6);
     /* Lookup: same codec at another density is scaled (decode by density). */
-    gcomp_cost_tensor t = {"t", "topk:density=0.001", 1000000, 0, 0, GCOMP_COST_ALLGATHER};
+    gcomp_cost_tensor t = {"t", "topk:density=0.001", 1000000, 0, 0, GCOMP_COST_ALLGATHER, 0, 0};
     gcomp_cost_model *m;
     CHECK_OK(gcomp_cost_model_create(&m, &t, 1, 1, 1, back, NULL));
     gcomp_cost_net net;
@@ -260,8 +340,10 @@ static void test_calibration_text(void) {
     gcomp_cost_model_free(m);
     /* A min_k floor raises the kept fraction of a small tensor: 512 of 10240 is 0.05, five
      * times the calibrated 0.01. */
-    gcomp_cost_tensor t2 = {
-        "t2", "topk:density=0.001,min_k=512", 10240, 0, 0, GCOMP_COST_ALLGATHER};
+    gcomp_cost_tensor t2 = {.name = "t2",
+                            .spec = "topk:density=0.001,min_k=512",
+                            .n = 10240,
+                            .strategy = GCOMP_COST_ALLGATHER};
     CHECK_OK(gcomp_cost_model_create(&m, &t2, 1, 1, 1, back, NULL));
     CHECK_OK(gcomp_cost_eval(m, &net, &c, &res, &tr));
     CHECK_MSG(rel(tr.decode_s, 2e-7 + 10240 / 3e9 * 5 + 2 * 10240 * 1e-9 / 3) < 1e-12, "%.17g",
@@ -287,7 +369,7 @@ static void test_calibration_text(void) {
 /* Rates at several sizes: a tensor between two is blended in log n, one outside takes the
  * nearest; the sizes survive the text form; a rate for any size replaces the sized ones. */
 static double encode_at(const gcomp_cost_calibration *cal, size_t n) {
-    gcomp_cost_tensor t = {"t", "topk:density=0.01", n, 0, 0, GCOMP_COST_ALLGATHER};
+    gcomp_cost_tensor t = {"t", "topk:density=0.01", n, 0, 0, GCOMP_COST_ALLGATHER, 0, 0};
     gcomp_cost_model *m;
     gcomp_cost_net net;
     gcomp_cost_net_default(&net);
@@ -380,7 +462,7 @@ static void test_link_measured(void) {
 static void test_errors(void) {
     gcomp_cost_model *m = NULL;
     gcomp_error e = {0};
-    gcomp_cost_tensor t = {"w", "topk:density=0.01", 1000, 0, 0, 0};
+    gcomp_cost_tensor t = {"w", "topk:density=0.01", 1000, 0, 0, 0, 0, 0};
     CHECK(gcomp_cost_model_create(&m, &t, 1, 4, 4, NULL, &e) == GCOMP_E_ARG);
     CHECK_MSG(strstr(e.message, "'w'") && strstr(e.message, "auto"), "%s", e.message);
     t.strategy = GCOMP_COST_ALLREDUCE; /* top-k does not sum */
@@ -422,6 +504,7 @@ int main(void) {
     test_laws();
     test_hierarchical();
     test_overlap();
+    test_work_and_buckets();
     test_break_even();
     test_calibration_text();
     test_calibration_sizes();
