@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Writes the tensor lists of the ImageNet CNNs in bench/models (gradcomp plan's --model FILE).
 
-    python3 bench/models/cnn_lists.py bench/models        # resnet50/101/152.txt, vgg16.txt
+    python3 bench/models/cnn_lists.py bench/models   # resnet50/101/152, vgg16, inception3.txt
 
 Each line is `name d0 [d1] macs=M`: the tensor's matrix (a conv weight is out x in*kh*kw) and
 the multiply-adds per sample of the backward work that must run before the tensor's
@@ -13,7 +13,7 @@ shares; without macs= it spreads it by element count, which is right for fully c
 layers and wrong for convolutions (VGG-16's fully connected layers hold 89 % of its
 parameters and 1 % of its multiply-adds).
 
-Shapes only: the architecture's arithmetic at 224 x 224 input, no framework needed.
+Shapes only: the architectures' arithmetic at their ImageNet input size, no framework needed.
 """
 import os
 import sys
@@ -87,16 +87,83 @@ def vgg16():
     return net
 
 
+def inception3():
+    """Inception v3 at 299 x 299 (torchvision's layout, without the auxiliary classifier,
+    which training at scale commonly drops): every conv is a BasicConv2d, conv + batch norm
+    with scale and shift."""
+    net = Net()
+
+    def bconv(name, cin, cout, kh, kw, hw):
+        net.add(name + ".conv.weight", (cout, cin * kh * kw), cout * cin * kh * kw * hw * hw)
+        net.bn(name + ".bn", cout, hw)
+
+    bconv("Conv2d_1a_3x3", 3, 32, 3, 3, 149)
+    bconv("Conv2d_2a_3x3", 32, 32, 3, 3, 147)
+    bconv("Conv2d_2b_3x3", 32, 64, 3, 3, 147)
+    bconv("Conv2d_3b_1x1", 64, 80, 1, 1, 73)
+    bconv("Conv2d_4a_3x3", 80, 192, 3, 3, 71)
+    cin = 192
+    for name, pool in (("Mixed_5b", 32), ("Mixed_5c", 64), ("Mixed_5d", 64)):  # A, 35 x 35
+        bconv(name + ".branch1x1", cin, 64, 1, 1, 35)
+        bconv(name + ".branch5x5_1", cin, 48, 1, 1, 35)
+        bconv(name + ".branch5x5_2", 48, 64, 5, 5, 35)
+        bconv(name + ".branch3x3dbl_1", cin, 64, 1, 1, 35)
+        bconv(name + ".branch3x3dbl_2", 64, 96, 3, 3, 35)
+        bconv(name + ".branch3x3dbl_3", 96, 96, 3, 3, 35)
+        bconv(name + ".branch_pool", cin, pool, 1, 1, 35)
+        cin = 64 + 64 + 96 + pool
+    bconv("Mixed_6a.branch3x3", cin, 384, 3, 3, 17)  # B: 35 -> 17
+    bconv("Mixed_6a.branch3x3dbl_1", cin, 64, 1, 1, 35)
+    bconv("Mixed_6a.branch3x3dbl_2", 64, 96, 3, 3, 35)
+    bconv("Mixed_6a.branch3x3dbl_3", 96, 96, 3, 3, 17)
+    cin = 384 + 96 + cin
+    for name, c7 in (("Mixed_6b", 128), ("Mixed_6c", 160), ("Mixed_6d", 160), ("Mixed_6e", 192)):
+        bconv(name + ".branch1x1", cin, 192, 1, 1, 17)  # C, 17 x 17
+        bconv(name + ".branch7x7_1", cin, c7, 1, 1, 17)
+        bconv(name + ".branch7x7_2", c7, c7, 1, 7, 17)
+        bconv(name + ".branch7x7_3", c7, 192, 7, 1, 17)
+        bconv(name + ".branch7x7dbl_1", cin, c7, 1, 1, 17)
+        bconv(name + ".branch7x7dbl_2", c7, c7, 7, 1, 17)
+        bconv(name + ".branch7x7dbl_3", c7, c7, 1, 7, 17)
+        bconv(name + ".branch7x7dbl_4", c7, c7, 7, 1, 17)
+        bconv(name + ".branch7x7dbl_5", c7, 192, 1, 7, 17)
+        bconv(name + ".branch_pool", cin, 192, 1, 1, 17)
+        cin = 768
+    bconv("Mixed_7a.branch3x3_1", cin, 192, 1, 1, 17)  # D: 17 -> 8
+    bconv("Mixed_7a.branch3x3_2", 192, 320, 3, 3, 8)
+    bconv("Mixed_7a.branch7x7x3_1", cin, 192, 1, 1, 17)
+    bconv("Mixed_7a.branch7x7x3_2", 192, 192, 1, 7, 17)
+    bconv("Mixed_7a.branch7x7x3_3", 192, 192, 7, 1, 17)
+    bconv("Mixed_7a.branch7x7x3_4", 192, 192, 3, 3, 8)
+    cin = 320 + 192 + cin
+    for name in ("Mixed_7b", "Mixed_7c"):  # E, 8 x 8
+        bconv(name + ".branch1x1", cin, 320, 1, 1, 8)
+        bconv(name + ".branch3x3_1", cin, 384, 1, 1, 8)
+        bconv(name + ".branch3x3_2a", 384, 384, 1, 3, 8)
+        bconv(name + ".branch3x3_2b", 384, 384, 3, 1, 8)
+        bconv(name + ".branch3x3dbl_1", cin, 448, 1, 1, 8)
+        bconv(name + ".branch3x3dbl_2", 448, 384, 3, 3, 8)
+        bconv(name + ".branch3x3dbl_3a", 384, 384, 1, 3, 8)
+        bconv(name + ".branch3x3dbl_3b", 384, 384, 3, 1, 8)
+        bconv(name + ".branch_pool", cin, 192, 1, 1, 8)
+        cin = 2048
+    net.fc("fc", 2048, 1000)
+    return net
+
+
 MODELS = {
     "resnet50": (lambda: resnet((3, 4, 6, 3)), "ResNet-50"),
     "resnet101": (lambda: resnet((3, 4, 23, 3)), "ResNet-101"),
     "resnet152": (lambda: resnet((3, 8, 36, 3)), "ResNet-152"),
     "vgg16": (vgg16, "VGG-16"),
+    "inception3": (inception3, "Inception v3"),
 }
 
 SOURCES = {
     "ResNet": "He et al. 2016, 'Deep Residual Learning for Image Recognition'; torchvision's "
               "layout (stride on the 3x3 conv)",
+    "Inception": "Szegedy et al. 2016, 'Rethinking the Inception Architecture for Computer "
+                 "Vision'; torchvision's layout without the auxiliary classifier",
     "VGG": "Simonyan and Zisserman 2015, 'Very Deep Convolutional Networks for Large-Scale "
            "Image Recognition', configuration D",
 }
@@ -105,10 +172,11 @@ SOURCES = {
 def main(out_dir):
     for key, (make, title) in MODELS.items():
         net = make()
-        src = SOURCES["ResNet" if key.startswith("resnet") else "VGG"]
+        src = SOURCES[next(k for k in SOURCES if title.startswith(k))]
         path = os.path.join(out_dir, key + ".txt")
         with open(path, "w") as f:
-            f.write("# %s, ImageNet (224 x 224, 1000 classes): %s\n" % (title, src))
+            side = 299 if key == "inception3" else 224
+            f.write("# %s, ImageNet (%d x %d, 1000 classes): %s\n" % (title, side, side, src))
             f.write("# %d tensors, %d parameters (%.1f MiB of f32 gradient), %.2f G multiply-adds "
                     "a sample forward\n" % (len(net.lines), net.params, net.params * 4 / 2**20,
                                            net.macs / 1e9))
