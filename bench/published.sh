@@ -1,5 +1,5 @@
 #!/bin/sh
-# bench/published.sh [BUILD] - the cost model against a published measurement of someone
+# bench/published.sh [BUILD | GRADCOMP] - the cost model against a published measurement of someone
 # else's system: Horovod's scaling efficiency on 32 and 128 servers of 4 Pascal GPUs on
 # 25 Gbit/s RoCE (Inception V3, ResNet-101, VGG-16; tf_cnn_benchmarks, batch 64 a GPU,
 # synthetic data).  Only published inputs go in, each named below; what is not published
@@ -17,6 +17,7 @@
 set -eu
 B=${1:-build}
 G=$B/gradcomp
+[ -f "$B" ] && G=$B
 M=$(dirname "$0")/models
 W=$(mktemp -d)
 trap 'rm -rf "$W"' EXIT
