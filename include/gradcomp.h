@@ -1049,6 +1049,11 @@ GCOMP_API const char *gcomp_adapt_candidate(const gcomp_adapt *a, size_t j);
 /** 1 when the method uses the controller named `name` ("bandwidth", "accuracy", "layers",
  *  "norm"): e.g. whether to measure the link for it. */
 GCOMP_API int gcomp_adapt_uses(const gcomp_adapt *a, const char *name);
+/** The same for a method string before any gcomp_adapt is created ("adapt:accuracy+layers;
+ *  ..."; the `adapt:` prefix is required): its controller list parsed as gcomp_adapt_create
+ *  parses it.  0 for a method that is not adaptive or whose controller list is invalid
+ *  (gcomp_adapt_create says why). */
+GCOMP_API int gcomp_adapt_method_uses(const char *method, const char *name);
 /** Steps between decisions and between measurements, as resolved (auto included; with
  *  measure=auto the least spacing, gcomp_adapt_report.next_measure_step the next one). */
 GCOMP_API uint64_t gcomp_adapt_interval(const gcomp_adapt *a);

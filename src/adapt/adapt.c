@@ -864,6 +864,19 @@ int gcomp_adapt_uses(const gcomp_adapt *a, const char *name) {
         if (!strcmp(a->ctl[k]->name, name)) return 1;
     return 0;
 }
+int gcomp_adapt_method_uses(const char *method, const char *name) {
+    if (!method || !name || strncmp(method, PREFIX, strlen(PREFIX))) return 0;
+    char *list = dup_str(method + strlen(PREFIX));
+    gcomp_adapt *a = gcomp__calloc(sizeof *a);
+    int uses = 0;
+    if (list && a) {
+        list[strcspn(list, ";")] = 0;
+        uses = parse_controllers(a, list, NULL) == GCOMP_OK && gcomp_adapt_uses(a, name);
+    }
+    gcomp__free(list);
+    gcomp__free(a);
+    return uses;
+}
 uint64_t gcomp_adapt_interval(const gcomp_adapt *a) {
     return a ? a->interval : 0;
 }

@@ -67,19 +67,13 @@ int gtrain_adapt_is_method(const char *method) {
 }
 
 int gtrain_adapt_method_uses(const char *method, const char *controller) {
-    if (!gtrain_adapt_is_method(method) || !controller) return 0;
-    size_t cl = strlen(controller);
-    const char *p = method + 6, *end = p + strcspn(p, ";@");
-    while (p < end) {
-        const char *next = memchr(p, '+', (size_t)(end - p));
-        const char *tok_end = next ? next : end;
-        while (p < tok_end && *p == ' ') p++;
-        const char *e = tok_end;
-        while (e > p && e[-1] == ' ') e--;
-        if ((size_t)(e - p) == cl && !memcmp(p, controller, cl)) return 1;
-        p = next ? next + 1 : end;
-    }
-    return 0;
+    /* A trainer method may end in @STRATEGY, which the library does not take. */
+    char *m = gtrain_adapt_is_method(method) ? strdup(method) : NULL;
+    if (!m) return 0;
+    m[strcspn(m, "@")] = 0;
+    int uses = gcomp_adapt_method_uses(m, controller);
+    free(m);
+    return uses;
 }
 
 static int strategy_cb(void *ctx, const char *spec) {

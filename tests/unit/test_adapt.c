@@ -36,6 +36,21 @@ static void expect_spec_error(const char *method, const char *needle) {
               needle);
 }
 
+/* Which controllers a method string names, before anything is created: parsed as
+ * gcomp_adapt_create parses it. */
+static void test_method_uses(void) {
+    CHECK(gcomp_adapt_method_uses("adapt:accuracy", "accuracy"));
+    CHECK(gcomp_adapt_method_uses("adapt: layers + accuracy ;target=0.8", "accuracy"));
+    CHECK(gcomp_adapt_method_uses("adapt:bandwidth+layers;base=topk:density=0.01", "layers"));
+    CHECK(!gcomp_adapt_method_uses("adapt:bandwidth+layers", "accuracy"));
+    CHECK(!gcomp_adapt_method_uses("adapt:norm;ladder=accuracy", "accuracy")); /* an item */
+    CHECK(!gcomp_adapt_method_uses("topk:density=0.01", "accuracy"));
+    CHECK(!gcomp_adapt_method_uses("adapt:accuracy+nosuch", "accuracy")); /* create refuses */
+    CHECK(!gcomp_adapt_method_uses("adapt:accuracy", "accura"));
+    CHECK(!gcomp_adapt_method_uses(NULL, "accuracy") &&
+          !gcomp_adapt_method_uses("adapt:norm", NULL));
+}
+
 static void test_grammar(void) {
     expect_spec_error("adapt:nrom", "unknown controller 'nrom'");
     expect_spec_error("adapt:", "name at least one controller");
@@ -1323,6 +1338,7 @@ static void test_ranks_agree(void) {
 }
 
 int main(void) {
+    test_method_uses();
     test_grammar();
     test_ladder();
     test_norm();
