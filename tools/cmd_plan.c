@@ -414,6 +414,7 @@ static int builtin_model(const popts *o, ptensor **out, size_t *count, double *f
         /* As the trainer passes them: biases and columns are vectors. */
         t[i].rows = gt[i].is_bias || gt[i].cols == 1 ? 0 : gt[i].rows;
         t[i].cols = t[i].rows ? gt[i].cols : 0;
+        t[i].work = gtrain_model_tensor_macs(m, i);
     }
     *fwd_bwd_s = 0;
     if (!o->have_compute && !o->calibrate) {

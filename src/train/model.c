@@ -328,6 +328,17 @@ gtrain_tensor *gtrain_model_tensors(gtrain_model *m, size_t *count) {
     return m ? m->tensors : NULL;
 }
 
+double gtrain_model_tensor_macs(const gtrain_model *m, size_t i) {
+    for (size_t l = 0; m && l < m->nlayers; l++) {
+        const layer *L = &m->layers[l];
+        double plane = L->kind == LAYER_CONV ? (double)(L->cs * L->cs) : 1;
+        double outputs = L->kind == LAYER_CONV ? (double)L->cout * plane : (double)L->out;
+        if (i == L->wt) return (double)m->tensors[i].n * plane; /* out x in (x k² x cs²) */
+        if (i == L->bt) return outputs;
+    }
+    return 0;
+}
+
 size_t gtrain_model_num_params(const gtrain_model *m) {
     return m ? m->nparams : 0;
 }

@@ -109,6 +109,12 @@ void gtrain_model_free(gtrain_model *m);
 /* The model's tensors in forward order; *count receives their number (may be NULL). */
 gtrain_tensor *gtrain_model_tensors(gtrain_model *m, size_t *count);
 
+/* The backward work, in multiply-adds a sample, between tensor i's gradient and the one
+ * before it in backward order (the cost model's gcomp_cost_tensor.work): a weight's layer's
+ * forward multiply-adds, a bias's output elements (before pooling for a conv).  0 for an
+ * index out of range. */
+double gtrain_model_tensor_macs(const gtrain_model *m, size_t i);
+
 /* Total number of parameters = sum of tensors[i].n = length of the flat w and g buffers. */
 size_t gtrain_model_num_params(const gtrain_model *m);
 

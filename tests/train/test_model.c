@@ -86,6 +86,32 @@ static void test_tensors(void) {
     expect_tensors("mlp", "", 2, lin, lin_s);
 }
 
+/* The backward work the cost model spreads the backward pass by: multiply-adds a sample. */
+static void test_macs(void) {
+    gtrain_model *m;
+    CHECK(gtrain_model_create("cnn", NULL, 1, 1, &m) == GTRAIN_OK, "create cnn");
+    /* conv1 1->16 5x5 on 28x28 (pad 2), conv2 16->32 5x5 on 10x10, fc1 800->128, fc2 128->10 */
+    const double want[8] = {16.0 * 25 * 28 * 28,
+                            16.0 * 28 * 28,
+                            32.0 * 16 * 25 * 10 * 10,
+                            32.0 * 10 * 10,
+                            800.0 * 128,
+                            128,
+                            128.0 * 10,
+                            10};
+    for (size_t i = 0; i < 8; i++)
+        CHECK(gtrain_model_tensor_macs(m, i) == want[i], "cnn tensor %zu: %g, expected %g", i,
+              gtrain_model_tensor_macs(m, i), want[i]);
+    CHECK(gtrain_model_tensor_macs(m, 8) == 0 && gtrain_model_tensor_macs(NULL, 0) == 0, "range");
+    gtrain_model_free(m);
+    CHECK(gtrain_model_create("mlp", NULL, 1, 1, &m) == GTRAIN_OK, "create mlp");
+    size_t nt;
+    gtrain_tensor *t = gtrain_model_tensors(m, &nt);
+    for (size_t i = 0; i < nt; i++) /* fully connected: the elements */
+        CHECK(gtrain_model_tensor_macs(m, i) == (double)t[i].n, "mlp tensor %zu", i);
+    gtrain_model_free(m);
+}
+
 /* He-uniform: |w| ≤ sqrt(6/fan_in) (sqrt(3/fan_in) for the output layer), variance bound²/3,
  * mean 0; biases 0. */
 static void test_init(void) {
@@ -416,6 +442,7 @@ static void test_momentum_release(void) {
 int main(void) {
     test_create_errors();
     test_tensors();
+    test_macs();
     test_init();
     test_determinism();
     test_callback("mlp");
