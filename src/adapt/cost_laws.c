@@ -381,8 +381,12 @@ static gcomp_status fuse_bucket(cost_tensor *t, const gcomp_cost_tensor *in, siz
                                 int P, int nodes, const gcomp_cost_calibration *cal,
                                 gcomp_error *err) {
     size_t n = 0;
+    char first[GCOMP__SPEC_MAX], other[GCOMP__SPEC_MAX];
+    if (gcomp_spec_canonical(in[i].spec, first, sizeof first, NULL, NULL) != GCOMP_OK)
+        first[0] = 0; /* build_tensor has accepted it: not reached */
     for (size_t j = i; j < e; j++) {
-        if (strcmp(in[j].spec, in[i].spec) || in[j].strategy != in[i].strategy)
+        if (gcomp_spec_canonical(in[j].spec, other, sizeof other, NULL, NULL) != GCOMP_OK ||
+            strcmp(other, first) || in[j].strategy != in[i].strategy)
             return gcomp__fail(err, GCOMP_E_ARG,
                                "cost model: tensor '%s': bucket %u mixes '%s' (%d) with '%s' (%d)",
                                t[j].name, in[i].bucket, in[i].spec, in[i].strategy, in[j].spec,

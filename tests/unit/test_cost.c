@@ -254,6 +254,9 @@ static void test_work_and_buckets(void) {
     CHECK_MSG(strstr(e.message, "'c'") && strstr(e.message, "not adjacent"), "%s", e.message);
     t[2].bucket = 0;
     t[1].bucket = 1;
+    t[1].spec = "none:values=f32"; /* the same spec as "none", written out */
+    CHECK_OK(gcomp_cost_model_create(&m, t, 2, 2, 2, cal, &e));
+    gcomp_cost_model_free(m);
     t[1].spec = "none:values=f16";
     CHECK(gcomp_cost_model_create(&m, t, 2, 2, 2, cal, &e) == GCOMP_E_ARG);
     CHECK_MSG(strstr(e.message, "mixes"), "%s", e.message);
