@@ -1048,6 +1048,87 @@ def hook(spec_or_policy, process_group=None, model=None, check_specs=True, total
                                         total_steps, probe_bytes)
 
 
+# ---- the model as `gradcomp plan` reads it -----------------------------------------------------
+
+def _per_sample_macs(module, inputs, output, batch):
+    """Multiply-adds a sample of one call of `module`, for each of its own parameters."""
+    out = output[0] if isinstance(output, (tuple, list)) else output
+    if not torch.is_tensor(out) or batch < 1:
+        return {}
+    outs = out.numel() / batch
+    own = dict(module.named_parameters(recurse=False))
+    if isinstance(module, torch.nn.Linear):
+        work = {"weight": outs * module.in_features, "bias": outs}
+    elif isinstance(module, torch.nn.modules.conv._ConvNd):
+        k = math.prod(module.kernel_size) * module.in_channels // module.groups
+        work = {"weight": outs * k, "bias": outs}
+    else:  # norms, embeddings, anything else: a pass over the output
+        work = {}
+    return {name: work.get(name, outs) for name in own}
+
+
+def tensor_list(model, example=None):
+    """The model's trainable parameters as `gradcomp plan --model FILE` reads them: one line
+    a tensor, `name d0 d1 ...` (a conv weight out x in x kh x kw), in registration order,
+    which the cost model takes as forward order (the backward pass makes gradients final
+    from the last line up).  A parameter shared by several modules is listed once.
+
+    example: a batch the model accepts (a tensor, or a tuple of arguments).  With it, one
+    forward pass under torch.no_grad() measures each layer's output, and every line gains
+    macs=M: the multiply-adds a sample of the backward work before that gradient is final
+    (a Linear or Conv weight: its forward multiply-adds; a bias, a norm, an embedding: the
+    elements of the output), summed over the calls of a module that runs more than once;
+    0 for a parameter whose module did not run.  Without it the cost model spreads the
+    backward pass by element count, which is wrong for convolutions (docs/COST_MODEL.md).
+    """
+    params, seen = [], set()
+    for name, p in model.named_parameters():
+        if p.requires_grad and id(p) not in seen:
+            seen.add(id(p))
+            params.append((name, p))
+    work = None
+    if example is not None:
+        args = example if isinstance(example, tuple) else (example,)
+        first = next((a for a in args if torch.is_tensor(a)), None)
+        if first is None or first.dim() == 0:
+            raise ValueError("tensor_list: example must hold a batched tensor")
+        batch = first.shape[0]
+        work = {}
+        handles = []
+
+        def record(module, inputs, output):
+            for pname, m in _per_sample_macs(module, inputs, output, batch).items():
+                key = id(getattr(module, pname))
+                work[key] = work.get(key, 0.0) + m
+
+        for module in model.modules():
+            if any(True for _ in module.parameters(recurse=False)):
+                handles.append(module.register_forward_hook(record))
+        try:
+            with torch.no_grad():
+                model(*args)
+        finally:
+            for h in handles:
+                h.remove()
+    lines = []
+    for name, p in params:
+        dims = " ".join(str(d) for d in p.shape) or "1"
+        line = f"{name} {dims}"
+        if work is not None:
+            line += " macs=%d" % round(work.get(id(p), 0.0))
+        lines.append(line)
+    return "\n".join(lines) + "\n"
+
+
+def write_tensor_list(model, path, example=None):
+    """Writes tensor_list(model, example) to `path`, with a comment naming the model."""
+    with open(path, "w") as f:
+        trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+        f.write(f"# {type(model).__name__}: {trainable} trainable parameters "
+                "(gradcomp.torch.write_tensor_list)\n")
+        f.write(tensor_list(model, example))
+
+
 # ---- over MPI: the Horovod-style optimizer (gradcomp/optimizer.py) ----------------------------
 # Imported on first use: it needs mpi4py, which initialises MPI, and the gloo hook above
 # must not.

@@ -395,3 +395,50 @@ def test_adaptive_policy_pickles_its_controllers():
     back = pickle.loads(pickle.dumps(pol))
     assert back.adapt.save_state() == pol.adapt.save_state()
     assert back.adapt.report["decisions"] == 2
+
+
+# ---- gradcomp.torch.tensor_list: the model as `gradcomp plan --model FILE` reads it -------------
+
+def _plan_cli():
+    cli = os.environ.get("GRADCOMP_CLI")
+    if cli and os.path.exists(cli):
+        return cli
+    cand = os.path.join(os.path.dirname(os.path.abspath(gradcomp.LIBRARY_PATH)), "gradcomp")
+    return cand if os.path.isfile(cand) and os.access(cand, os.X_OK) else None
+
+
+def test_tensor_list_shapes_and_macs(tmp_path):
+    import torch
+    import gradcomp.torch as gt
+
+    torch.manual_seed(0)
+    shared = torch.nn.Linear(10, 10)
+    m = torch.nn.Sequential(torch.nn.Conv2d(1, 4, 3, padding=1), torch.nn.ReLU(),
+                            torch.nn.Conv2d(4, 4, 3, padding=1, groups=2, bias=False),
+                            torch.nn.BatchNorm2d(4), torch.nn.Flatten(), torch.nn.Linear(256, 10),
+                            shared, shared)
+    m[3].weight.requires_grad_(False)  # frozen: not sent, not listed
+    assert gt.tensor_list(m).splitlines() == [
+        "0.weight 4 1 3 3", "0.bias 4", "2.weight 4 2 3 3", "3.bias 4", "5.weight 10 256",
+        "5.bias 10", "6.weight 10 10", "6.bias 10"]
+    lines = gt.tensor_list(m, torch.zeros(3, 1, 8, 8)).splitlines()
+    # conv: 4 x 8 x 8 outputs a sample x (in / groups) x 3 x 3; the shared Linear runs twice
+    assert lines == [
+        "0.weight 4 1 3 3 macs=2304", "0.bias 4 macs=256", "2.weight 4 2 3 3 macs=4608",
+        "3.bias 4 macs=256", "5.weight 10 256 macs=2560", "5.bias 10 macs=10",
+        "6.weight 10 10 macs=200", "6.bias 10 macs=20"], lines
+    with pytest.raises(ValueError, match="batched tensor"):
+        gt.tensor_list(m, (3,))
+    path = tmp_path / "m.txt"
+    gt.write_tensor_list(m, str(path), torch.zeros(3, 1, 8, 8))
+    cli = _plan_cli()
+    if not cli:
+        pytest.skip("no gradcomp CLI next to the library (set GRADCOMP_CLI)")
+    out = subprocess.run([cli, "plan", "--model", str(path), "--compare", "dense", "--workers", "2",
+                          "--link", "1gbit", "--compute-ms", "3", "--json"],
+                         capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    tensors = json.loads(out.stdout)["results"][0]["tensors"]
+    assert [t["n"] for t in tensors] == [36, 4, 72, 4, 2560, 10, 100, 10]
+    # the last layer (no work after the loss) is final first; the first conv last
+    assert tensors[-1]["ready_s"] < tensors[4]["ready_s"] < tensors[0]["ready_s"]
