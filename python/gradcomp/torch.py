@@ -1050,7 +1050,7 @@ def hook(spec_or_policy, process_group=None, model=None, check_specs=True, total
 
 # ---- the model as `gradcomp plan` reads it -----------------------------------------------------
 
-def _per_sample_macs(module, inputs, output, batch):
+def _per_sample_macs(module, output, batch):
     """Multiply-adds a sample of one call of `module`, for each of its own parameters."""
     out = output[0] if isinstance(output, (tuple, list)) else output
     if not torch.is_tensor(out) or batch < 1:
@@ -1081,11 +1081,8 @@ def tensor_list(model, example=None):
     0 for a parameter whose module did not run.  Without it the cost model spreads the
     backward pass by element count, which is wrong for convolutions (docs/COST_MODEL.md).
     """
-    params, seen = [], set()
-    for name, p in model.named_parameters():
-        if p.requires_grad and id(p) not in seen:
-            seen.add(id(p))
-            params.append((name, p))
+    # named_parameters() lists a shared parameter once
+    params = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
     work = None
     if example is not None:
         args = example if isinstance(example, tuple) else (example,)
@@ -1097,7 +1094,7 @@ def tensor_list(model, example=None):
         handles = []
 
         def record(module, inputs, output):
-            for pname, m in _per_sample_macs(module, inputs, output, batch).items():
+            for pname, m in _per_sample_macs(module, output, batch).items():
                 key = id(getattr(module, pname))
                 work[key] = work.get(key, 0.0) + m
 

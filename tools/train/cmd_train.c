@@ -922,11 +922,11 @@ int cmd_train(int argc, char **argv) {
     /* The validation split: decisions on accuracy never look at the test set. */
     gtrain_data val = {0};
     size_t nval = o.val >= 0 ? (size_t)o.val : 0;
-    if (o.val < 0) {
+    if (o.val < 0) { /* auto: a split wherever something decides on accuracy */
+        bool decides = o.sensitivity != NULL;
         for (int i = 0; i < o.nmethods; i++)
-            if (gtrain_adapt_method_uses(o.methods[i], "accuracy")) nval = 1;
-        if (o.sensitivity) nval = 1;
-        nval = nval ? train.n / 12 : 0;
+            decides |= gtrain_adapt_method_uses(o.methods[i], "accuracy") != 0;
+        nval = decides ? train.n / 12 : 0;
     }
     if (!bad && nval) {
         int st = gtrain_data_hold_out(&train, nval, &val);
