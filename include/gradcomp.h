@@ -810,11 +810,13 @@ typedef struct gcomp_cost_tensor {
                             and this one's, relative to the other tensors' (e.g. the layer's
                             multiply-adds a sample).  0 on every tensor: the elements, right
                             for fully connected layers, not for convolutions */
-    unsigned bucket;   /**< 0: the tensor is sent alone.  Adjacent tensors with the same
-                            nonzero id are sent as one message (Horovod's tensor fusion,
-                            DDP's buckets) once all of them are final, i.e. with the first of
-                            them in the list, which carries the bucket's bytes and codec time;
-                            they must share spec and an allreduce strategy, not PowerSGD's */
+    unsigned bucket;   /**< 0: the tensor is sent alone.  Tensors with the same nonzero id
+                            travel in one exchange (Horovod's tensor fusion, DDP's buckets,
+                            gcomp_mpi's sub-buckets) once all of them are final, i.e. with the
+                            first of them in the list, which carries the bucket's bytes and
+                            codec time; they need not be adjacent.  They share a strategy:
+                            allreduce sums them as one vector (one spec, not PowerSGD's),
+                            allgather sends their messages back to back (specs may differ) */
 } gcomp_cost_tensor;
 
 /** A model: tensors in forward order, their message sizes and codec rates.  Opaque. */
@@ -830,7 +832,8 @@ typedef struct gcomp_cost_model gcomp_cost_model;
  * nodes (hierarchical), so `workers` and `nodes` (1..workers) are fixed here; gcomp_cost_eval takes
  * the links.  `cal` is not kept. Returns GCOMP_OK; GCOMP_E_ARG (count 0, n 0, a shape that does not
  * hold n, strategy 0 or unknown, workers < 1, nodes outside 1..workers, work negative or not
- * finite, a bucket that is not adjacent or mixes specs or strategies: *err names the tensor); the
+ * finite; a bucket that mixes strategies, mixes specs under allreduce, holds PowerSGD or a
+ * strategy other than allreduce and allgather: *err names the tensor); the
  * spec's status (GCOMP_E_SPEC, GCOMP_E_UNKNOWN_CODEC, GCOMP_E_LIMIT); GCOMP_E_UNSUPPORTED
  * (allreduce for a codec that does not sum linearly); GCOMP_E_NOMEM.  On failure *out is NULL.
  */

@@ -31,6 +31,7 @@
 
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #define RING_MIN_BYTES (256.0 * 1024) /* src/mpi/mpi_allreduce.c: packs this big use the ring */
@@ -375,31 +376,74 @@ static gcomp_status build_tensor(cost_tensor *ct, const gcomp_cost_tensor *t, si
     return GCOMP_OK;
 }
 
-/* Tensors [i, e) share bucket id `id`: one message of their elements, carried by tensor i
- * (the last of them to become final: backward runs from the end of the list). */
-static gcomp_status fuse_bucket(cost_tensor *t, const gcomp_cost_tensor *in, size_t i, size_t e,
-                                int P, int nodes, const gcomp_cost_calibration *cal,
+/* Clears bucket member j after its bucket's figures moved to the carrier: it keeps its own
+ * name, shape and work (its place in the backward pass), nothing to send. */
+static void clear_member(cost_tensor *t, int calibrated) {
+    cost_tensor keep = *t;
+    memset(t, 0, sizeof *t);
+    memcpy(t->name, keep.name, sizeof keep.name);
+    t->n = keep.n;
+    t->rows = keep.rows;
+    t->cols = keep.cols;
+    t->work = keep.work;
+    t->strategy = keep.strategy;
+    t->calibrated = calibrated;
+}
+
+/* Tensors at[0..cnt) (ascending) share a bucket id: they travel as one exchange, carried by
+ * at[0], the last of them to become final (backward runs from the end of the list).
+ *   allreduce  one vector of all their elements, so they must share the spec (and not be
+ *              PowerSGD, whose factors are per matrix): the law of the whole;
+ *   allgather  their messages back to back in one allgather, the length table in front
+ *              (gcomp_mpi's sub-buckets, the DDP hook's gather path), so specs may differ:
+ *              the members' bytes and codec times add up, the latencies are paid once. */
+static gcomp_status fuse_bucket(cost_tensor *t, const gcomp_cost_tensor *in, const size_t *at,
+                                size_t cnt, int P, int nodes, const gcomp_cost_calibration *cal,
                                 gcomp_error *err) {
-    size_t n = 0;
+    size_t i = at[0], n = 0;
+    int base = in[i].strategy & 0xff;
     char first[GCOMP__SPEC_MAX], other[GCOMP__SPEC_MAX];
     if (gcomp_spec_canonical(in[i].spec, first, sizeof first, NULL, NULL) != GCOMP_OK)
         first[0] = 0; /* build_tensor has accepted it: not reached */
-    for (size_t j = i; j < e; j++) {
-        if (gcomp_spec_canonical(in[j].spec, other, sizeof other, NULL, NULL) != GCOMP_OK ||
-            strcmp(other, first) || in[j].strategy != in[i].strategy)
+    for (size_t k = 0; k < cnt; k++) {
+        size_t j = at[k];
+        bool same_spec =
+            gcomp_spec_canonical(in[j].spec, other, sizeof other, NULL, NULL) == GCOMP_OK &&
+            !strcmp(other, first);
+        if (in[j].strategy != in[i].strategy || (base != GCOMP_COST_ALLGATHER && !same_spec))
             return gcomp__fail(err, GCOMP_E_ARG,
                                "cost model: tensor '%s': bucket %u mixes '%s' (%d) with '%s' (%d)",
                                t[j].name, in[i].bucket, in[i].spec, in[i].strategy, in[j].spec,
                                in[j].strategy);
         n += in[j].n;
     }
+    if (base == GCOMP_COST_ALLGATHER) {
+        cost_tensor *c = &t[i];
+        for (size_t k = 1; k < cnt; k++) {
+            cost_tensor *o = &t[at[k]];
+            c->message_bytes += o->message_bytes;
+            c->bytes_sent += o->bytes_sent;
+            c->node_bytes += o->node_bytes;
+            c->encode_s += o->encode_s;
+            c->decode_s += o->decode_s;
+            if (o->calibrated < c->calibrated) c->calibrated = o->calibrated;
+            /* One strategy and group: the members' phases line up one to one. */
+            for (int p = 0; p < c->nphase && p < o->nphase; p++) {
+                c->phase[p].bytes += o->phase[p].bytes;
+                c->phase[p].server_bytes += o->phase[p].server_bytes;
+            }
+        }
+        for (size_t k = 1; k < cnt; k++) clear_member(&t[at[k]], c->calibrated);
+        return GCOMP_OK;
+    }
     gcomp_spec_info info;
-    if ((in[i].strategy & 0xff) != GCOMP_COST_ALLREDUCE ||
+    if (base != GCOMP_COST_ALLREDUCE ||
         gcomp_spec_describe(in[i].spec, n, &info, NULL) != GCOMP_OK ||
         (info.flags & GCOMP_SPEC_MULTIPHASE))
         return gcomp__fail(err, GCOMP_E_ARG,
                            "cost model: tensor '%s': bucket %u: only tensors reduced by allreduce "
-                           "as one vector can share a message ('%s', strategy %d)",
+                           "as one vector or gathered by allgather can share an exchange ('%s', "
+                           "strategy %d)",
                            t[i].name, in[i].bucket, in[i].spec, in[i].strategy);
     gcomp_cost_tensor whole = in[i];
     whole.n = n;
@@ -407,22 +451,26 @@ static gcomp_status fuse_bucket(cost_tensor *t, const gcomp_cost_tensor *in, siz
     cost_tensor fused;
     gcomp_status st = build_tensor(&fused, &whole, i, P, nodes, cal, err);
     if (st != GCOMP_OK) return st;
-    for (size_t j = i; j < e; j++) { /* keep each tensor's own name and shape */
-        cost_tensor keep = t[j];
-        if (j == i) {
-            t[j] = fused;
-        } else {
-            memset(&t[j], 0, sizeof t[j]);
-            t[j].strategy = keep.strategy;
-            t[j].calibrated = fused.calibrated;
-        }
-        memcpy(t[j].name, keep.name, sizeof keep.name);
-        t[j].n = keep.n;
-        t[j].rows = keep.rows;
-        t[j].cols = keep.cols;
-        t[j].work = keep.work;
-    }
+    memcpy(fused.name, t[i].name, sizeof fused.name); /* keep the carrier's name and shape */
+    fused.n = t[i].n;
+    fused.rows = t[i].rows;
+    fused.cols = t[i].cols;
+    fused.work = t[i].work;
+    t[i] = fused;
+    for (size_t k = 1; k < cnt; k++) clear_member(&t[at[k]], fused.calibrated);
     return GCOMP_OK;
+}
+
+/* A tensor's bucket and place, sorted so that each bucket's members form a run, ascending. */
+typedef struct member {
+    unsigned id;
+    size_t at;
+} member;
+
+static int by_bucket(const void *x, const void *y) {
+    const member *a = x, *b = y;
+    if (a->id != b->id) return a->id < b->id ? -1 : 1;
+    return a->at < b->at ? -1 : a->at > b->at;
 }
 
 gcomp_status gcomp_cost_model_create(gcomp_cost_model **out, const gcomp_cost_tensor *tensors,
@@ -462,22 +510,25 @@ gcomp_status gcomp_cost_model_create(gcomp_cost_model **out, const gcomp_cost_te
         t[i].work = given ? w : (double)t[i].n;
         m->total_work += t[i].work;
     }
-    for (size_t i = 0, e; i < count; i = e) {
-        unsigned id = tensors[i].bucket;
-        for (e = i + 1; id && e < count && tensors[e].bucket == id; e++) continue;
-        gcomp_status st = GCOMP_OK;
-        for (size_t j = e; id && j < count && st == GCOMP_OK; j++)
-            if (tensors[j].bucket == id)
-                st = gcomp__fail(err, GCOMP_E_ARG,
-                                 "cost model: tensor '%s': bucket %u is not adjacent (it ends "
-                                 "at '%s')",
-                                 t[j].name, id, t[e - 1].name);
-        if (st == GCOMP_OK && e - i > 1)
-            st = fuse_bucket(t, tensors, i, e, workers, nodes, cal, err);
-        if (st != GCOMP_OK) {
-            gcomp_cost_model_free(m);
-            return st;
-        }
+    /* Buckets: each id's members, wherever they sit in the list (DDP's buckets follow the
+     * order gradients became ready, and a bucket's routes interleave). */
+    member *order = gcomp__alloc(count * sizeof *order);
+    size_t *at = gcomp__alloc(count * sizeof *at);
+    gcomp_status st =
+        order && at ? GCOMP_OK : gcomp__fail(err, GCOMP_E_NOMEM, "cost model: out of memory");
+    for (size_t i = 0; st == GCOMP_OK && i < count; i++) order[i] = (member){tensors[i].bucket, i};
+    if (st == GCOMP_OK) qsort(order, count, sizeof *order, by_bucket);
+    for (size_t a = 0, e; st == GCOMP_OK && a < count; a = e) {
+        for (e = a + 1; e < count && order[e].id == order[a].id; e++) continue;
+        if (!order[a].id || e - a < 2) continue;
+        for (size_t k = a; k < e; k++) at[k - a] = order[k].at;
+        st = fuse_bucket(t, tensors, at, e - a, workers, nodes, cal, err);
+    }
+    gcomp__free(order);
+    gcomp__free(at);
+    if (st != GCOMP_OK) {
+        gcomp_cost_model_free(m);
+        return st;
     }
     *out = m;
     return GCOMP_OK;
