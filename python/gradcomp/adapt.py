@@ -20,6 +20,7 @@ MismatchError.  gradcomp.torch's hook does all of this for "adapt:..." methods.
 
 import ctypes
 import math
+import operator
 
 from . import _native
 from . import core as _core
@@ -224,6 +225,25 @@ class Adapt:
         st = _lib.gcomp_adapt_set_course(self._handle(), p.ctypes.data, m.ctypes.data, p.size,
                                          ctypes.byref(err))
         _core._check(st, "adapt set_course", err)
+
+    def set_exchanges(self, groups):
+        """How the caller's transport groups the tensors, for the bandwidth controller's
+        predictions: groups[i] is tensor i's exchange group (the DDP hook gives DDP's
+        buckets), 0 for a tensor sent alone; None goes back to a message a tensor.  Inside a
+        group the tensors summed with one spec are predicted as one allreduce and the
+        gathered ones as one allgather.  Give the same groups on every rank (they enter the
+        configuration fingerprint: decide raises MismatchError otherwise); they are not part
+        of save_state."""
+        err = _native.ErrorInfo()
+        if groups is None:
+            st = _lib.gcomp_adapt_set_exchanges(self._handle(), None, 0, ctypes.byref(err))
+        else:
+            g = [operator.index(x) for x in groups]
+            if any(not 0 <= x < 1 << 32 for x in g):
+                raise ValueError("set_exchanges: groups are integers in [0, 2**32)")
+            arr = (ctypes.c_uint * len(g))(*g)
+            st = _lib.gcomp_adapt_set_exchanges(self._handle(), arr, len(g), ctypes.byref(err))
+        _core._check(st, "adapt set_exchanges", err)
 
     def save_state(self):
         """This rank's state of the controllers (bytes; docs/FORMAT.md), taken between two

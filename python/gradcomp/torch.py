@@ -229,11 +229,13 @@ def _u64_to_i64(v):
 
 
 class _Entry:
-    __slots__ = ("key", "shape", "numel", "spec", "comp", "kind", "plain", "flush", "adapt_index")
+    __slots__ = ("key", "shape", "numel", "spec", "comp", "kind", "plain", "flush", "adapt_index",
+                 "tensor_index")
 
     def __init__(self, key, shape, spec, comp):
         self.key, self.shape, self.numel, self.spec, self.comp = key, shape, math.prod(shape), spec, comp
-        self.adapt_index = None
+        self.adapt_index = None  # managed by the controllers
+        self.tensor_index = None  # its place in the controllers' tensor list, managed or not
         self.plain = False
         self.set_kind()
 
@@ -325,6 +327,9 @@ class GradcompState:
         self._send = {}  # bucket index -> uint8 send buffer (reused)
         self._recv = {}  # bucket index -> list of uint8 receive buffers
         self._longest = {}  # bucket index -> the longest rank's message bytes last step
+        # DDP's buckets as the controllers' exchange groups (Adapt.set_exchanges): this
+        # step's, filled bucket by bucket, and the ones last given
+        self._layout = self._groups = None
 
     def bind(self, model):
         """Keys compressors by parameter name (stable across code changes that reorder
@@ -501,6 +506,7 @@ class GradcompState:
             comp.set_epoch(self.epoch)
         e = _Entry(key, shape, spec, comp)
         e.adapt_index = ai if managed else None
+        e.tensor_index = ai
         self._entries[key] = e
         self._order.append(key)
         self._keys[pid] = key
@@ -959,6 +965,12 @@ def _hook(state, bucket):
     entries = [state._entry(p, g) for p, g in zip(params, grads)]
     if state.check_specs and len(state._entries) != nseen:
         state._check(entries, group)
+    if ad is not None:  # DDP's bucket of each tensor, for the bandwidth controller
+        if bucket.index() == 0 or state._layout is None:
+            state._layout = [0] * len(ad)
+        for e in entries:
+            if e.tensor_index is not None:
+                state._layout[e.tensor_index] = bucket.index() + 1
     if ad is not None:  # what the controllers see: each gradient and what is held back
         t_obs = time.perf_counter_ns()
         for e, g in zip(entries, grads):
@@ -1007,6 +1019,12 @@ def _hook(state, bucket):
         state._clock_last(t_ret)
         state.step += 1
         st["steps"] += 1
+        if ad is not None and state._layout != state._groups:
+            # DDP rebuilds its buckets after the first step, the same on every rank: the
+            # predictions follow, so that dense is priced as DDP sends it (a few buckets,
+            # not a message a parameter).
+            ad.set_exchanges(state._layout)
+            state._groups = state._layout
         if ad is not None and ad.end_step():
             state._adapt_due = True
 

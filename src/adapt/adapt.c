@@ -170,6 +170,7 @@ void gcomp_adapt_free(gcomp_adapt *a) {
     gcomp_cost_calibration_free(a->cal);
     gcomp__free(a->method);
     gcomp__free(a->course);
+    gcomp__free(a->exchange);
     gcomp__free(a->t);
     gcomp__free(a->mt);
     gcomp__free(a->ladder);
@@ -1051,16 +1052,23 @@ void gcomp_adapt_observe_metric(gcomp_adapt *a, double value) {
     a->metric_n++;
 }
 
-/* The configuration's fingerprint with a course of n (progress, metric) pairs. */
-static uint64_t fp_with_course(uint64_t fp0, const double *course, size_t n) {
-    if (!n) return fp0;
-    uint64_t h = fp0;
-    for (size_t k = 0; k < 2 * n; k++) {
-        uint64_t b;
-        memcpy(&b, &course[k], sizeof b);
-        h = fnv_u64(h, b);
+/* The configuration's fingerprint: fp0 with the course and the exchange groups, the inputs
+ * of decisions given after create. */
+static void refresh_fp(gcomp_adapt *a) {
+    uint64_t h = a->fp0;
+    if (a->ncourse) {
+        for (size_t k = 0; k < 2 * a->ncourse; k++) {
+            uint64_t b;
+            memcpy(&b, &a->course[k], sizeof b);
+            h = fnv_u64(h, b);
+        }
+        h = fnv_u64(h, (uint64_t)a->ncourse);
     }
-    return fnv_u64(h, (uint64_t)n);
+    if (a->exchange) {
+        for (size_t i = 0; i < a->nt; i++) h = fnv_u64(h, a->exchange[i]);
+        h = fnv_u64(h, 0x65786368ull); /* "exch": groups of all zeros differ from none */
+    }
+    a->fp = h;
 }
 
 /* The course is an input of every decision the accuracy controller takes, so it is part of
@@ -1095,7 +1103,29 @@ gcomp_status gcomp_adapt_set_course(gcomp_adapt *a, const double *progress, cons
     gcomp__free(a->course);
     a->course = c;
     a->ncourse = n;
-    a->fp = fp_with_course(a->fp0, c, n);
+    refresh_fp(a);
+    return GCOMP_OK;
+}
+
+/* The exchange groups describe the caller's transport, which the bandwidth controller's
+ * predictions must see as it is: DDP's buckets, gcomp_mpi's multi-tensor buckets.  They
+ * are an input of its decisions, so they enter the fingerprint like the course. */
+gcomp_status gcomp_adapt_set_exchanges(gcomp_adapt *a, const unsigned *groups, size_t count,
+                                       gcomp_error *err) {
+    if (!a) return gcomp__fail(err, GCOMP_E_ARG, "adapt: set_exchanges: NULL argument");
+    if (groups && count != a->nt)
+        return gcomp__fail(err, GCOMP_E_ARG,
+                           "adapt: set_exchanges: %zu groups for %zu tensors: give one a tensor",
+                           count, a->nt);
+    unsigned *g = NULL;
+    if (groups) {
+        if (!(g = gcomp__alloc(a->nt * sizeof *g)))
+            return gcomp__fail(err, GCOMP_E_NOMEM, "adapt: out of memory");
+        memcpy(g, groups, a->nt * sizeof *g);
+    }
+    gcomp__free(a->exchange);
+    a->exchange = g;
+    refresh_fp(a);
     return GCOMP_OK;
 }
 
@@ -1561,7 +1591,7 @@ static gcomp_status load_body(gcomp_adapt *a, const uint8_t *p, size_t ncourse, 
     gcomp__free(a->course);
     a->course = course;
     a->ncourse = ncourse;
-    a->fp = fp_with_course(a->fp0, course, ncourse);
+    refresh_fp(a);
     c.at = ac;
     for (size_t m = 0; m < a->nm; m++) {
         gcomp__adapt_tensor *t = &a->t[a->mt[m]];

@@ -51,6 +51,7 @@
 #include "adapt_internal.h"
 
 #include <stdio.h>
+#include <string.h>
 
 typedef struct bw_state {
     double slack, overlap, confirm, penalty;
@@ -105,6 +106,30 @@ static void take_rates(gcomp_adapt *a, bw_state *s, const gcomp__adapt_in *in) {
     }
 }
 
+/* The caller's exchange groups (gcomp_adapt_set_exchanges) as the cost model's buckets for
+ * the specs of one candidate: inside a group, the tensors an allreduce sums with one spec
+ * travel as one vector and the gathered ones as one allgather, as DDP's buckets reach the
+ * hook's routes and gcomp_mpi's sub-buckets the wire; PowerSGD's factors go per tensor. */
+static void exchange_buckets(const gcomp_adapt *a, gcomp_cost_tensor *ct) {
+    unsigned next = 1;
+    for (size_t i = 0; i < a->nt; i++) ct[i].bucket = 0;
+    for (size_t i = 0; a->exchange && i < a->nt; i++) {
+        int s = ct[i].strategy;
+        gcomp_spec_info info;
+        if (!a->exchange[i] || ct[i].bucket ||
+            (s != GCOMP_COST_ALLREDUCE && s != GCOMP_COST_ALLGATHER) ||
+            gcomp_spec_describe(ct[i].spec, ct[i].n, &info, NULL) != GCOMP_OK ||
+            (info.flags & GCOMP_SPEC_MULTIPHASE))
+            continue;
+        ct[i].bucket = next;
+        for (size_t j = i + 1; j < a->nt; j++)
+            if (!ct[j].bucket && a->exchange[j] == a->exchange[i] && ct[j].strategy == s &&
+                (s == GCOMP_COST_ALLGATHER || !strcmp(ct[j].spec, ct[i].spec)))
+                ct[j].bucket = next;
+        next++;
+    }
+}
+
 /* Predicted step of uniform level L; +inf when the model refuses. */
 static double predict(gcomp_adapt *a, bw_state *s, gcomp_cost_calibration *cal,
                       const gcomp_cost_net *net, const gcomp_cost_compute *cc, size_t L,
@@ -119,12 +144,16 @@ static double predict(gcomp_adapt *a, bw_state *s, gcomp_cost_calibration *cal,
                                     .strategy = t->managed ? a->strategy[L] : t->fixed_strategy};
     }
     (void)s;
+    exchange_buckets(a, ct);
     gcomp_cost_model *cm = NULL;
     gcomp_cost_result r;
     double T = INFINITY;
-    if (gcomp_cost_model_create(&cm, ct, a->nt, a->workers, a->nodes, cal, NULL) == GCOMP_OK &&
-        gcomp_cost_eval(cm, net, cc, &r, NULL) == GCOMP_OK)
-        T = r.step_s;
+    gcomp_status st = gcomp_cost_model_create(&cm, ct, a->nt, a->workers, a->nodes, cal, NULL);
+    if (st == GCOMP_E_ARG && a->exchange) { /* a group the model cannot fuse: per tensor */
+        for (size_t i = 0; i < a->nt; i++) ct[i].bucket = 0;
+        st = gcomp_cost_model_create(&cm, ct, a->nt, a->workers, a->nodes, cal, NULL);
+    }
+    if (st == GCOMP_OK && gcomp_cost_eval(cm, net, cc, &r, NULL) == GCOMP_OK) T = r.step_s;
     gcomp_cost_model_free(cm);
     return T;
 }

@@ -146,6 +146,8 @@ struct gcomp_adapt {
     uint64_t fp0;   /* the fingerprint of the method, ladder and tensors alone */
     double *course; /* accuracy: a reference curve, ncourse (progress, metric) pairs */
     size_t ncourse;
+    unsigned *exchange; /* nt: the caller's exchange groups (gcomp_adapt_set_exchanges), or
+                           NULL: a message a tensor */
 
     /* decisions (identical on every rank) */
     int *level, *prev;

@@ -249,6 +249,41 @@ def scenario_probe(rank, method):
             "history": history, "decisions": state.adapt.report["decisions"]}
 
 
+def scenario_groups(rank, method):
+    """DDP's buckets as the controllers' exchange groups: a model cut into several buckets
+    (the first bucket's 1 MiB floor lowered for it), an adaptive method deciding every 5
+    steps: the groups the hook gave after each step, and the decisions taken with them."""
+    first = dist._DEFAULT_FIRST_BUCKET_BYTES
+    dist._DEFAULT_FIRST_BUCKET_BYTES = 8 << 10
+    try:
+        model = DDP(make_model(), bucket_cap_mb=8 / 1024)
+    finally:
+        dist._DEFAULT_FIRST_BUCKET_BYTES = first
+    hook, state = gt.hook(method, model=model, total_steps=20)
+    model.register_comm_hook(state, hook)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    groups = []
+    for x, y in batches(rank, 12):
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        state.observe_compute(0.001, 0.002, 0.0001)
+        groups.append(list(state._groups))
+    # What the controllers hold: the configuration fingerprint (words 1 and 2 of the
+    # statistics) of the same method given those groups, and given none.
+    pol = state.policy
+    fp = {}
+    for name, g in (("hook", None), ("given", groups[-1]), ("none", None)):
+        ad = state.adapt if name == "hook" else gradcomp.Adapt(
+            method, pol._tensors, total_steps=20, workers=2, min_elements=pol.min_elements)
+        if name == "given":
+            ad.set_exchanges(g)
+        fp[name] = ad.stats()[1:3].tolist()
+    return {"identical": replicas_identical(model), "groups": groups, "fp": fp,
+            "names": state.adapt.names, "decisions": state.adapt.report["decisions"]}
+
+
 def scenario_switch(rank, method, quiet=None):
     """An adaptive method that switches every parameter to dense (a link fed as nearly
     free): what each step sent, by path, and the replicas.  quiet: a rank whose
@@ -341,7 +376,7 @@ SCENARIOS = {"train": scenario_train, "resume": scenario_resume, "mismatch": sce
              "adaptive": scenario_adaptive, "warmup": scenario_warmup, "probe": scenario_probe,
              "switch": scenario_switch, "switchquiet": lambda r, m: scenario_switch(r, m, quiet=0),
              "resumeadapt": scenario_resumeadapt, "autocompute": scenario_autocompute,
-             "exchanges": scenario_exchanges}
+             "exchanges": scenario_exchanges, "groups": scenario_groups}
 
 
 def worker(rank, world, port, scenarios, out):

@@ -137,6 +137,32 @@ def test_accuracy_course_from_a_reference_curve():
         make("adapt:layers").set_course(progress, ref)
 
 
+def test_exchange_groups_are_part_of_the_configuration():
+    # Two "ranks", one told the transport's groups and one not: the decision fails on both
+    # instead of pricing the candidates differently; told the same, they decide.
+    a, b = make("adapt:bandwidth;interval=1"), make("adapt:bandwidth;interval=1")
+    a.set_exchanges([1, 1, 2])
+    for x in (a, b):
+        x.end_step()
+    every = np.stack([a.stats(), b.stats()])
+    for x in (a, b):
+        with pytest.raises(gradcomp.MismatchError):
+            x.decide(every)
+    b.set_exchanges([1, 1, 2])
+    for x in (a, b):
+        x.end_step()
+    every = np.stack([a.stats(), b.stats()])
+    for x in (a, b):
+        x.decide(every)
+    with pytest.raises(gradcomp.ArgumentError, match="2 groups for 3 tensors"):
+        a.set_exchanges([1, 1])
+    with pytest.raises(ValueError, match="2\\*\\*32"):
+        a.set_exchanges([1, -1, 1])
+    with pytest.raises(TypeError):
+        a.set_exchanges([1, 1.5, 1])
+    a.set_exchanges(None)
+
+
 def test_controllers_state_round_trip_and_refusals():
     a = make("adapt:norm;interval=2", total_steps=100)
     rng = np.random.default_rng(3)

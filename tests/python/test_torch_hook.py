@@ -49,6 +49,7 @@ def runs(tmp_path_factory):
     scen.append(f"switchquiet:{SWITCH}")
     scen.append(f"resumeadapt:{SWITCH}")
     scen.append(f"autocompute:{PROBED}")
+    scen.append(f"groups:{PROBED}")
     scen.append(f"exchanges:{TOPK}")
     scen.append(f"mismatch:{TOPK}")
     scen.append(f"mismatchprobe:{PROBED}")
@@ -290,6 +291,25 @@ def test_adaptive_hook_measures_the_compute(runs):
         assert c >= 0.03, (d, step, c)
     late = [c for d, step, c in r0["seen"] if step >= 15]
     assert late and all(c < 0.15 for c in late), r0["seen"]
+
+
+def test_adaptive_hook_gives_ddp_buckets_as_exchange_groups(runs):
+    r0, r1 = get(runs, f"groups:{PROBED}")
+    assert r0["identical"] and r1["identical"]
+    # Every step ends with the groups of the buckets DDP used, the same on both ranks (they
+    # enter the fingerprint: a rank with others would have made the decisions fail); the
+    # model is cut into several buckets, filled from the end, so each weight shares its
+    # bias's.
+    assert r0["groups"] == r1["groups"]
+    last = r0["groups"][-1]
+    assert len(last) == 6 and all(g > 0 for g in last) and len(set(last)) >= 2
+    names = r0["names"]
+    for w in ("0.weight", "2.weight", "4.weight"):
+        assert last[names.index(w)] == last[names.index(w.replace("weight", "bias"))]
+    assert r0["groups"][2:] == [last] * (len(r0["groups"]) - 2)  # settled after the rebuild
+    assert r0["decisions"] == r1["decisions"] == 2
+    # and the controllers hold them: their fingerprint is that of the method given them
+    assert r0["fp"]["hook"] == r0["fp"]["given"] != r0["fp"]["none"]
 
 
 @pytest.mark.parametrize("mode,method,two,where", [

@@ -799,6 +799,94 @@ static void test_bandwidth(void) {
     CHECK_MSG(differ > 0, "the penalty never changed a choice");
 }
 
+/* One decision of the bandwidth controller on a 10 ms link with the tensors grouped as
+ * `groups` (NULL: a message a tensor); every candidate's predicted step into pred[]. */
+static void predict_grouped(const unsigned *groups, double *pred, size_t *K) {
+    gcomp_adapt *a;
+    gcomp_error e = {0};
+    CHECK_OK(make(&a, "adapt:bandwidth;interval=1;measure=1", 0, &e));
+    if (!a) return;
+    CHECK_OK(gcomp_adapt_set_exchanges(a, groups, groups ? NMLP : 0, &e));
+    float *g = calloc(256 * 256, sizeof(float));
+    for (size_t k = 0; k < 256 * 256; k++) g[k] = (float)((k * 2654435761u) % 1000) - 500;
+    for (size_t i = 0; i < NMLP; i++) CHECK_OK(gcomp_adapt_observe(a, i, g, NULL));
+    gcomp_adapt_observe_compute(a, 0.002, 0.004, 0.001);
+    gcomp_adapt_observe_link(a, 1e8, 10e-3);
+    gcomp_adapt_end_step(a, NULL);
+    size_t len;
+    double *buf = malloc(gcomp_adapt_stats_size(a) * sizeof(double));
+    CHECK_OK(gcomp_adapt_stats(a, buf, gcomp_adapt_stats_size(a), &len));
+    double *meas = buf + GCOMP__ADAPT_STATS_FIXED + a->nm;
+    for (size_t q = 0; q < a->nm * a->K; q++) meas[4 * q + 2] = meas[4 * q + 3] = 1e-5;
+    CHECK_OK(gcomp_adapt_decide(a, buf, len, 1, NULL, &e));
+    *K = a->K;
+    for (size_t j = 0; j < a->K; j++) pred[j] = gcomp_adapt_predicted(a, j);
+    free(buf);
+    free(g);
+    gcomp_adapt_free(a);
+}
+
+/* The caller's exchange groups (DDP's buckets) reach the predictions: in one group the two
+ * managed weights a top-k candidate gathers travel as one allgather and the four tensors
+ * left dense (under min_elements) as one allreduce, so 2 + 4 messages become 1 + 1 and the
+ * step loses 10 latencies of 10 ms (two allgather phases of log2 4 = 2 steps, and 2 steps a
+ * small allreduce, per message saved), less the decodes the fused transfer no longer hides,
+ * plus the check words the fused allreduce sends once (each run measures the candidates'
+ * encodes, so the figures move by 1e-4 from run to run).  The groups are part of the configuration:
+ * a rank without them makes the decision fail on every rank. */
+static void test_bandwidth_exchanges(void) {
+    static const unsigned one[NMLP] = {1, 1, 1, 1, 1, 1}, pairs[NMLP] = {2, 2, 1, 1, 1, 1};
+    double alone[8], fused[8], split[8], again[8];
+    size_t K = 0, K2 = 0;
+    predict_grouped(NULL, alone, &K);
+    predict_grouped(one, fused, &K2);
+    CHECK_EQ_INT(K, 4);
+    CHECK_EQ_INT(K2, K);
+    for (size_t j = 0; j < K && j < 8; j++)
+        CHECK_MSG(fused[j] < alone[j], "candidate %zu: %g grouped, %g alone", j, fused[j],
+                  alone[j]);
+    for (size_t j = 2; j < K && j < 8; j++) /* the two top-k candidates */
+        CHECK_MSG(alone[j] - fused[j] > 0.1 - 1e-3 && alone[j] - fused[j] < 0.1 + 1e-3,
+                  "candidate %zu saves %g s", j, alone[j] - fused[j]);
+    predict_grouped(pairs, split, &K2); /* fc1's two alone in their group: 4 latencies saved */
+    for (size_t j = 2; j < K && j < 8; j++)
+        CHECK_MSG(alone[j] - split[j] > 0.04 - 1e-3 && alone[j] - split[j] < 0.04 + 1e-3,
+                  "candidate %zu saves %g s", j, alone[j] - split[j]);
+    predict_grouped(NULL, again, &K2);
+    for (size_t j = 0; j < K && j < 8; j++) /* (each run measures its codecs: 1e-4 apart) */
+        CHECK_MSG(fabs(alone[j] - again[j]) < 1e-3, "%zu: %g, then %g", j, alone[j], again[j]);
+
+    gcomp_adapt *a, *b;
+    gcomp_error e = {0};
+    CHECK_OK(make(&a, "adapt:bandwidth;interval=1", 0, &e));
+    CHECK_OK(make(&b, "adapt:bandwidth;interval=1", 0, &e));
+    if (!a || !b) return;
+    CHECK_EQ_INT(gcomp_adapt_set_exchanges(a, one, NMLP - 1, &e), GCOMP_E_ARG);
+    CHECK_MSG(strstr(e.message, "5 groups for 6 tensors"), "%s", e.message);
+    CHECK_EQ_INT(gcomp_adapt_set_exchanges(NULL, one, NMLP, &e), GCOMP_E_ARG);
+    CHECK_OK(gcomp_adapt_set_exchanges(a, one, NMLP, &e));
+    size_t len = gcomp_adapt_stats_size(a), got;
+    double *all = calloc(2 * len, sizeof(double));
+    gcomp_adapt *r[2] = {a, b};
+    for (int k = 0; k < 2; k++) {
+        gcomp_adapt_observe_compute(r[k], 0.002, 0.004, 0.001);
+        gcomp_adapt_end_step(r[k], NULL);
+        CHECK_OK(gcomp_adapt_stats(r[k], all + k * len, len, &got));
+    }
+    for (int k = 0; k < 2; k++)
+        CHECK_EQ_INT(gcomp_adapt_decide(r[k], all, len, 2, NULL, &e), GCOMP_E_MISMATCH);
+    /* the same groups on both: one decision */
+    CHECK_OK(gcomp_adapt_set_exchanges(b, one, NMLP, &e));
+    for (int k = 0; k < 2; k++) {
+        gcomp_adapt_end_step(r[k], NULL);
+        CHECK_OK(gcomp_adapt_stats(r[k], all + k * len, len, &got));
+    }
+    for (int k = 0; k < 2; k++) CHECK_OK(gcomp_adapt_decide(r[k], all, len, 2, NULL, &e));
+    free(all);
+    gcomp_adapt_free(a);
+    gcomp_adapt_free(b);
+}
+
 /* One interval of two "ranks", then the decision on both: where the decision asks for a
  * link probe (gcomp_adapt_link_due, which must agree on both), rank r observes link bw[r]
  * and a probe of probe_s[r] seconds; the interval's wall clock is replayed as `wall`
@@ -1352,6 +1440,7 @@ int main(void) {
     test_measure_sample();
     test_measure_spacing();
     test_bandwidth();
+    test_bandwidth_exchanges();
     test_probe_spacing();
     test_accuracy();
     test_accuracy_noise_hold();
