@@ -1133,12 +1133,12 @@ GCOMP_API gcomp_status gcomp_adapt_set_course(gcomp_adapt *a, const double *prog
  * sums with one spec are predicted as one vector, the gathered ones as one allgather (the
  * latency paid once, gcomp_cost_tensor.bucket); PowerSGD's go per tensor.  That is how the
  * DDP hook sends a DDP bucket; a gcomp_mpi bucket fuses only consecutive tensors of one
- * strategy, so there each such run is a group.  NULL goes back to a message a tensor (the default, as the
- * trainer sends them).  The groups enter the configuration fingerprint: every rank must give
- * the same ones, else the next decide is GCOMP_E_MISMATCH on every rank.  They are not part
- * of the saved state (they describe the transport: give them again after a restore).
- * Returns GCOMP_OK; GCOMP_E_ARG (NULL, count other than the tensor count); GCOMP_E_NOMEM (the
- * previous groups stay).
+ * strategy, so there each such run is a group.  NULL goes back to a message a tensor (the
+ * default, as the trainer sends them).  The groups enter the configuration fingerprint:
+ * every rank must give the same ones, else the next decide is GCOMP_E_MISMATCH on every
+ * rank.  They are not part of the saved state (they describe the transport: give them again
+ * after a restore).  Returns GCOMP_OK; GCOMP_E_ARG (NULL, count other than the tensor
+ * count); GCOMP_E_NOMEM (the previous groups stay).
  */
 GCOMP_API gcomp_status gcomp_adapt_set_exchanges(gcomp_adapt *a, const unsigned *groups,
                                                  size_t count, gcomp_error *err);
