@@ -140,8 +140,14 @@ def c_shuffle(n, seed, epoch):
     return perm
 
 
+HIDDEN = {"mlp": [1024, 1024], "mlp-large": [4096, 4096],
+          # many tensors, so that how they travel (a message each or DDP's few buckets)
+          # shows in the latencies: 50 tensors, 6.7 M parameters (bench only)
+          "mlp-deep": [512] * 24}
+
+
 def build_model(kind, seed):
-    hidden = [4096, 4096] if kind == "mlp-large" else [1024, 1024]
+    hidden = HIDDEN[kind]
     dims = [784] + hidden + [10]
     layers = []
     for i in range(len(dims) - 1):
@@ -203,7 +209,7 @@ def main():
     ap.add_argument("--method", required=True,
                     help="ddp, ddp-fp16, ddp-powersgd or ddp-gradcomp; +keepmem and +view add "
                          "--keep-memory and --bucket-view (ddp-gradcomp+keepmem+view)")
-    ap.add_argument("--model", default="mlp-large", choices=["mlp", "mlp-large"])
+    ap.add_argument("--model", default="mlp-large", choices=sorted(HIDDEN))
     ap.add_argument("--budget", type=float, default=90.0, help="seconds of training")
     ap.add_argument("--eval-every", type=float, default=10.0, help="seconds of training between evaluations")
     ap.add_argument("--max-steps", type=int, default=0)
@@ -223,6 +229,9 @@ def main():
     ap.add_argument("--keep-memory", action="store_true",
                     help="mallopt: glibc keeps freed blocks instead of unmapping them, so "
                          "torch's per-step 64 MB temporaries stop faulting in fresh pages")
+    ap.add_argument("--per-parameter-model", action="store_true",
+                    help="adaptive methods: do not give the controllers DDP's buckets, so their "
+                         "cost model sees a message a parameter (the hook before it gave them)")
     ap.add_argument("--profile", default="", help="write a cProfile of the training loop (rank 0) here")
     ap.add_argument("--out", required=True, help="JSON written by rank 0")
     a = ap.parse_args()
@@ -270,6 +279,9 @@ def main():
             # probes the link itself); interval=auto reads the run's length as 2 epochs,
             # the length of bench/adapt_bandwidth.sh's runs.
             spe = (len(y) // world) // a.batch
+            if a.per_parameter_model:
+                import gradcomp.adapt
+                gradcomp.adapt.Adapt.set_exchanges = lambda self, groups: None
             hook, gc_state = gt.hook(a.spec, model=ddp, total_steps=2 * spe)
             policy = gc_state.policy
         else:
@@ -324,7 +336,8 @@ def main():
                 # The bandwidth controller's link and compute are the hook's own measures
                 # (what a user of hook("adapt:...") gets); this records what it decided.
                 decisions.append(dict(gc_state.adapt.report, specs=sorted(set(
-                    c.spec for c in gc_state.compressors.values()))))
+                    c.spec for c in gc_state.compressors.values())),
+                    ladder=gc_state.adapt.ladder, predicted=gc_state.adapt.predicted()))
             if prof is not None:
                 prof.disable()
             train_s += dt

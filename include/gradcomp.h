@@ -815,7 +815,9 @@ typedef struct gcomp_cost_tensor {
                             gcomp_mpi's sub-buckets) once all of them are final, i.e. with the
                             first of them in the list, which carries the bucket's bytes and
                             codec time; they need not be adjacent.  They share a strategy:
-                            allreduce sums them as one vector (one spec, not PowerSGD's),
+                            allreduce sums them as one vector (one spec; PowerSGD's: each
+                            round's factors of them all in one allreduce, as the DDP hook
+                            sends them, a tensor it sends dense riding in the first),
                             allgather sends their messages back to back (specs may differ) */
 } gcomp_cost_tensor;
 
@@ -832,8 +834,8 @@ typedef struct gcomp_cost_model gcomp_cost_model;
  * nodes (hierarchical), so `workers` and `nodes` (1..workers) are fixed here; gcomp_cost_eval takes
  * the links.  `cal` is not kept. Returns GCOMP_OK; GCOMP_E_ARG (count 0, n 0, a shape that does not
  * hold n, strategy 0 or unknown, workers < 1, nodes outside 1..workers, work negative or not
- * finite; a bucket that mixes strategies, mixes specs under allreduce, holds PowerSGD or a
- * strategy other than allreduce and allgather: *err names the tensor); the
+ * finite; a bucket that mixes strategies, mixes specs under allreduce, has a strategy other
+ * than allreduce and allgather, or transfers that do not line up: *err names the tensor); the
  * spec's status (GCOMP_E_SPEC, GCOMP_E_UNKNOWN_CODEC, GCOMP_E_LIMIT); GCOMP_E_UNSUPPORTED
  * (allreduce for a codec that does not sum linearly); GCOMP_E_NOMEM.  On failure *out is NULL.
  */
@@ -1130,13 +1132,13 @@ GCOMP_API gcomp_status gcomp_adapt_set_course(gcomp_adapt *a, const double *prog
  * bandwidth: how the caller's transport groups the tensors, so that the predicted step sees
  * its messages as they travel: groups[i] names tensor i's exchange group, 0 for a tensor
  * sent alone; `count` must be the tensor count.  Inside a group the tensors an allreduce
- * sums with one spec are predicted as one vector, the gathered ones as one allgather (the
- * latency paid once, gcomp_cost_tensor.bucket); PowerSGD's go per tensor.  That is how the
- * DDP hook sends a DDP bucket; a gcomp_mpi bucket fuses only consecutive tensors of one
- * strategy, so there each such run is a group.  NULL goes back to a message a tensor (the
- * default, as the trainer sends them).  The groups enter the configuration fingerprint:
- * every rank must give the same ones, else the next decide is GCOMP_E_MISMATCH on every
- * rank.  They are not part of the saved state (they describe the transport: give them again
+ * sums with one spec are predicted as one vector (PowerSGD's: one allreduce of their factors
+ * a round), the gathered ones as one allgather (the latency paid once,
+ * gcomp_cost_tensor.bucket).  That is how the DDP hook sends a DDP bucket; a gcomp_mpi bucket fuses
+ * only consecutive tensors of one strategy, so there each such run is a group.  NULL goes back to a
+ * message a tensor (the default, as the trainer sends them).  The groups enter the configuration
+ * fingerprint: every rank must give the same ones, else the next decide is GCOMP_E_MISMATCH on
+ * every rank.  They are not part of the saved state (they describe the transport: give them again
  * after a restore).  Returns GCOMP_OK; GCOMP_E_ARG (NULL, count other than the tensor
  * count); GCOMP_E_NOMEM (the previous groups stay).
  */

@@ -108,18 +108,16 @@ static void take_rates(gcomp_adapt *a, bw_state *s, const gcomp__adapt_in *in) {
 
 /* The caller's exchange groups (gcomp_adapt_set_exchanges) as the cost model's buckets for
  * the specs of one candidate: inside a group, the tensors an allreduce sums with one spec
- * travel as one vector and the gathered ones as one allgather, as DDP's buckets reach the
- * hook's routes and gcomp_mpi's sub-buckets the wire; PowerSGD's factors go per tensor. */
+ * travel as one vector (PowerSGD's: each round's factors in one allreduce) and the gathered
+ * ones as one allgather, as the DDP hook sends a DDP bucket.  (The hook also lets the dense
+ * tensors ride in PowerSGD's first allreduce: here they are a message of their own.) */
 static void exchange_buckets(const gcomp_adapt *a, gcomp_cost_tensor *ct) {
     unsigned next = 1;
     for (size_t i = 0; i < a->nt; i++) ct[i].bucket = 0;
     for (size_t i = 0; a->exchange && i < a->nt; i++) {
         int s = ct[i].strategy;
-        gcomp_spec_info info;
         if (!a->exchange[i] || ct[i].bucket ||
-            (s != GCOMP_COST_ALLREDUCE && s != GCOMP_COST_ALLGATHER) ||
-            gcomp_spec_describe(ct[i].spec, ct[i].n, &info, NULL) != GCOMP_OK ||
-            (info.flags & GCOMP_SPEC_MULTIPHASE))
+            (s != GCOMP_COST_ALLREDUCE && s != GCOMP_COST_ALLGATHER))
             continue;
         ct[i].bucket = next;
         for (size_t j = i + 1; j < a->nt; j++)

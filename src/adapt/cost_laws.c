@@ -390,13 +390,56 @@ static void clear_member(cost_tensor *t, int calibrated) {
     t->calibrated = calibrated;
 }
 
+/* Sums the members at[1..cnt) into the carrier at[0]: bytes, codec time, and each transfer
+ * phase's bytes with the latencies paid once.  The members' phases must line up: the same
+ * phases (one strategy and group), except that a PowerSGD tensor the codec sends dense (one
+ * allreduce) rides in the first factor allreduce, as the DDP hook sends it.  The phases are
+ * those of the member with the most. */
+static gcomp_status sum_members(cost_tensor *t, const gcomp_cost_tensor *in, const size_t *at,
+                                size_t cnt, gcomp_error *err) {
+    size_t tmpl = at[0];
+    for (size_t k = 1; k < cnt; k++)
+        if (t[at[k]].nphase > t[tmpl].nphase) tmpl = at[k];
+    cost_tensor sum = t[at[0]];
+    sum.nphase = t[tmpl].nphase;
+    memcpy(sum.phase, t[tmpl].phase, sizeof sum.phase);
+    for (int p = 0; p < sum.nphase; p++) sum.phase[p].bytes = sum.phase[p].server_bytes = 0;
+    sum.message_bytes = sum.bytes_sent = sum.node_bytes = sum.encode_s = sum.decode_s = 0;
+    bool hier = (in[at[0]].strategy & GCOMP_COST_HIERARCHICAL) != 0;
+    for (size_t k = 0; k < cnt; k++) {
+        const cost_tensor *o = &t[at[k]];
+        bool same = o->nphase == sum.nphase;
+        for (int p = 0; same && p < o->nphase; p++) same = o->phase[p].kind == sum.phase[p].kind;
+        if (!same && !(o->nphase == 1 && !hier))
+            return gcomp__fail(err, GCOMP_E_ARG,
+                               "cost model: tensor '%s': bucket %u: its transfers do not line up "
+                               "with those of '%s' (%s)",
+                               o->name, in[at[0]].bucket, t[tmpl].name, in[at[0]].spec);
+        for (int p = 0; p < o->nphase; p++) {
+            sum.phase[p].bytes += o->phase[p].bytes;
+            sum.phase[p].server_bytes += o->phase[p].server_bytes;
+        }
+        sum.message_bytes += o->message_bytes;
+        sum.bytes_sent += o->bytes_sent;
+        sum.node_bytes += o->node_bytes;
+        sum.encode_s += o->encode_s;
+        sum.decode_s += o->decode_s;
+        if (o->calibrated < sum.calibrated) sum.calibrated = o->calibrated;
+    }
+    t[at[0]] = sum;
+    for (size_t k = 1; k < cnt; k++) clear_member(&t[at[k]], sum.calibrated);
+    return GCOMP_OK;
+}
+
 /* Tensors at[0..cnt) (ascending) share a bucket id: they travel as one exchange, carried by
  * at[0], the last of them to become final (backward runs from the end of the list).
- *   allreduce  one vector of all their elements, so they must share the spec (and not be
- *              PowerSGD, whose factors are per matrix): the law of the whole;
+ *   allreduce  one vector of all their elements, so they must share the spec: the law of
+ *              the whole;
+ *   powersgd   (allreduce of a multi-phase spec, one spec) each round's factors of all of
+ *              them in one allreduce of P and one of Q, as the DDP hook sends a bucket;
  *   allgather  their messages back to back in one allgather, the length table in front
- *              (gcomp_mpi's sub-buckets, the DDP hook's gather path), so specs may differ:
- *              the members' bytes and codec times add up, the latencies are paid once. */
+ *              (gcomp_mpi's sub-buckets, the DDP hook's gather path), so specs may differ.
+ * The last two: the members' bytes and codec times add up, the latencies are paid once. */
 static gcomp_status fuse_bucket(cost_tensor *t, const gcomp_cost_tensor *in, const size_t *at,
                                 size_t cnt, int P, int nodes, const gcomp_cost_calibration *cal,
                                 gcomp_error *err) {
@@ -417,34 +460,14 @@ static gcomp_status fuse_bucket(cost_tensor *t, const gcomp_cost_tensor *in, con
                                in[j].strategy);
         n += in[j].n;
     }
-    if (base == GCOMP_COST_ALLGATHER) {
-        cost_tensor *c = &t[i];
-        for (size_t k = 1; k < cnt; k++) {
-            cost_tensor *o = &t[at[k]];
-            c->message_bytes += o->message_bytes;
-            c->bytes_sent += o->bytes_sent;
-            c->node_bytes += o->node_bytes;
-            c->encode_s += o->encode_s;
-            c->decode_s += o->decode_s;
-            if (o->calibrated < c->calibrated) c->calibrated = o->calibrated;
-            /* One strategy and group: the members' phases line up one to one. */
-            for (int p = 0; p < c->nphase && p < o->nphase; p++) {
-                c->phase[p].bytes += o->phase[p].bytes;
-                c->phase[p].server_bytes += o->phase[p].server_bytes;
-            }
-        }
-        for (size_t k = 1; k < cnt; k++) clear_member(&t[at[k]], c->calibrated);
-        return GCOMP_OK;
-    }
+    if (base == GCOMP_COST_ALLGATHER) return sum_members(t, in, at, cnt, err);
     gcomp_spec_info info;
-    if (base != GCOMP_COST_ALLREDUCE ||
-        gcomp_spec_describe(in[i].spec, n, &info, NULL) != GCOMP_OK ||
-        (info.flags & GCOMP_SPEC_MULTIPHASE))
+    if (base != GCOMP_COST_ALLREDUCE || gcomp_spec_describe(in[i].spec, n, &info, NULL) != GCOMP_OK)
         return gcomp__fail(err, GCOMP_E_ARG,
                            "cost model: tensor '%s': bucket %u: only tensors reduced by allreduce "
-                           "as one vector or gathered by allgather can share an exchange ('%s', "
-                           "strategy %d)",
+                           "or gathered by allgather can share an exchange ('%s', strategy %d)",
                            t[i].name, in[i].bucket, in[i].spec, in[i].strategy);
+    if (info.flags & GCOMP_SPEC_MULTIPHASE) return sum_members(t, in, at, cnt, err);
     gcomp_cost_tensor whole = in[i];
     whole.n = n;
     whole.rows = whole.cols = 0;

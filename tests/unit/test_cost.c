@@ -270,11 +270,16 @@ static void test_work_and_buckets(void) {
     t[1].spec = "none:values=f16";
     CHECK(gcomp_cost_model_create(&m, t, 2, 2, 2, cal, &e) == GCOMP_E_ARG);
     CHECK_MSG(strstr(e.message, "mixes"), "%s", e.message);
+    /* PowerSGD tensors of one spec under one hierarchical strategy, one of them a vector the
+     * codec sends dense: their transfers do not line up (the hook's buckets are flat). */
     gcomp_cost_tensor p[2] = {
-        {"p", "powersgd:rank=2", 1 << 16, 256, 256, GCOMP_COST_ALLREDUCE, 0, 2},
-        {"q", "powersgd:rank=2", 1 << 16, 256, 256, GCOMP_COST_ALLREDUCE, 0, 2}};
-    CHECK(gcomp_cost_model_create(&m, p, 2, 2, 2, cal, &e) == GCOMP_E_ARG);
-    CHECK_MSG(strstr(e.message, "'p'") && strstr(e.message, "bucket 2"), "%s", e.message);
+        {"p", "powersgd:rank=2", 1 << 16, 256, 256, GCOMP_COST_ALLREDUCE | GCOMP_COST_HIERARCHICAL,
+         0, 2},
+        {"v", "powersgd:rank=2", 256, 0, 0, GCOMP_COST_ALLREDUCE | GCOMP_COST_HIERARCHICAL, 0, 2}};
+    CHECK(gcomp_cost_model_create(&m, p, 2, 4, 2, cal, &e) == GCOMP_E_ARG);
+    CHECK_MSG(strstr(e.message, "'v'") && strstr(e.message, "bucket 2") &&
+                  strstr(e.message, "line up"),
+              "%s", e.message);
     gcomp_cost_tensor s2[2] = {{"s", "topk:density=0.01", 4096, 0, 0, GCOMP_COST_SPARSE, 0, 4},
                                {"u", "topk:density=0.01", 4096, 0, 0, GCOMP_COST_SPARSE, 0, 4}};
     CHECK(gcomp_cost_model_create(&m, s2, 2, 2, 2, cal, &e) == GCOMP_E_ARG);
@@ -284,6 +289,34 @@ static void test_work_and_buckets(void) {
     CHECK(gcomp_cost_model_create(&m, mixed, 2, 2, 2, cal, &e) == GCOMP_E_ARG);
     CHECK_MSG(strstr(e.message, "'h'") && strstr(e.message, "mixes"), "%s", e.message);
     gcomp_cost_calibration_free(cal);
+}
+
+/* A PowerSGD bucket, as the DDP hook sends one: each round's P factors of all its matrices
+ * in one allreduce and the Qs in another, a vector the codec sends dense riding in the
+ * first.  On 2 ranks each allreduce is one exchange (recursive doubling): the two matrices
+ * and the vector pay 2 + 2 + 1 latencies alone, 2 in the bucket. */
+static void test_powersgd_bucket(void) {
+    gcomp_cost_tensor p[3] = {
+        {"p", "powersgd:rank=2", 1 << 16, 256, 256, GCOMP_COST_ALLREDUCE, 0, 0},
+        {"v", "powersgd:rank=2", 256, 0, 0, GCOMP_COST_ALLREDUCE, 0, 0},
+        {"q", "powersgd:rank=2", 1 << 16, 256, 256, GCOMP_COST_ALLREDUCE, 0, 0}};
+    gcomp_cost_net net;
+    gcomp_cost_net_default(&net);
+    net.workers = net.nodes = 2;
+    net.inter = (gcomp_cost_link){1e8, 1e-3};
+    gcomp_cost_compute c = {0.01, 0.02, 0.005, 0};
+    gcomp_cost_model *m;
+    gcomp_cost_result alone, fused;
+    CHECK_OK(gcomp_cost_model_create(&m, p, 3, 2, 2, NULL, NULL));
+    CHECK_OK(gcomp_cost_eval(m, &net, &c, &alone, NULL));
+    gcomp_cost_model_free(m);
+    p[0].bucket = p[1].bucket = p[2].bucket = 1;
+    CHECK_OK(gcomp_cost_model_create(&m, p, 3, 2, 2, NULL, NULL));
+    CHECK_OK(gcomp_cost_eval(m, &net, &c, &fused, NULL));
+    gcomp_cost_model_free(m);
+    CHECK(rel(fused.bytes_sent, alone.bytes_sent) < 1e-12);
+    CHECK(rel(fused.codec_s, alone.codec_s) < 1e-12);
+    CHECK_MSG(rel(alone.comm_s - fused.comm_s, 3e-3) < 1e-9, "%.17g", alone.comm_s - fused.comm_s);
 }
 
 /* An allgather bucket (gcomp_mpi's sub-buckets, the DDP hook's gather path): the members'
@@ -560,6 +593,7 @@ int main(void) {
     test_overlap();
     test_work_and_buckets();
     test_allgather_bucket();
+    test_powersgd_bucket();
     test_break_even();
     test_calibration_text();
     test_calibration_sizes();
