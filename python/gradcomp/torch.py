@@ -862,11 +862,15 @@ def link_probe(nbytes=_PROBE_BYTES, process_group=None):
     """Measures the link over a gloo process group as gcomp_mpi_link_probe does over MPI
     (collective: every rank of the group calls it): ring steps (send to the next rank,
     receive from the previous), each after a barrier: one of nbytes, untimed (it empties a
-    shaper's burst), three of 8 bytes, three pairs of nbytes/2 and nbytes; a step's time is
-    its slowest rank's.  Returns (bandwidth, latency): payload bytes per second each way,
-    (nbytes - nbytes/2) over the fastest nbytes step less the median nbytes/2 step, and the
-    median 8-byte step's seconds, the same on every rank, for Adapt.observe_link; (0, 0)
-    for one rank."""
+    shaper's burst), three of 8 bytes, three chains of _PROBE_CHAIN 8-byte steps back to
+    back, three pairs of nbytes/2 and nbytes; a step's time is its slowest rank's.  Returns
+    (bandwidth, latency): payload bytes per second each way, (nbytes - nbytes/2) over the
+    fastest nbytes step less the median nbytes/2 step, and the seconds a step adds to the
+    median chain (one 8-byte step after a barrier also pays the ranks' skew leaving it),
+    the same on every rank, for Adapt.observe_link; (0, 0) for one rank.  Over gloo a
+    point-to-point step costs about a round trip (on netsim with 5 ms each way: 10.4 ms a
+    step in the chain, where MPI's is 5.1 ms), and so, by the hook's measured steps, do its
+    collectives' steps: the reading is what a step of the hook's exchanges pays."""
     nbytes = operator.index(nbytes)
     if not 1024 <= nbytes <= 1 << 30:
         raise ValueError(f"link_probe: nbytes must be 1 KiB..1 GiB, got {nbytes}")
@@ -884,18 +888,23 @@ def link_probe(nbytes=_PROBE_BYTES, process_group=None):
         raise f from e
 
 
+_PROBE_CHAIN = 5  # 8-byte ring steps back to back, as gcomp_mpi_link_probe's chain
+
+
 def _probe_ring(group, nxt, prv, nbytes):
-    sizes = (8, nbytes // 2, nbytes)
-    times = torch.zeros(3, 3, dtype=torch.float64)
-    order = [(-1, 0), (0, 0), (0, 1), (0, 2)] + [(k, rep) for rep in range(3) for k in (1, 2)]
+    sizes = (8, nbytes // 2, nbytes, 8)
+    times = torch.zeros(4, 3, dtype=torch.float64)
+    order = ([(-1, 0), (0, 0), (0, 1), (0, 2), (3, 0), (3, 1), (3, 2)]
+             + [(k, rep) for rep in range(3) for k in (1, 2)])
     for k, rep in order:
         n = nbytes if k < 0 else sizes[k]
         send, recv = torch.zeros(n, dtype=torch.uint8), torch.empty(n, dtype=torch.uint8)
         dist.barrier(group=group)
         t0 = time.perf_counter()
-        reqs = [dist.irecv(recv, src=prv, group=group), dist.isend(send, dst=nxt, group=group)]
-        for q in reqs:
-            q.wait()
+        for _ in range(_PROBE_CHAIN if k == 3 else 1):
+            reqs = [dist.irecv(recv, src=prv, group=group), dist.isend(send, dst=nxt, group=group)]
+            for q in reqs:
+                q.wait()
         if k >= 0:  # the untimed first step empties a shaper's burst
             times[k, rep] = time.perf_counter() - t0
     # the slowest rank's time of each step: a rank that left the barrier late finds part of
@@ -904,9 +913,12 @@ def _probe_ring(group, nxt, prv, nbytes):
     # a bucket refilled while the link sat idle is spent by a pair's first step: the median
     # of those, the fastest of the nbytes steps that follow them
     small, half, big = float(times[0].median()), float(times[1].median()), float(times[2].min())
+    # in a chain each step waits for the previous rank's last one: the skew is paid once
+    per = (float(times[3].median()) - small) / (_PROBE_CHAIN - 1)
+    lat = per if per > 0 else small
     if big > half:
-        return (nbytes - sizes[1]) / (big - half), small
-    return ((nbytes - 8) / (big - small) if big > small else nbytes / big), small
+        return (nbytes - sizes[1]) / (big - half), lat
+    return ((nbytes - 8) / (big - small) if big > small else nbytes / big), lat
 
 
 def _gloo_failure(e, what):

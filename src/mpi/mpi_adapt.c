@@ -9,11 +9,11 @@
  * collectives run on the communicator's own duplicate, never on a bucket's data
  * communicator, non-blocking with the usual deadline.
  *
- * Probe: one step of a ring, timed: each rank sends a message to rank + 1 and receives one
- * from rank - 1 at once, after a barrier, first of 8 bytes (the latency a ring step pays),
- * then of `bytes` (plus that latency): bandwidth = (bytes - 8) / (t_big - t_small), the
- * payload rate of this rank's link in each direction, which is what the cost model's
- * alpha-beta laws take.  Median of three rounds of each.  Rejected: timing an
+ * Probe: steps of a ring, timed: each rank sends a message to rank + 1 and receives one
+ * from rank - 1 at once, after a barrier: chains of 8-byte steps back to back (the latency
+ * a ring step pays), then steps of bytes/2 and `bytes`: bandwidth = (bytes - bytes/2) /
+ * (t_big - t_half), the payload rate of this rank's link in each direction, which is what
+ * the cost model's alpha-beta laws take.  Three rounds of each.  Rejected: timing an
  * MPI_Allreduce (its algorithm, and so its traffic law, is Open MPI's choice: 1.5-1.9x off
  * the ring on the netsim links, docs/NETSIM.md) and reading the buckets' wire time alone
  * (it includes waiting for late peers and, for compressed exchanges, messages too small to
@@ -152,6 +152,54 @@ static gcomp_status probe_max(gcomp_mpi_comm *c, double *v, int n, uint64_t dead
     return GCOMP_OK;
 }
 
+/* Waits for every rank to arrive (the barrier that starts a timed step). */
+static gcomp_status probe_barrier(gcomp_mpi_comm *c, uint64_t deadline, gcomp_error *err) {
+    MPI_Request *req = gm_calloc(1, sizeof *req);
+    if (!req) return gm_fail(err, GCOMP_E_NOMEM, "probe: out of memory");
+    int rc = MPI_Ibarrier(c->comm, req);
+    if (rc != MPI_SUCCESS) {
+        gm_free(req);
+        return gm_comm_mpi_fail(c, err, rc, "MPI_Ibarrier (link probe)");
+    }
+    gcomp_status st = gm_wait_all(c, req, 1, deadline, "link probe (barrier)", err);
+    if (st != GCOMP_OK) {
+        void **none = gm_calloc(1, sizeof *none);
+        if (none) gm_comm_bury(c, req, 1, none, 0, NULL, 0);
+        return st;
+    }
+    gm_free(req);
+    return GCOMP_OK;
+}
+
+/* One ring step: nb bytes to `next` while nb come from `prev`. */
+static gcomp_status ring_step(gcomp_mpi_comm *c, size_t nb, int next, int prev, uint64_t deadline,
+                              gcomp_error *err) {
+    uint8_t *sb = gm_calloc(nb, 1), *rb = gm_alloc(nb);
+    MPI_Request *req = gm_calloc(2, sizeof *req);
+    if (!sb || !rb || !req) {
+        gm_free(sb);
+        gm_free(rb);
+        gm_free(req);
+        return gm_fail(err, GCOMP_E_NOMEM, "probe: out of memory");
+    }
+    void *bufs[2] = {sb, rb};
+    int rc = MPI_Irecv(rb, (int)nb, MPI_BYTE, prev, PROBE_TAG, c->comm, &req[0]);
+    if (rc == MPI_SUCCESS) rc = MPI_Isend(sb, (int)nb, MPI_BYTE, next, PROBE_TAG, c->comm, &req[1]);
+    if (rc != MPI_SUCCESS) {
+        gm_comm_mpi_fail(c, err, rc, "link probe");
+        void **keep = gm_calloc(2, sizeof *keep);
+        if (keep) {
+            keep[0] = sb;
+            keep[1] = rb;
+            gm_comm_bury(c, req, 1, keep, 2, NULL, 0);
+        }
+        return GCOMP_E_MPI;
+    }
+    return settle(c, req, 2, bufs, 2, deadline, "link probe", err);
+}
+
+#define PROBE_CHAIN 5 /* 8-byte ring steps back to back: the latency's chain */
+
 gcomp_status gcomp_mpi_link_probe(gcomp_mpi_comm *c, size_t bytes, double timeout_s,
                                   double *bandwidth, double *latency, gcomp_error *err) {
     if (bandwidth) *bandwidth = 0;
@@ -165,56 +213,21 @@ gcomp_status gcomp_mpi_link_probe(gcomp_mpi_comm *c, size_t bytes, double timeou
     int next = (c->rank + 1) % c->size, prev = (c->rank + c->size - 1) % c->size;
     /* Ring steps, each after a barrier: one of `bytes`, untimed (a shaper lets a burst
      * pass at the wire's speed - tbf's bucket, 256 KiB in scripts/netsim - and this step
-     * empties it), three of 8 bytes (the latency), then three pairs of bytes/2 and bytes.
-     * Timed against 8 bytes from an idle link, one 512 KiB step read up to 1.8x the shaped
-     * rate; the difference of two large sizes cancels what every step costs to start. */
-    const size_t sizes[3] = {8, bytes / 2, bytes};
-    static const signed char order[][2] = {{-1, 0}, {0, 0}, {0, 1}, {0, 2}, {1, 0},
-                                           {2, 0},  {1, 1}, {2, 1}, {1, 2}, {2, 2}};
-    double t[3][3];
+     * empties it), three of 8 bytes, three chains of PROBE_CHAIN 8-byte steps back to back
+     * (the latency), then three pairs of bytes/2 and bytes.  Timed against 8 bytes from an
+     * idle link, one 512 KiB step read up to 1.8x the shaped rate; the difference of two
+     * large sizes cancels what every step costs to start. */
+    const size_t sizes[4] = {8, bytes / 2, bytes, 8};
+    static const signed char order[][2] = {{-1, 0}, {0, 0}, {0, 1}, {0, 2}, {3, 0}, {3, 1}, {3, 2},
+                                           {1, 0},  {2, 0}, {1, 1}, {2, 1}, {1, 2}, {2, 2}};
+    double t[4][3];
     for (size_t o = 0; o < sizeof order / sizeof order[0]; o++) {
         int size = order[o][0], rep = order[o][1];
         size_t nb = size < 0 ? bytes : sizes[size];
-        uint8_t *sb = gm_calloc(nb, 1), *rb = gm_alloc(nb);
-        MPI_Request *req = gm_calloc(2, sizeof *req);
-        if (!sb || !rb || !req) {
-            gm_free(sb);
-            gm_free(rb);
-            gm_free(req);
-            return gm_fail(err, GCOMP_E_NOMEM, "probe: out of memory");
-        }
-        void *bufs[2] = {sb, rb};
-        int rc = MPI_Ibarrier(c->comm, req);
-        if (rc != MPI_SUCCESS) {
-            gm_free(sb);
-            gm_free(rb);
-            gm_free(req);
-            return gm_comm_mpi_fail(c, err, rc, "MPI_Ibarrier (link probe)");
-        }
-        st = gm_wait_all(c, req, 1, deadline, "link probe (barrier)", err);
-        if (st != GCOMP_OK) { /* only the barrier was issued: nothing writes sb/rb */
-            gm_free(sb);
-            gm_free(rb);
-            void **none = gm_calloc(1, sizeof *none);
-            if (none) gm_comm_bury(c, req, 1, none, 0, NULL, 0);
-            return st;
-        }
+        if ((st = probe_barrier(c, deadline, err)) != GCOMP_OK) return st;
         uint64_t t0 = gm_now_ns();
-        rc = MPI_Irecv(rb, (int)nb, MPI_BYTE, prev, PROBE_TAG, c->comm, &req[0]);
-        if (rc == MPI_SUCCESS)
-            rc = MPI_Isend(sb, (int)nb, MPI_BYTE, next, PROBE_TAG, c->comm, &req[1]);
-        if (rc != MPI_SUCCESS) {
-            gm_comm_mpi_fail(c, err, rc, "link probe");
-            void **keep = gm_calloc(2, sizeof *keep);
-            if (keep) {
-                keep[0] = sb;
-                keep[1] = rb;
-                gm_comm_bury(c, req, 1, keep, 2, NULL, 0);
-            }
-            return GCOMP_E_MPI;
-        }
-        st = settle(c, req, 2, bufs, 2, deadline, "link probe", err);
-        if (st != GCOMP_OK) return st;
+        for (int k = 0; k < (size == 3 ? PROBE_CHAIN : 1); k++)
+            if ((st = ring_step(c, nb, next, prev, deadline, err)) != GCOMP_OK) return st;
         if (size < 0) continue;
         t[size][rep] = 1e-9 * (double)(gm_now_ns() - t0);
     }
@@ -227,12 +240,18 @@ gcomp_status gcomp_mpi_link_probe(gcomp_mpi_comm *c, size_t bytes, double timeou
      * bytes/2 steps the median counts, of the `bytes` steps, which follow them, the
      * fastest.  (The fastest of either alone read a 10 Mbit/s link 32-38 % fast in
      * training: 0.49 s, then 0.39 s, for a 0.44 s step; the median of both, a 100 Mbit/s
-     * link half as fast: two of three 44 ms steps took 63-67 ms.) */
-    st = probe_max(c, &t[0][0], 9, deadline, err);
+     * link half as fast: two of three 44 ms steps took 63-67 ms.)
+     * For the same reason one 8-byte step reads about two latencies, the barrier's skew
+     * and the step: on netsim with 5 ms one way, 10.2 ms on 2 ranks and 12.6 ms on 4.  In a
+     * chain every step waits for the one before it on the previous rank, so the skew is
+     * paid once: the latency is the chain's time less one step's, per step after the
+     * first. */
+    st = probe_max(c, &t[0][0], 12, deadline, err);
     if (st != GCOMP_OK) return st;
-    for (int size = 0; size < 3; size++) qsort(t[size], 3, sizeof(double), cmp_double);
+    for (int size = 0; size < 4; size++) qsort(t[size], 3, sizeof(double), cmp_double);
     double small = t[0][1], half = t[1][1], big = t[2][0];
-    *latency = small;
+    double per = (t[3][1] - small) / (PROBE_CHAIN - 1);
+    *latency = per > 0 ? per : small;
     *bandwidth = big > half    ? (double)(bytes - sizes[1]) / (big - half)
                  : big > small ? (double)(bytes - 8) / (big - small)
                                : (double)bytes / big;

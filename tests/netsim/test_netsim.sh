@@ -89,6 +89,15 @@ NETSIM_TIMEOUT=60 "$netsim" run 2 "$rel" 1024 1e9 3 >/dev/null 2>&1
 rc=$?
 [ "$rc" -eq 3 ] || fail "exit status 3 came back as $rc"
 
+# The probe's latency is the one-way delay a ring step pays, not the two that one step
+# after a barrier reads (the ranks leave it up to a latency apart): 5 ms each way.
+if [ -n "$link_probe" ]; then
+    "$netsim" down >/dev/null 2>&1
+    "$netsim" up 2 100mbit --delay-us 5000 || fail "netsim up with delay"
+    NETSIM_TIMEOUT=60 "$netsim" run 2 -- "$link_probe" 524288 $payload_100 0.5 0.005 0.25 ||
+        fail "link probe's latency with 5 ms one way"
+fi
+
 "$netsim" down || fail "netsim down"
 left=$(ip netns list | awk '$1 ~ /^gc-/ {print $1}')
 [ -z "$left" ] || fail "namespaces left after down: $left"
