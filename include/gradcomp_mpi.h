@@ -944,14 +944,17 @@ GCOMP_API gcomp_status gcomp_mpi_adapt_decide(gcomp_mpi_comm *c, gcomp_adapt *a,
 
 /**
  * Measures the ring's link (collective): after one untimed step of `bytes`, ring steps -
- * a message to rank + 1 while one arrives from rank - 1, after a barrier - of 8 bytes, of
- * bytes/2 and of `bytes` (1 KiB..1 GiB), three of each, the large ones in pairs.  A
- * step's time is its slowest rank's: *latency = the median 8-byte step, *bandwidth =
- * payload bytes per second in each direction, (bytes - bytes/2) / (the fastest `bytes`
- * step - the median bytes/2 step), so a start-up cost of any size (a shaper's burst, TCP
- * slow start) cancels.  The same on every rank: the slowest link of the ring.  Size
- * `bytes` to at least twice a shaper's burst (netsim's is 256 KiB: 512 KiB).  One rank:
- * both 0.  Feed them to gcomp_adapt_observe_link.  Runs on the communicator's own
+ * a message to rank + 1 while one arrives from rank - 1, after a barrier - of 8 bytes,
+ * chains of five 8-byte steps back to back, and pairs of bytes/2 and `bytes` (1 KiB..1 GiB),
+ * three of each.  A step's time is its slowest rank's: *latency = what a step adds to the
+ * fastest chain (one step after a barrier also pays the ranks' skew leaving it, about a
+ * second latency), *bandwidth = payload bytes per second in each direction, (bytes -
+ * bytes/2) / (the fastest `bytes` step - the median bytes/2 step), so a start-up cost of
+ * any size (a shaper's burst, TCP slow start) cancels.  Where a `bytes` step lasts less
+ * than twenty latencies (a link with a large bandwidth-delay product: TCP's window would
+ * set the time) the pairs are measured again at 4x the size, twice at most.  The same on
+ * every rank: the slowest link of the ring.  Size `bytes` to at least twice a shaper's
+ * burst (netsim's is 256 KiB: 512 KiB).  One rank: both 0.  Feed them to gcomp_adapt_observe_link.  Runs on the communicator's own
  * duplicate.
  * Returns GCOMP_OK, GCOMP_E_ARG, GCOMP_E_NOMEM, GCOMP_E_TIMEOUT, GCOMP_E_MPI, GCOMP_E_FAILED.
  */

@@ -863,7 +863,9 @@ def link_probe(nbytes=_PROBE_BYTES, process_group=None):
     (collective: every rank of the group calls it): ring steps (send to the next rank,
     receive from the previous), each after a barrier: one of nbytes, untimed (it empties a
     shaper's burst), three of 8 bytes, three chains of _PROBE_CHAIN 8-byte steps back to
-    back, three pairs of nbytes/2 and nbytes; a step's time is its slowest rank's.  Returns
+    back, three pairs of nbytes/2 and nbytes (a probe whose nbytes step is shorter than
+    twenty latencies measures the pairs again 4x larger, twice at most); a step's time is its
+    slowest rank's.  Returns
     (bandwidth, latency): payload bytes per second each way, (nbytes - nbytes/2) over the
     fastest nbytes step less the median nbytes/2 step, and the seconds a step adds to the
     median chain (one 8-byte step after a barrier also pays the ranks' skew leaving it),
@@ -889,12 +891,14 @@ def link_probe(nbytes=_PROBE_BYTES, process_group=None):
 
 
 _PROBE_CHAIN = 5  # 8-byte ring steps back to back, as gcomp_mpi_link_probe's chain
+_PROBE_GROW = 4  # a probe too short against the latency grows by this, twice at most
 
 
-def _probe_ring(group, nxt, prv, nbytes):
+def _probe_pass(group, nxt, prv, nbytes, lat):
+    """One pass of gcomp_mpi_link_probe's steps (see there); the slowest rank's seconds."""
     sizes = (8, nbytes // 2, nbytes, 8)
     times = torch.zeros(4, 3, dtype=torch.float64)
-    order = ([(-1, 0), (0, 0), (0, 1), (0, 2), (3, 0), (3, 1), (3, 2)]
+    order = ([(-1, 0)] + ([(0, 0), (0, 1), (0, 2), (3, 0), (3, 1), (3, 2)] if lat else [])
              + [(k, rep) for rep in range(3) for k in (1, 2)])
     for k, rep in order:
         n = nbytes if k < 0 else sizes[k]
@@ -910,14 +914,27 @@ def _probe_ring(group, nxt, prv, nbytes):
     # the slowest rank's time of each step: a rank that left the barrier late finds part of
     # its message there already and alone would read the link as faster than it is
     dist.all_reduce(times, op=dist.ReduceOp.MAX, group=group)
+    return times.sort(dim=1).values
+
+
+def _probe_ring(group, nxt, prv, nbytes):
+    times = _probe_pass(group, nxt, prv, nbytes, True)
+    small = float(times[0, 1])
+    # in a chain each step waits for the previous rank's last one: the skew is paid once;
+    # the fastest of each, since a stall only adds
+    per = (float(times[3, 0]) - float(times[0, 0])) / (_PROBE_CHAIN - 1)
+    lat = per if per > 0 else small
+    # a step shorter than twenty latencies measures TCP's window more than the link: grow
+    for _ in range(2):
+        if not (float(times[2, 0]) < 20 * lat and nbytes * _PROBE_GROW <= 1 << 30):
+            break
+        nbytes *= _PROBE_GROW
+        times = _probe_pass(group, nxt, prv, nbytes, False)
     # a bucket refilled while the link sat idle is spent by a pair's first step: the median
     # of those, the fastest of the nbytes steps that follow them
-    small, half, big = float(times[0].median()), float(times[1].median()), float(times[2].min())
-    # in a chain each step waits for the previous rank's last one: the skew is paid once
-    per = (float(times[3].median()) - small) / (_PROBE_CHAIN - 1)
-    lat = per if per > 0 else small
+    half, big = float(times[1, 1]), float(times[2, 0])
     if big > half:
-        return (nbytes - sizes[1]) / (big - half), lat
+        return (nbytes - nbytes // 2) / (big - half), lat
     return ((nbytes - 8) / (big - small) if big > small else nbytes / big), lat
 
 

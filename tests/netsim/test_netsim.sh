@@ -89,13 +89,18 @@ NETSIM_TIMEOUT=60 "$netsim" run 2 "$rel" 1024 1e9 3 >/dev/null 2>&1
 rc=$?
 [ "$rc" -eq 3 ] || fail "exit status 3 came back as $rc"
 
-# The probe's latency is the one-way delay a ring step pays, not the two that one step
-# after a barrier reads (the ranks leave it up to a latency apart): 5 ms each way.
+# With 5 ms each way: the probe's latency is the one-way delay a ring step pays, not the
+# two that one step after a barrier reads (the ranks leave it up to a latency apart); and
+# its bandwidth holds where the bandwidth-delay product (120 kB at 100 Mbit/s, 1.2 MB at
+# 1 Gbit/s) rivals the 512 KiB probe, which then grows.
 if [ -n "$link_probe" ]; then
     "$netsim" down >/dev/null 2>&1
     "$netsim" up 2 100mbit --delay-us 5000 || fail "netsim up with delay"
-    NETSIM_TIMEOUT=60 "$netsim" run 2 -- "$link_probe" 524288 $payload_100 0.5 0.005 0.25 ||
-        fail "link probe's latency with 5 ms one way"
+    NETSIM_TIMEOUT=60 "$netsim" run 2 -- "$link_probe" 524288 $payload_100 0.2 0.005 0.25 ||
+        fail "link probe with 5 ms one way at 100mbit"
+    "$netsim" rate 1gbit || fail "netsim rate 1gbit"
+    NETSIM_TIMEOUT=60 "$netsim" run 2 -- "$link_probe" 524288 $((payload_100 * 10)) 0.2 0.005 0.25 ||
+        fail "link probe with 5 ms one way at 1gbit"
 fi
 
 "$netsim" down || fail "netsim down"
