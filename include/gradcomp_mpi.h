@@ -954,8 +954,8 @@ GCOMP_API gcomp_status gcomp_mpi_adapt_decide(gcomp_mpi_comm *c, gcomp_adapt *a,
  * than twenty latencies (a link with a large bandwidth-delay product: TCP's window would
  * set the time) the pairs are measured again at 4x the size, twice at most.  The same on
  * every rank: the slowest link of the ring.  Size `bytes` to at least twice a shaper's
- * burst (netsim's is 256 KiB: 512 KiB).  One rank: both 0.  Feed them to gcomp_adapt_observe_link.  Runs on the communicator's own
- * duplicate.
+ * burst (netsim's is 256 KiB: 512 KiB).  One rank: both 0.  Feed them to
+ * gcomp_adapt_observe_link.  Runs on the communicator's own duplicate.
  * Returns GCOMP_OK, GCOMP_E_ARG, GCOMP_E_NOMEM, GCOMP_E_TIMEOUT, GCOMP_E_MPI, GCOMP_E_FAILED.
  */
 GCOMP_API gcomp_status gcomp_mpi_link_probe(gcomp_mpi_comm *c, size_t bytes, double timeout_s,
