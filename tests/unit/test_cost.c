@@ -291,6 +291,25 @@ static void test_work_and_buckets(void) {
     gcomp_cost_calibration_free(cal);
 }
 
+/* Tensors t[0..n) on P ranks (1e8 B/s, 1 ms a latency, overlap 0) sent alone, then all in
+ * one bucket: both results and, where per_* are not NULL, per tensor. */
+static void alone_and_fused(gcomp_cost_tensor *t, size_t n, int P, gcomp_cost_result *alone,
+                            gcomp_cost_result *fused, gcomp_cost_tensor_result *per_alone,
+                            gcomp_cost_tensor_result *per_fused) {
+    gcomp_cost_net net;
+    gcomp_cost_net_default(&net);
+    net.workers = net.nodes = P;
+    net.inter = (gcomp_cost_link){1e8, 1e-3};
+    gcomp_cost_compute c = {0.01, 0.02, 0.005, 0};
+    gcomp_cost_model *m;
+    for (int f = 0; f < 2; f++) {
+        for (size_t i = 0; i < n; i++) t[i].bucket = f ? 9 : 0;
+        CHECK_OK(gcomp_cost_model_create(&m, t, n, P, P, NULL, NULL));
+        CHECK_OK(gcomp_cost_eval(m, &net, &c, f ? fused : alone, f ? per_fused : per_alone));
+        gcomp_cost_model_free(m);
+    }
+}
+
 /* A PowerSGD bucket, as the DDP hook sends one: each round's P factors of all its matrices
  * in one allreduce and the Qs in another, a vector the codec sends dense riding in the
  * first.  On 2 ranks each allreduce is one exchange (recursive doubling): the two matrices
@@ -300,20 +319,8 @@ static void test_powersgd_bucket(void) {
         {"p", "powersgd:rank=2", 1 << 16, 256, 256, GCOMP_COST_ALLREDUCE, 0, 0},
         {"v", "powersgd:rank=2", 256, 0, 0, GCOMP_COST_ALLREDUCE, 0, 0},
         {"q", "powersgd:rank=2", 1 << 16, 256, 256, GCOMP_COST_ALLREDUCE, 0, 0}};
-    gcomp_cost_net net;
-    gcomp_cost_net_default(&net);
-    net.workers = net.nodes = 2;
-    net.inter = (gcomp_cost_link){1e8, 1e-3};
-    gcomp_cost_compute c = {0.01, 0.02, 0.005, 0};
-    gcomp_cost_model *m;
     gcomp_cost_result alone, fused;
-    CHECK_OK(gcomp_cost_model_create(&m, p, 3, 2, 2, NULL, NULL));
-    CHECK_OK(gcomp_cost_eval(m, &net, &c, &alone, NULL));
-    gcomp_cost_model_free(m);
-    p[0].bucket = p[1].bucket = p[2].bucket = 1;
-    CHECK_OK(gcomp_cost_model_create(&m, p, 3, 2, 2, NULL, NULL));
-    CHECK_OK(gcomp_cost_eval(m, &net, &c, &fused, NULL));
-    gcomp_cost_model_free(m);
+    alone_and_fused(p, 3, 2, &alone, &fused, NULL, NULL);
     CHECK(rel(fused.bytes_sent, alone.bytes_sent) < 1e-12);
     CHECK(rel(fused.codec_s, alone.codec_s) < 1e-12);
     CHECK_MSG(rel(alone.comm_s - fused.comm_s, 3e-3) < 1e-9, "%.17g", alone.comm_s - fused.comm_s);
@@ -326,21 +333,9 @@ static void test_allgather_bucket(void) {
         {"g", "topk:density=0.01", 100000, 0, 0, GCOMP_COST_ALLGATHER, 0, 0},
         {"h", "int8", 50000, 0, 0, GCOMP_COST_ALLGATHER, 0, 0},
         {"k", "topk:density=0.001", 200000, 0, 0, GCOMP_COST_ALLGATHER, 0, 0}};
-    gcomp_cost_net net;
-    gcomp_cost_net_default(&net);
-    net.workers = net.nodes = 8;
-    net.inter = (gcomp_cost_link){1e8, 1e-3};
-    gcomp_cost_compute c = {0.01, 0.02, 0.005, 0};
-    gcomp_cost_model *m;
     gcomp_cost_result alone, fused;
     gcomp_cost_tensor_result pa[3], pf[3];
-    CHECK_OK(gcomp_cost_model_create(&m, g, 3, 8, 8, NULL, NULL));
-    CHECK_OK(gcomp_cost_eval(m, &net, &c, &alone, pa));
-    gcomp_cost_model_free(m);
-    g[0].bucket = g[1].bucket = g[2].bucket = 9;
-    CHECK_OK(gcomp_cost_model_create(&m, g, 3, 8, 8, NULL, NULL));
-    CHECK_OK(gcomp_cost_eval(m, &net, &c, &fused, pf));
-    gcomp_cost_model_free(m);
+    alone_and_fused(g, 3, 8, &alone, &fused, pa, pf);
     /* The same bytes and codec time, all on the carrier; each tensor paid 2 phases of
      * log2(8) = 3 latencies, the bucket pays them once: 12 ms less on the link.  The step
      * (overlap 0: every transfer after the backward pass) gains that less the decodes of k
