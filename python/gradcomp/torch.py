@@ -185,7 +185,8 @@ class AdaptivePolicy:
         """Creates the controllers for [(key, shape), ...]."""
         self._tensors, self._world = list(tensors), int(world)
         ad = _adapt.Adapt(self.method, self._tensors, total_steps=self.total_steps,
-                          workers=self._world, min_elements=self.min_elements)
+                          workers=self._world, min_elements=self.min_elements,
+                          strategy=_hook_route_strategy)
         # A switch between a spec that keeps the momentum (DGC) and one that leaves it to
         # the optimizer must move the momentum between them; the hook does not own the
         # optimizer, so its parameters would get the momentum twice, or none.
@@ -222,6 +223,18 @@ def _is_plain_dense(canonical):
     props = d["properties"]
     return ("linear" in props and "sparse" not in props and "feedback" not in props
             and d["value_type"] == "f32")
+
+
+_COST_ALLGATHER, _COST_ALLREDUCE = 1, 3  # gcomp_cost_strategy
+
+
+def _hook_route_strategy(spec):
+    """How the hook sends a tensor of `spec`, as the cost model's strategy: PowerSGD's
+    factors and plain fp32 by all_reduce, everything else gathered (an fp16 dense spec too,
+    which the library's default would count as an all-reduce)."""
+    if "multiphase" in _core.describe(spec)["properties"] or _is_plain_dense(spec):
+        return _COST_ALLREDUCE
+    return _COST_ALLGATHER
 
 
 def _u64_to_i64(v):

@@ -382,6 +382,17 @@ def test_hook_probe_bytes_checked():
     gt.hook("topk:density=0.01", probe_bytes=0)  # no probe: the caller feeds the link
 
 
+def test_adaptive_candidates_priced_by_the_hooks_routes():
+    # The controllers' cost model sees each candidate as the hook sends it: plain fp32 and
+    # PowerSGD's factors by all_reduce, the rest gathered -- an fp16 dense spec included,
+    # which the library's default strategy would price as an all-reduce.
+    gt = pytest.importorskip("gradcomp.torch")
+    route = {s: gt._hook_route_strategy(gradcomp.canonical(s))
+             for s in ("none", "powersgd:rank=4", "none:values=f16", "int8", "topk:density=0.01")}
+    assert route == {"none": 3, "powersgd:rank=4": 3, "none:values=f16": 1, "int8": 1,
+                     "topk:density=0.01": 1}
+
+
 def test_adaptive_method_needs_the_model():
     import gradcomp.torch as gt
     with pytest.raises(gradcomp.ArgumentError, match="needs the model"):
