@@ -877,12 +877,12 @@ def link_probe(nbytes=_PROBE_BYTES, process_group=None):
     receive from the previous), each after a barrier: one of nbytes, untimed (it empties a
     shaper's burst), three of 8 bytes, three chains of _PROBE_CHAIN 8-byte steps back to
     back, three pairs of nbytes/2 and nbytes (a probe whose nbytes step is shorter than
-    twenty latencies measures the pairs again 4x larger, twice at most); a step's time is its
-    slowest rank's.  Returns
-    (bandwidth, latency): payload bytes per second each way, (nbytes - nbytes/2) over the
-    fastest nbytes step less the median nbytes/2 step, and the seconds a step adds to the
-    median chain (one 8-byte step after a barrier also pays the ranks' skew leaving it),
-    the same on every rank, for Adapt.observe_link; (0, 0) for one rank.  Over gloo a
+    twenty latencies measures the pairs again 4x larger, twice at most); a step's time is
+    its slowest rank's.  Returns (bandwidth, latency): payload bytes per second each way,
+    (nbytes - nbytes/2) over the fastest nbytes step less the median nbytes/2 step, and the
+    seconds a step adds to the fastest chain over the fastest single step (one 8-byte step
+    after a barrier also pays the ranks' skew leaving it), the same on every rank, for
+    Adapt.observe_link; (0, 0) for one rank.  Over gloo a
     point-to-point step costs about a round trip (on netsim with 5 ms each way: 10.4 ms a
     step in the chain, where MPI's is 5.1 ms), and so, by the hook's measured steps, do its
     collectives' steps: the reading is what a step of the hook's exchanges pays."""

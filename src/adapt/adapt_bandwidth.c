@@ -115,14 +115,14 @@ static void exchange_buckets(const gcomp_adapt *a, gcomp_cost_tensor *ct) {
     unsigned next = 1;
     for (size_t i = 0; i < a->nt; i++) ct[i].bucket = 0;
     for (size_t i = 0; a->exchange && i < a->nt; i++) {
-        int s = ct[i].strategy;
+        int s = ct[i].strategy, base = s & 0xff; /* hierarchical or not */
         if (!a->exchange[i] || ct[i].bucket ||
-            (s != GCOMP_COST_ALLREDUCE && s != GCOMP_COST_ALLGATHER))
+            (base != GCOMP_COST_ALLREDUCE && base != GCOMP_COST_ALLGATHER))
             continue;
         ct[i].bucket = next;
         for (size_t j = i + 1; j < a->nt; j++)
             if (!ct[j].bucket && a->exchange[j] == a->exchange[i] && ct[j].strategy == s &&
-                (s == GCOMP_COST_ALLGATHER || !strcmp(ct[j].spec, ct[i].spec)))
+                (base == GCOMP_COST_ALLGATHER || !strcmp(ct[j].spec, ct[i].spec)))
                 ct[j].bucket = next;
         next++;
     }

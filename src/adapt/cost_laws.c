@@ -393,8 +393,8 @@ static void clear_member(cost_tensor *t, int calibrated) {
 /* Sums the members at[1..cnt) into the carrier at[0]: bytes, codec time, and each transfer
  * phase's bytes with the latencies paid once.  The members' phases must line up: the same
  * phases (one strategy and group), except that a PowerSGD tensor the codec sends dense (one
- * allreduce) rides in the first factor allreduce, as the DDP hook sends it.  The phases are
- * those of the member with the most. */
+ * allreduce) rides in the first factor allreduce, as the DDP hook sends it, priced by that
+ * allreduce's law (steps x its values).  The phases are those of the member with the most. */
 static gcomp_status sum_members(cost_tensor *t, const gcomp_cost_tensor *in, const size_t *at,
                                 size_t cnt, gcomp_error *err) {
     size_t tmpl = at[0];
@@ -415,9 +415,13 @@ static gcomp_status sum_members(cost_tensor *t, const gcomp_cost_tensor *in, con
                                "cost model: tensor '%s': bucket %u: its transfers do not line up "
                                "with those of '%s' (%s)",
                                o->name, in[at[0]].bucket, t[tmpl].name, in[at[0]].spec);
-        for (int p = 0; p < o->nphase; p++) {
-            sum.phase[p].bytes += o->phase[p].bytes;
-            sum.phase[p].server_bytes += o->phase[p].server_bytes;
+        if (same) {
+            for (int p = 0; p < o->nphase; p++) {
+                sum.phase[p].bytes += o->phase[p].bytes;
+                sum.phase[p].server_bytes += o->phase[p].server_bytes;
+            }
+        } else {
+            sum.phase[0].bytes += sum.phase[0].steps * o->message_bytes;
         }
         sum.message_bytes += o->message_bytes;
         sum.bytes_sent += o->bytes_sent;
@@ -467,7 +471,11 @@ static gcomp_status fuse_bucket(cost_tensor *t, const gcomp_cost_tensor *in, con
                            "cost model: tensor '%s': bucket %u: only tensors reduced by allreduce "
                            "or gathered by allgather can share an exchange ('%s', strategy %d)",
                            t[i].name, in[i].bucket, in[i].spec, in[i].strategy);
-    if (info.flags & GCOMP_SPEC_MULTIPHASE) return sum_members(t, in, at, cnt, err);
+    /* PowerSGD: factors to sum, unless every member goes dense (vectors, matrices too small
+     * to compress): then it is one vector, as below. */
+    bool factors = false;
+    for (size_t k = 0; k < cnt; k++) factors |= t[at[k]].nphase > 1;
+    if ((info.flags & GCOMP_SPEC_MULTIPHASE) && factors) return sum_members(t, in, at, cnt, err);
     gcomp_cost_tensor whole = in[i];
     whole.n = n;
     whole.rows = whole.cols = 0;

@@ -183,9 +183,16 @@ static gcomp_status ring_step(gcomp_mpi_comm *c, size_t nb, int next, int prev, 
         return gm_fail(err, GCOMP_E_NOMEM, "probe: out of memory");
     }
     void *bufs[2] = {sb, rb};
+    req[0] = req[1] = MPI_REQUEST_NULL; /* zeroed memory is no request handle */
     int rc = MPI_Irecv(rb, (int)nb, MPI_BYTE, prev, PROBE_TAG, c->comm, &req[0]);
-    if (rc == MPI_SUCCESS) rc = MPI_Isend(sb, (int)nb, MPI_BYTE, next, PROBE_TAG, c->comm, &req[1]);
-    if (rc != MPI_SUCCESS) {
+    if (rc != MPI_SUCCESS) { /* nothing in flight */
+        gm_free(sb);
+        gm_free(rb);
+        gm_free(req);
+        return gm_comm_mpi_fail(c, err, rc, "link probe");
+    }
+    rc = MPI_Isend(sb, (int)nb, MPI_BYTE, next, PROBE_TAG, c->comm, &req[1]);
+    if (rc != MPI_SUCCESS) { /* the receive is posted: the communicator keeps it */
         gm_comm_mpi_fail(c, err, rc, "link probe");
         void **keep = gm_calloc(2, sizeof *keep);
         if (keep) {
