@@ -1131,19 +1131,23 @@ GCOMP_API gcomp_status gcomp_adapt_set_course(gcomp_adapt *a, const double *prog
 /**
  * bandwidth: how the caller's transport groups the tensors, so that the predicted step sees
  * its messages as they travel: groups[i] names tensor i's exchange group, 0 for a tensor
- * sent alone; `count` must be the tensor count.  Inside a group the tensors an allreduce
- * sums with one spec are predicted as one vector (PowerSGD's: one allreduce of their factors
- * a round), the gathered ones as one allgather (the latency paid once,
- * gcomp_cost_tensor.bucket).  That is how the DDP hook sends a DDP bucket; a gcomp_mpi bucket fuses
- * only consecutive tensors of one strategy, so there each such run is a group.  NULL goes back to a
- * message a tensor (the default, as the trainer sends them).  The groups enter the configuration
- * fingerprint: every rank must give the same ones, else the next decide is GCOMP_E_MISMATCH on
- * every rank.  They are not part of the saved state (they describe the transport: give them again
- * after a restore).  Returns GCOMP_OK; GCOMP_E_ARG (NULL, count other than the tensor
- * count); GCOMP_E_NOMEM (the previous groups stay).
+ * sent alone; `count` must be the tensor count.  With run_bytes 0, inside a group the
+ * tensors an allreduce sums with one spec are predicted as one vector (PowerSGD's: one
+ * allreduce of their factors a round) and the gathered ones as one allgather, wherever they
+ * sit (the latency paid once, gcomp_cost_tensor.bucket): how the DDP hook sends a DDP
+ * bucket.  With run_bytes > 0, as a gcomp_mpi bucket sends (its sub-buckets): only
+ * consecutive tensors of one strategy and spec travel together, in backward order (from the
+ * end of the list), each run cut before a tensor that would take it past run_bytes of f32
+ * gradient (SIZE_MAX: no cap, a bucket_bytes of 0), PowerSGD's a tensor at a time.  NULL
+ * goes back to a message a tensor (the default, as the trainer sends them).  The groups and
+ * run_bytes enter the configuration fingerprint: every rank must give the same ones, else
+ * the next decide is GCOMP_E_MISMATCH on every rank.  They are not part of the saved state
+ * (they describe the transport: give them again after a restore).  Returns GCOMP_OK;
+ * GCOMP_E_ARG (NULL, count other than the tensor count); GCOMP_E_NOMEM (the previous groups
+ * stay).
  */
 GCOMP_API gcomp_status gcomp_adapt_set_exchanges(gcomp_adapt *a, const unsigned *groups,
-                                                 size_t count, gcomp_error *err);
+                                                 size_t count, size_t run_bytes, gcomp_error *err);
 /** Ends the step; *due (may be NULL) becomes 1 when a decision is due now. */
 GCOMP_API void gcomp_adapt_end_step(gcomp_adapt *a, int *due);
 

@@ -266,7 +266,7 @@ PROTOTYPES = {
     "gcomp_adapt_observe_metric": (None, [_P, ctypes.c_double]),
     "gcomp_adapt_observe_lr": (None, [_P, ctypes.c_double]),
     "gcomp_adapt_set_course": (_I, [_P, _P, _P, _S, ctypes.POINTER(ErrorInfo)]),
-    "gcomp_adapt_set_exchanges": (_I, [_P, _P, _S, ctypes.POINTER(ErrorInfo)]),
+    "gcomp_adapt_set_exchanges": (_I, [_P, _P, _S, _S, ctypes.POINTER(ErrorInfo)]),
     "gcomp_adapt_state_bound": (_S, [_P]),
     "gcomp_adapt_save_state": (_I, [_P, _P, _S, c_size_p]),
     "gcomp_adapt_load_state": (_I, [_P, _P, _S, ctypes.POINTER(ErrorInfo)]),

@@ -226,23 +226,29 @@ class Adapt:
                                          ctypes.byref(err))
         _core._check(st, "adapt set_course", err)
 
-    def set_exchanges(self, groups):
+    def set_exchanges(self, groups, run_bytes=0):
         """How the caller's transport groups the tensors, for the bandwidth controller's
-        predictions: groups[i] is tensor i's exchange group (the DDP hook gives DDP's
-        buckets), 0 for a tensor sent alone; None goes back to a message a tensor.  Inside a
-        group the tensors summed with one spec are predicted as one allreduce and the
-        gathered ones as one allgather.  Give the same groups on every rank (they enter the
-        configuration fingerprint: decide raises MismatchError otherwise); they are not part
-        of save_state."""
+        predictions: groups[i] is tensor i's exchange group, 0 for a tensor sent alone; None
+        goes back to a message a tensor.  run_bytes 0 (the DDP hook, which gives DDP's
+        buckets): inside a group the tensors summed with one spec are predicted as one
+        allreduce and the gathered ones as one allgather, wherever they sit.  run_bytes > 0
+        (gcomp_mpi buckets, which DistributedOptimizer gives): only consecutive tensors of
+        one strategy and spec, in backward order, runs of at most run_bytes of f32 gradient
+        (gradcomp.mpi's bucket_bytes; None for no cap).  Give the same on every rank (they
+        enter the configuration fingerprint: decide raises MismatchError otherwise); they
+        are not part of save_state."""
         err = _native.ErrorInfo()
+        run = ctypes.c_size_t(-1).value if run_bytes is None else operator.index(run_bytes)
+        if run < 0:
+            raise ValueError(f"set_exchanges: run_bytes must be >= 0 or None, got {run_bytes}")
         if groups is None:
-            st = _lib.gcomp_adapt_set_exchanges(self._handle(), None, 0, ctypes.byref(err))
+            st = _lib.gcomp_adapt_set_exchanges(self._handle(), None, 0, 0, ctypes.byref(err))
         else:
             g = [operator.index(x) for x in groups]
             if any(not 0 <= x < 1 << 32 for x in g):
                 raise ValueError("set_exchanges: groups are integers in [0, 2**32)")
             arr = (ctypes.c_uint * len(g))(*g)
-            st = _lib.gcomp_adapt_set_exchanges(self._handle(), arr, len(g), ctypes.byref(err))
+            st = _lib.gcomp_adapt_set_exchanges(self._handle(), arr, len(g), run, ctypes.byref(err))
         _core._check(st, "adapt set_exchanges", err)
 
     def save_state(self):

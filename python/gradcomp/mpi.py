@@ -431,6 +431,13 @@ def _strategy_auto_value(spec, nranks=0):
     return out.value
 
 
+def default_sub_bucket_bytes():
+    """The library's default sub-bucket size of a Bucket (bucket_bytes=None)."""
+    opt = BucketOptions()
+    _lib.gcomp_mpi_bucket_options_default(ctypes.byref(opt))
+    return opt.bucket_bytes
+
+
 def cost_strategy(requested, spec):
     """The strategy a tensor of `spec` runs with when `requested` (a name or value) is asked
     for, as a value the cost model takes (gcomp_adapt_options.strategy, gcomp_cost_strategy:

@@ -232,6 +232,11 @@ class _DistributedMixin:
                 gcomm.close()
             raise
         adapt = policy if isinstance(policy, _adapt.Adapt) else None
+        if adapt is not None:
+            # The controllers' cost model sees the buckets as the library sends them: runs of
+            # consecutive tensors of one strategy, cut at pipeline_bytes (gm_groups_plan).
+            run = _gm.default_sub_bucket_bytes() if pipeline_bytes is None else int(pipeline_bytes)
+            adapt.set_exchanges([e.bucket.index + 1 for e in plan], run if run > 0 else None)
         groups, pairs = self._gc_groups(optimizer, plan, self._gc_movable(adapt, plan))
         super().__init__(groups)
         self.defaults = dict(optimizer.defaults)

@@ -1066,6 +1066,7 @@ static void refresh_fp(gcomp_adapt *a) {
     }
     if (a->exchange) {
         for (size_t i = 0; i < a->nt; i++) h = fnv_u64(h, a->exchange[i]);
+        h = fnv_u64(h, (uint64_t)a->run_bytes);
         h = fnv_u64(h, 0x65786368ull); /* "exch": groups of all zeros differ from none */
     }
     a->fp = h;
@@ -1111,7 +1112,7 @@ gcomp_status gcomp_adapt_set_course(gcomp_adapt *a, const double *progress, cons
  * predictions must see as it is: DDP's buckets, gcomp_mpi's multi-tensor buckets.  They
  * are an input of its decisions, so they enter the fingerprint like the course. */
 gcomp_status gcomp_adapt_set_exchanges(gcomp_adapt *a, const unsigned *groups, size_t count,
-                                       gcomp_error *err) {
+                                       size_t run_bytes, gcomp_error *err) {
     if (!a) return gcomp__fail(err, GCOMP_E_ARG, "adapt: set_exchanges: NULL argument");
     if (groups && count != a->nt)
         return gcomp__fail(err, GCOMP_E_ARG,
@@ -1125,6 +1126,7 @@ gcomp_status gcomp_adapt_set_exchanges(gcomp_adapt *a, const unsigned *groups, s
     }
     gcomp__free(a->exchange);
     a->exchange = g;
+    a->run_bytes = g ? run_bytes : 0;
     refresh_fp(a);
     return GCOMP_OK;
 }

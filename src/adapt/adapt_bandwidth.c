@@ -106,23 +106,64 @@ static void take_rates(gcomp_adapt *a, bw_state *s, const gcomp__adapt_in *in) {
     }
 }
 
+/* Whether tensor i can share an exchange with others, and what it must share with them. */
+static bool fusable(const gcomp_adapt *a, const gcomp_cost_tensor *t, size_t i, bool runs) {
+    int base = t->strategy & 0xff; /* hierarchical or not */
+    if (!a->exchange[i] || (base != GCOMP_COST_ALLREDUCE && base != GCOMP_COST_ALLGATHER))
+        return false;
+    gcomp_spec_info info; /* gcomp_mpi sends a PowerSGD tensor a sub-bucket */
+    return !runs || gcomp_spec_describe(t->spec, t->n, &info, NULL) != GCOMP_OK ||
+           !(info.flags & GCOMP_SPEC_MULTIPHASE);
+}
+
+static bool travel_together(const gcomp_cost_tensor *x, const gcomp_cost_tensor *y) {
+    return x->strategy == y->strategy &&
+           ((x->strategy & 0xff) == GCOMP_COST_ALLGATHER || !strcmp(x->spec, y->spec));
+}
+
 /* The caller's exchange groups (gcomp_adapt_set_exchanges) as the cost model's buckets for
- * the specs of one candidate: inside a group, the tensors an allreduce sums with one spec
- * travel as one vector (PowerSGD's: each round's factors in one allreduce) and the gathered
- * ones as one allgather, as the DDP hook sends a DDP bucket.  (The hook also lets the dense
- * tensors ride in PowerSGD's first allreduce: here they are a message of their own.) */
+ * the specs of one candidate.
+ *   run_bytes 0 (the DDP hook's buckets): inside a group, the tensors an allreduce sums with
+ *     one spec travel as one vector (PowerSGD's: each round's factors in one allreduce) and
+ *     the gathered ones as one allgather, wherever they sit.  (The hook also lets the dense
+ *     tensors ride in PowerSGD's first allreduce: here they are a message of their own.)
+ *   run_bytes > 0 (gcomp_mpi's buckets, gm_groups_plan): only consecutive tensors of one
+ *     strategy and spec, in the bucket's order (backward, from the end of the list), cut
+ *     before a tensor that would take the run past run_bytes of f32 gradient; PowerSGD's
+ *     alone. */
 static void exchange_buckets(const gcomp_adapt *a, gcomp_cost_tensor *ct) {
     unsigned next = 1;
     for (size_t i = 0; i < a->nt; i++) ct[i].bucket = 0;
-    for (size_t i = 0; a->exchange && i < a->nt; i++) {
-        int s = ct[i].strategy, base = s & 0xff; /* hierarchical or not */
-        if (!a->exchange[i] || ct[i].bucket ||
-            (base != GCOMP_COST_ALLREDUCE && base != GCOMP_COST_ALLGATHER))
-            continue;
+    if (!a->exchange) return;
+    if (a->run_bytes) {
+        double bytes = 0, cap = (double)a->run_bytes;
+        size_t head = 0;
+        bool open = false;
+        for (size_t i = a->nt; i-- > 0;) {
+            double b = 4.0 * (double)ct[i].n;
+            if (!fusable(a, &ct[i], i, true)) {
+                open = false;
+                continue;
+            }
+            if (open && a->exchange[i] == a->exchange[head] && travel_together(&ct[head], &ct[i]) &&
+                bytes + b <= cap) {
+                ct[i].bucket = ct[head].bucket;
+                bytes += b;
+                continue;
+            }
+            head = i;
+            ct[i].bucket = next++;
+            bytes = b;
+            open = true;
+        }
+        return;
+    }
+    for (size_t i = 0; i < a->nt; i++) {
+        if (ct[i].bucket || !fusable(a, &ct[i], i, false)) continue;
         ct[i].bucket = next;
         for (size_t j = i + 1; j < a->nt; j++)
-            if (!ct[j].bucket && a->exchange[j] == a->exchange[i] && ct[j].strategy == s &&
-                (base == GCOMP_COST_ALLGATHER || !strcmp(ct[j].spec, ct[i].spec)))
+            if (!ct[j].bucket && a->exchange[j] == a->exchange[i] &&
+                travel_together(&ct[i], &ct[j]))
                 ct[j].bucket = next;
         next++;
     }

@@ -148,6 +148,7 @@ struct gcomp_adapt {
     size_t ncourse;
     unsigned *exchange; /* nt: the caller's exchange groups (gcomp_adapt_set_exchanges), or
                            NULL: a message a tensor */
+    size_t run_bytes;   /* 0: a group's routes travel whole; else consecutive runs, capped */
 
     /* decisions (identical on every rank) */
     int *level, *prev;

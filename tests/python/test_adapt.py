@@ -160,6 +160,9 @@ def test_exchange_groups_are_part_of_the_configuration():
         a.set_exchanges([1, -1, 1])
     with pytest.raises(TypeError):
         a.set_exchanges([1, 1.5, 1])
+    with pytest.raises(ValueError, match="run_bytes"):
+        a.set_exchanges([1, 1, 2], run_bytes=-1)
+    a.set_exchanges([1, 1, 2], run_bytes=None)  # runs without a cap (gcomp_mpi's bucket_bytes 0)
     a.set_exchanges(None)
 
 

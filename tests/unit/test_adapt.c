@@ -801,12 +801,12 @@ static void test_bandwidth(void) {
 
 /* One decision of the bandwidth controller on a 10 ms link with the tensors grouped as
  * `groups` (NULL: a message a tensor); every candidate's predicted step into pred[]. */
-static void predict_grouped(const unsigned *groups, double *pred, size_t *K) {
+static void predict_grouped(const unsigned *groups, size_t run_bytes, double *pred, size_t *K) {
     gcomp_adapt *a;
     gcomp_error e = {0};
     CHECK_OK(make(&a, "adapt:bandwidth;interval=1;measure=1", 0, &e));
     if (!a) return;
-    CHECK_OK(gcomp_adapt_set_exchanges(a, groups, groups ? NMLP : 0, &e));
+    CHECK_OK(gcomp_adapt_set_exchanges(a, groups, groups ? NMLP : 0, run_bytes, &e));
     float *g = calloc(256 * 256, sizeof(float));
     for (size_t k = 0; k < 256 * 256; k++) g[k] = (float)((k * 2654435761u) % 1000) - 500;
     for (size_t i = 0; i < NMLP; i++) CHECK_OK(gcomp_adapt_observe(a, i, g, NULL));
@@ -839,8 +839,8 @@ static void test_bandwidth_exchanges(void) {
     static const unsigned one[NMLP] = {1, 1, 1, 1, 1, 1}, pairs[NMLP] = {2, 2, 1, 1, 1, 1};
     double alone[8], fused[8], split[8], again[8];
     size_t K = 0, K2 = 0;
-    predict_grouped(NULL, alone, &K);
-    predict_grouped(one, fused, &K2);
+    predict_grouped(NULL, 0, alone, &K);
+    predict_grouped(one, 0, fused, &K2);
     CHECK_EQ_INT(K, 4);
     CHECK_EQ_INT(K2, K);
     for (size_t j = 0; j < K && j < 8; j++)
@@ -849,23 +849,37 @@ static void test_bandwidth_exchanges(void) {
     for (size_t j = 1; j < K && j < 8; j++) /* PowerSGD and the two top-k candidates */
         CHECK_MSG(alone[j] - fused[j] > 0.1 - 1e-3 && alone[j] - fused[j] < 0.1 + 1e-3,
                   "candidate %zu saves %g s", j, alone[j] - fused[j]);
-    predict_grouped(pairs, split, &K2); /* fc1's two alone in their group: 4 latencies saved */
+    predict_grouped(pairs, 0, split, &K2); /* fc1's two alone in their group: 4 latencies saved */
     for (size_t j = 1; j < K && j < 8; j++)
         CHECK_MSG(alone[j] - split[j] > 0.04 - 1e-3 && alone[j] - split[j] < 0.04 + 1e-3,
                   "candidate %zu saves %g s", j, alone[j] - split[j]);
-    predict_grouped(NULL, again, &K2);
+    predict_grouped(NULL, 0, again, &K2);
     for (size_t j = 0; j < K && j < 8; j++) /* (each run measures its codecs: 1e-4 apart) */
         CHECK_MSG(fabs(alone[j] - again[j]) < 1e-3, "%zu: %g, then %g", j, alone[j], again[j]);
+    /* As a gcomp_mpi bucket sends (run_bytes > 0): only consecutive tensors of one strategy
+     * and spec, in backward order.  For the compressed candidates that is fc3.bias, fc3.weight
+     * (under min_elements: dense) and fc2.bias, one allreduce instead of three (4
+     * latencies); fc2.weight, fc1.bias and fc1.weight alternate and go alone, PowerSGD's
+     * always.  A cap of 10,280 bytes (fc3's two) cuts fc2.bias off: 2 latencies. */
+    double runs[8], capped[8];
+    predict_grouped(one, SIZE_MAX, runs, &K2);
+    predict_grouped(one, 4 * (10 + 2560), capped, &K2);
+    for (size_t j = 1; j < K && j < 8; j++) {
+        CHECK_MSG(fabs(alone[j] - runs[j] - 0.04) < 1e-3, "runs: candidate %zu saves %g s", j,
+                  alone[j] - runs[j]);
+        CHECK_MSG(fabs(alone[j] - capped[j] - 0.02) < 1e-3, "capped: candidate %zu saves %g s", j,
+                  alone[j] - capped[j]);
+    }
 
     gcomp_adapt *a, *b;
     gcomp_error e = {0};
     CHECK_OK(make(&a, "adapt:bandwidth;interval=1", 0, &e));
     CHECK_OK(make(&b, "adapt:bandwidth;interval=1", 0, &e));
     if (!a || !b) return;
-    CHECK_EQ_INT(gcomp_adapt_set_exchanges(a, one, NMLP - 1, &e), GCOMP_E_ARG);
+    CHECK_EQ_INT(gcomp_adapt_set_exchanges(a, one, NMLP - 1, 0, &e), GCOMP_E_ARG);
     CHECK_MSG(strstr(e.message, "5 groups for 6 tensors"), "%s", e.message);
-    CHECK_EQ_INT(gcomp_adapt_set_exchanges(NULL, one, NMLP, &e), GCOMP_E_ARG);
-    CHECK_OK(gcomp_adapt_set_exchanges(a, one, NMLP, &e));
+    CHECK_EQ_INT(gcomp_adapt_set_exchanges(NULL, one, NMLP, 0, &e), GCOMP_E_ARG);
+    CHECK_OK(gcomp_adapt_set_exchanges(a, one, NMLP, 0, &e));
     size_t len = gcomp_adapt_stats_size(a), got;
     double *all = calloc(2 * len, sizeof(double));
     gcomp_adapt *r[2] = {a, b};
@@ -876,8 +890,16 @@ static void test_bandwidth_exchanges(void) {
     }
     for (int k = 0; k < 2; k++)
         CHECK_EQ_INT(gcomp_adapt_decide(r[k], all, len, 2, NULL, &e), GCOMP_E_MISMATCH);
+    /* the same groups with another run_bytes: another configuration */
+    CHECK_OK(gcomp_adapt_set_exchanges(b, one, NMLP, SIZE_MAX, &e));
+    for (int k = 0; k < 2; k++) {
+        gcomp_adapt_end_step(r[k], NULL);
+        CHECK_OK(gcomp_adapt_stats(r[k], all + k * len, len, &got));
+    }
+    for (int k = 0; k < 2; k++)
+        CHECK_EQ_INT(gcomp_adapt_decide(r[k], all, len, 2, NULL, &e), GCOMP_E_MISMATCH);
     /* the same groups on both: one decision */
-    CHECK_OK(gcomp_adapt_set_exchanges(b, one, NMLP, &e));
+    CHECK_OK(gcomp_adapt_set_exchanges(b, one, NMLP, 0, &e));
     for (int k = 0; k < 2; k++) {
         gcomp_adapt_end_step(r[k], NULL);
         CHECK_OK(gcomp_adapt_stats(r[k], all + k * len, len, &got));

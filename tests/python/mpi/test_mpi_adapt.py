@@ -444,6 +444,35 @@ def test_released_momentum_tail_pays_what_it_owes(nesterov):
 
 
 @needs_torch
+def test_optimizer_gives_its_buckets_to_the_controllers():
+    # The controllers price the optimizer's buckets as the library sends them: each
+    # parameter's bucket as its group, runs capped at the sub-bucket size.  Checked through
+    # the configuration fingerprint (statistics words 1-2) against a fresh controller told
+    # the same, and one told nothing; 4 KiB buckets cut the model in several.
+    method = "adapt:bandwidth;min_elements=64;interval=2"
+    model = make_model()
+    opt = wrap(model, method, bucket_bytes=4096, pipeline_bytes=8192, probe_bytes=0)
+    plan = opt._gc_params
+    groups = [e.bucket.index + 1 for e in plan]
+    assert len(set(groups)) > 1
+    tensors = [(e.key, tuple(e.shape)) for e in plan]
+
+    def fingerprint(ad):
+        return ad.stats()[1:3].tolist()
+
+    def fresh(**given):
+        ad = gradcomp.Adapt(method, tensors, workers=SIZE, min_elements=1024)
+        if given:
+            ad.set_exchanges(**given)
+        return fingerprint(ad)
+
+    mine = fingerprint(opt.adapt)
+    assert mine == fresh(groups=groups, run_bytes=8192)
+    assert mine != fresh() and mine != fresh(groups=groups, run_bytes=0)
+    opt.close()
+
+
+@needs_torch
 def test_optimizer_feeds_link_compute_and_metric():
     # bandwidth: the link probe at each decision and the measured compute reach the
     # controllers; whatever they choose (dense included), every rank runs the same
