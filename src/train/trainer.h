@@ -57,9 +57,10 @@ typedef struct gtrain_config {
     /* The cost model's prediction beside the measured step (gradcomp.h, "Cost model"):
      * codec rates and the network from `calibration` (may be NULL: no prediction unless
      * link_bps is given), the inter-node link `link_bps` bits/s of Ethernet (0: the
-     * calibration's measured one). */
+     * calibration's measured one) with `link_delay_s` of one-way delay on top of the
+     * calibration's latency (netsim's --delay-us). */
     const gcomp_cost_calibration *calibration;
-    double link_bps;
+    double link_bps, link_delay_s;
     gtrain_outer_cfg outer; /* local SGD / DiLoCo (outer.local_steps > 0); a method's own
                                items (local_steps=, outer=, ...) override it */
     /* Accuracy-driven adaptive methods: a reference run's evaluations, whose curve (shifted

@@ -212,3 +212,22 @@ if not pol.startswith("policy:spec=dgc:density=0.01,min_k=512,") or ";min_elemen
 print("train_mpi sensitivity: %d passed, %d failed" % (0 if bad else 1, bad))
 sys.exit(1 if bad else 0)
 PYEOF
+
+# The prediction beside the measured step takes the shaped link's delay (netsim's
+# --delay-us, which `gradcomp train --link` hands its ranks as GCOMP_TRAIN_DELAY_US): a
+# dense step of 6 tensors on 2 ranks pays 2 latencies a tensor, so 20 ms more a latency
+# predicts 0.24 s more a step (less the difference of the two runs' measured compute).
+for d in 0 20000; do
+    timeout 300 mpirun -np 2 -x GCOMP_TRAIN_LINK=100mbit -x GCOMP_TRAIN_DELAY_US=$d "$G" train \
+        --data synthetic --model mlp --hidden 256,128 --epochs 1 --batch 32 --evals 1 \
+        --max-steps 10 --quiet --compare dense --out delay$d > delay$d.log 2>&1 ||
+        { cat delay$d.log; echo "FAIL: gradcomp train with GCOMP_TRAIN_DELAY_US=$d"; exit 1; }
+done
+"$PY" - <<'PYEOF' || exit 1
+import json, sys
+p = [json.load(open("delay%d/results.json" % d))["methods"][0]["predicted_step_ms"] for d in (0, 20000)]
+ok = p[1] - p[0] >= 200
+print("train_mpi delay: predicted %.1f ms without, %.1f ms with 20 ms each way: %s"
+      % (p[0], p[1], "passed" if ok else "FAILED"))
+sys.exit(0 if ok else 1)
+PYEOF

@@ -423,6 +423,11 @@ static int relaunch(int argc, char **argv, const opts *o) {
         snprintf(linkvar, sizeof linkvar, "GCOMP_TRAIN_LINK=%s", o->link);
         av[n++] = "-x";
         av[n++] = linkvar;
+        static char delayvar[64]; /* and predict with its delay */
+        snprintf(delayvar, sizeof delayvar, "GCOMP_TRAIN_DELAY_US=%s",
+                 o->delay_us ? o->delay_us : "0");
+        av[n++] = "-x";
+        av[n++] = delayvar;
         av[n++] = "--";
     } else {
         av[n++] = "mpirun";
@@ -978,6 +983,9 @@ int cmd_train(int argc, char **argv) {
     }
     o.cfg.calibration = cal;
     o.cfg.link_bps = o.link && strcmp(o.link, "none") ? cli_parse_rate(o.link) : 0;
+    const char *delay = getenv("GCOMP_TRAIN_DELAY_US"); /* set by the netsim launch above */
+    o.cfg.link_delay_s = o.cfg.link_bps > 0 && delay ? strtod(delay, NULL) * 1e-6 : 0;
+    if (!(o.cfg.link_delay_s >= 0 && o.cfg.link_delay_s < 10)) o.cfg.link_delay_s = 0;
 
     if (o.sensitivity) {
         rc = train_sensitivity(&o.cfg, o.sensitivity, o.threshold_pp, &train, &test, o.out,
