@@ -1007,13 +1007,14 @@ def _hook(state, bucket):
     entries = [state._entry(p, g) for p, g in zip(params, grads)]
     if state.check_specs and len(state._entries) != nseen:
         state._check(entries, group)
-    if ad is not None:  # DDP's bucket of each tensor, for the bandwidth controller
+    if ad is not None:
+        # DDP's bucket of each tensor, for the bandwidth controller
         if bucket.index() == 0 or state._layout is None:
             state._layout = [0] * len(ad)
         for e in entries:
             if e.tensor_index is not None:
                 state._layout[e.tensor_index] = bucket.index() + 1
-    if ad is not None:  # what the controllers see: each gradient and what is held back
+        # what the controllers see: each gradient and what is held back
         t_obs = time.perf_counter_ns()
         for e, g in zip(entries, grads):
             if e.adapt_index is None:

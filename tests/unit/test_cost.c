@@ -190,6 +190,17 @@ static void test_overlap(void) {
     gcomp_cost_calibration_free(cal);
 }
 
+/* Creates the model of t[0..count) on 2 ranks (2 nodes), evaluates it into *r and per (may
+ * be NULL), frees it. */
+static void eval2(const gcomp_cost_tensor *t, size_t count, const gcomp_cost_calibration *cal,
+                  const gcomp_cost_net *net, const gcomp_cost_compute *c, gcomp_cost_result *r,
+                  gcomp_cost_tensor_result *per) {
+    gcomp_cost_model *m;
+    CHECK_OK(gcomp_cost_model_create(&m, t, count, 2, 2, cal, NULL));
+    CHECK_OK(gcomp_cost_eval(m, net, c, r, per));
+    gcomp_cost_model_free(m);
+}
+
 /* The setting of test_overlap (backward 1 s, forward 0.25, optimizer 0.1, a 0.4 s transfer
  * a tensor) with the backward spread by work and the two tensors in one bucket. */
 static void test_work_and_buckets(void) {
@@ -213,45 +224,34 @@ static void test_work_and_buckets(void) {
     /* Work 1 and 3: b (last layer) is final after 0.75 s of backward, at 1.0, on the wire
      * until 1.4; a is final at 1.25 and waits for the link: done 1.8, step 1.9.  By elements
      * (test_overlap) the step is 1.75. */
-    CHECK_OK(gcomp_cost_model_create(&m, t, 2, 2, 2, cal, NULL));
-    CHECK_OK(gcomp_cost_eval(m, &net, &c, &r, tr));
+    eval2(t, 2, cal, &net, &c, &r, tr);
     CHECK_MSG(rel(tr[1].ready_s, 1.0) < 1e-12, "%.17g", tr[1].ready_s);
     CHECK_MSG(rel(r.step_s, 1.9) < 1e-12, "%.17g", r.step_s);
-    gcomp_cost_model_free(m);
     /* A tensor of work 0 is final with the one before it in backward order: c at 0.25. */
     gcomp_cost_tensor_result tr3[3];
-    CHECK_OK(gcomp_cost_model_create(&m, t, 3, 2, 2, cal, NULL));
-    CHECK_OK(gcomp_cost_eval(m, &net, &c, &r, tr3));
+    eval2(t, 3, cal, &net, &c, &r, tr3);
     CHECK_MSG(rel(tr3[2].ready_s, 0.25) < 1e-12, "%.17g", tr3[2].ready_s);
-    gcomp_cost_model_free(m);
     /* One bucket: one message of 2n, carried by a and sent once a is final (1.25): 0.8 s on
      * the wire, step 2.15; with a latency the bucket pays it once, the pair twice. */
     t[0].bucket = t[1].bucket = 7;
     net.inter.latency = 0.01;
-    CHECK_OK(gcomp_cost_model_create(&m, t, 2, 2, 2, cal, NULL));
-    CHECK_OK(gcomp_cost_eval(m, &net, &c, &r, tr));
+    eval2(t, 2, cal, &net, &c, &r, tr);
     CHECK(tr[0].bytes_sent == 8.0 * (double)n && tr[1].bytes_sent == 0);
     CHECK(r.bytes_sent == 8.0 * (double)n);
     CHECK_MSG(rel(r.comm_s, 0.8 + 2 * 0.01) < 1e-12, "%.17g", r.comm_s);
     CHECK_MSG(rel(r.step_s, 2.15 + 2 * 0.01) < 1e-12, "%.17g", r.step_s);
-    gcomp_cost_model_free(m);
     t[0].bucket = t[1].bucket = 0;
-    CHECK_OK(gcomp_cost_model_create(&m, t, 2, 2, 2, cal, NULL));
-    CHECK_OK(gcomp_cost_eval(m, &net, &c, &r, NULL));
+    eval2(t, 2, cal, &net, &c, &r, NULL);
     CHECK_MSG(rel(r.comm_s, 0.8 + 4 * 0.01) < 1e-12, "%.17g", r.comm_s);
-    gcomp_cost_model_free(m);
 
     /* A bucket need not be adjacent: c (work 0) is final at 0.25 but travels with a, once a
      * is final (1.25).  b goes alone first, 1.0 to 1.42 (0.4 s and two ring latencies of
      * 0.01); a+c then wait for the link: 1.42 to 2.24; step 2.34. */
     t[0].bucket = t[2].bucket = 1;
-    net.inter.latency = 0.01;
-    CHECK_OK(gcomp_cost_model_create(&m, t, 3, 2, 2, cal, NULL));
-    CHECK_OK(gcomp_cost_eval(m, &net, &c, &r, tr3));
+    eval2(t, 3, cal, &net, &c, &r, tr3);
     CHECK(tr3[0].bytes_sent == 8.0 * (double)n && tr3[2].bytes_sent == 0);
     CHECK_MSG(rel(r.comm_s, 1.2 + 4 * 0.01) < 1e-12, "%.17g", r.comm_s);
     CHECK_MSG(rel(r.step_s, 2.34) < 1e-12, "%.17g", r.step_s);
-    gcomp_cost_model_free(m);
     t[0].bucket = t[2].bucket = 0;
     net.inter.latency = 0;
 
