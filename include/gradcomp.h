@@ -660,6 +660,11 @@ typedef enum gcomp_cost_strategy {
 
 /** Or'ed into a strategy: dense reduce inside each node, the strategy between nodes. */
 #define GCOMP_COST_HIERARCHICAL 0x100
+/** Or'ed into GCOMP_COST_ALLGATHER: the length table travels in front of the messages, each
+ *  rank's buffer padded to its bound (gcomp_spec_bytes_estimate), so the exchange is one
+ *  allgather, not the lengths and then the messages: how the DDP hook sends messages of a
+ *  fixed size (gradcomp.torch).  The same bytes, half the latencies. */
+#define GCOMP_COST_ONE_EXCHANGE 0x200
 
 /** Version of the calibration text format gcomp_cost_calibration_format writes (2: codec
  *  lines may carry elements=; version 1 files are read). */
@@ -804,8 +809,9 @@ typedef struct gcomp_cost_tensor {
     const char *spec;  /**< the method for this tensor ("none" for dense f32); copied */
     size_t n;          /**< elements */
     size_t rows, cols; /**< matrix shape, or 0 x 0 */
-    int strategy;      /**< a gcomp_cost_strategy, optionally | GCOMP_COST_HIERARCHICAL;
-                            never 0 (auto): gcomp_mpi_strategy_auto gives it */
+    int strategy;      /**< a gcomp_cost_strategy, optionally | GCOMP_COST_HIERARCHICAL
+                            (allgather also | GCOMP_COST_ONE_EXCHANGE); never 0 (auto):
+                            gcomp_mpi_strategy_auto gives it */
     double work;       /**< >= 0: the backward work between the previous tensor's gradient
                             and this one's, relative to the other tensors' (e.g. the layer's
                             multiply-adds a sample).  0 on every tensor: the elements, right
@@ -814,11 +820,15 @@ typedef struct gcomp_cost_tensor {
                             travel in one exchange (Horovod's tensor fusion, DDP's buckets,
                             gcomp_mpi's sub-buckets) once all of them are final, i.e. with the
                             first of them in the list, which carries the bucket's bytes and
-                            codec time; they need not be adjacent.  They share a strategy:
-                            allreduce sums them as one vector (one spec; PowerSGD's: each
-                            round's factors of them all in one allreduce, as the DDP hook
-                            sends them, a tensor it sends dense riding in the first),
-                            allgather sends their messages back to back (specs may differ) */
+                            codec time; they need not be adjacent.  Allreduce sums the
+                            members of one spec as one vector (PowerSGD's: each round's
+                            factors of them all in one allreduce, as the DDP hook sends them,
+                            a tensor it sends dense riding in the first); allgather sends its
+                            members' messages back to back (specs may differ).  Members of
+                            different strategies or allreduce specs make one exchange each,
+                            all started together and sharing the link (as the DDP hook runs a
+                            bucket's all_reduce beside its all_gather): their latencies
+                            overlap, their bytes add up */
 } gcomp_cost_tensor;
 
 /** A model: tensors in forward order, their message sizes and codec rates.  Opaque. */
@@ -834,7 +844,7 @@ typedef struct gcomp_cost_model gcomp_cost_model;
  * nodes (hierarchical), so `workers` and `nodes` (1..workers) are fixed here; gcomp_cost_eval takes
  * the links.  `cal` is not kept. Returns GCOMP_OK; GCOMP_E_ARG (count 0, n 0, a shape that does not
  * hold n, strategy 0 or unknown, workers < 1, nodes outside 1..workers, work negative or not
- * finite; a bucket that mixes strategies, mixes specs under allreduce, has a strategy other
+ * finite; ONE_EXCHANGE on a strategy other than allgather; a bucket with a strategy other
  * than allreduce and allgather, or transfers that do not line up: *err names the tensor); the
  * spec's status (GCOMP_E_SPEC, GCOMP_E_UNKNOWN_CODEC, GCOMP_E_LIMIT); GCOMP_E_UNSUPPORTED
  * (allreduce for a codec that does not sum linearly); GCOMP_E_NOMEM.  On failure *out is NULL.
@@ -1134,11 +1144,11 @@ GCOMP_API gcomp_status gcomp_adapt_set_course(gcomp_adapt *a, const double *prog
  * sent alone; `count` must be the tensor count.  With run_bytes 0, inside a group the
  * tensors an allreduce sums with one spec are predicted as one vector (PowerSGD's: one
  * allreduce of their factors a round) and the gathered ones as one allgather, wherever they
- * sit (the latency paid once, gcomp_cost_tensor.bucket): how the DDP hook sends a DDP
- * bucket.  With run_bytes > 0, as a gcomp_mpi bucket sends (its sub-buckets): only
- * consecutive tensors of one strategy and spec travel together, in backward order (from the
- * end of the list), each run cut before a tensor that would take it past run_bytes of f32
- * gradient (SIZE_MAX: no cap, a bucket_bytes of 0), PowerSGD's a tensor at a time.  NULL
+ * sit (the latency paid once), these exchanges started together (gcomp_cost_tensor.bucket):
+ * how the DDP hook sends a DDP bucket.  With run_bytes > 0, as a gcomp_mpi bucket sends (its
+ * sub-buckets): only consecutive tensors of one strategy and spec travel together, in backward
+ * order (from the end of the list), each run cut before a tensor that would take it past run_bytes
+ * of f32 gradient (SIZE_MAX: no cap, a bucket_bytes of 0), PowerSGD's a tensor at a time.  NULL
  * goes back to a message a tensor (the default, as the trainer sends them).  The groups and
  * run_bytes enter the configuration fingerprint: every rank must give the same ones, else
  * the next decide is GCOMP_E_MISMATCH on every rank.  They are not part of the saved state

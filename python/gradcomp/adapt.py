@@ -231,7 +231,8 @@ class Adapt:
         predictions: groups[i] is tensor i's exchange group, 0 for a tensor sent alone; None
         goes back to a message a tensor.  run_bytes 0 (the DDP hook, which gives DDP's
         buckets): inside a group the tensors summed with one spec are predicted as one
-        allreduce and the gathered ones as one allgather, wherever they sit.  run_bytes > 0
+        allreduce and the gathered ones as one allgather, wherever they sit, these
+        exchanges side by side on the link.  run_bytes > 0
         (gcomp_mpi buckets, which DistributedOptimizer gives): only consecutive tensors of
         one strategy and spec, in backward order, runs of at most run_bytes of f32 gradient
         (gradcomp.mpi's bucket_bytes; None for no cap).  Give the same on every rank (they

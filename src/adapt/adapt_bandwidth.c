@@ -123,10 +123,11 @@ static bool travel_together(const gcomp_cost_tensor *x, const gcomp_cost_tensor 
 
 /* The caller's exchange groups (gcomp_adapt_set_exchanges) as the cost model's buckets for
  * the specs of one candidate.
- *   run_bytes 0 (the DDP hook's buckets): inside a group, the tensors an allreduce sums with
- *     one spec travel as one vector (PowerSGD's: each round's factors in one allreduce) and
- *     the gathered ones as one allgather, wherever they sit.  (The hook also lets the dense
- *     tensors ride in PowerSGD's first allreduce: here they are a message of their own.)
+ *   run_bytes 0 (the DDP hook's buckets): a group is one bucket of the model.  The tensors
+ *     an allreduce sums with one spec travel as one vector (PowerSGD's: each round's
+ *     factors in one allreduce), the gathered ones as one allgather, wherever they sit, and
+ *     these exchanges start together, as the hook runs them.  (The hook also lets the dense
+ *     tensors ride in PowerSGD's first allreduce: here they are an exchange beside it.)
  *   run_bytes > 0 (gcomp_mpi's buckets, gm_groups_plan): only consecutive tensors of one
  *     strategy and spec, in the bucket's order (backward, from the end of the list), cut
  *     before a tensor that would take the run past run_bytes of f32 gradient; PowerSGD's
@@ -162,8 +163,7 @@ static void exchange_buckets(const gcomp_adapt *a, gcomp_cost_tensor *ct) {
         if (ct[i].bucket || !fusable(a, &ct[i], i, false)) continue;
         ct[i].bucket = next;
         for (size_t j = i + 1; j < a->nt; j++)
-            if (!ct[j].bucket && a->exchange[j] == a->exchange[i] &&
-                travel_together(&ct[i], &ct[j]))
+            if (!ct[j].bucket && a->exchange[j] == a->exchange[i] && fusable(a, &ct[j], j, false))
                 ct[j].bucket = next;
         next++;
     }

@@ -69,43 +69,54 @@ gcomp_status gcomp__cost_check_net(const gcomp_cost_net *net, int workers, int n
  *             leaves through the NIC, which the L ranks of a node share
  *  intra      inside a node only
  */
-static double phase_time(const cost_phase *ph, const gcomp_cost_net *net, int L) {
+static void phase_time(const cost_phase *ph, const gcomp_cost_net *net, int L, double *lat,
+                       double *wire) {
     const gcomp_cost_link *in = &net->inter, *sh = &net->intra;
     double g = ph->group;
+    bool inside = ph->kind == PH_INTRA || (ph->kind != PH_PS && L > 1 && g <= L);
+    *lat = ph->steps * (inside ? sh->latency : in->latency);
     switch (ph->kind) {
     case PH_INTRA:
-        return ph->steps * sh->latency + ph->bytes / sh->bandwidth;
+        *wire = ph->bytes / sh->bandwidth;
+        return;
     case PH_RING:
-        if (L <= 1) return ph->steps * in->latency + ph->bytes / in->bandwidth;
-        if (g <= L) return ph->steps * sh->latency + ph->bytes / sh->bandwidth;
-        return ph->steps * in->latency + ph->bytes / fmin(in->bandwidth, sh->bandwidth);
+        *wire = ph->bytes / (L <= 1   ? in->bandwidth
+                             : inside ? sh->bandwidth
+                                      : fmin(in->bandwidth, sh->bandwidth));
+        return;
     case PH_SPREAD:
     default: {
-        if (L <= 1) return ph->steps * in->latency + ph->bytes / in->bandwidth;
-        if (g <= L) return ph->steps * sh->latency + ph->bytes / sh->bandwidth;
+        if (L <= 1 || inside) {
+            *wire = ph->bytes / (inside ? sh->bandwidth : in->bandwidth);
+            return;
+        }
         double off = (g - L) / (g - 1), on = (L - 1) / (g - 1);
-        double t_in = L * ph->bytes * off / in->bandwidth, t_sh = ph->bytes * on / sh->bandwidth;
-        return ph->steps * in->latency + fmax(t_in, t_sh);
+        *wire = fmax(L * ph->bytes * off / in->bandwidth, ph->bytes * on / sh->bandwidth);
+        return;
     }
     case PH_PS: {
         /* Push to S servers and pull back: the worker's NIC carries its own bytes, each
          * server's NIC those of all workers divided over the S servers. */
         double S = net->servers > 0 ? net->servers : net->nodes;
-        double worker = ph->bytes / in->bandwidth;
-        double server = ph->server_bytes * g / S / in->bandwidth;
-        return ph->steps * in->latency + fmax(worker, server);
+        *wire = fmax(ph->bytes / in->bandwidth, ph->server_bytes * g / S / in->bandwidth);
+        return;
     }
     }
 }
 
+/* A carrier's time on the link: each lane pays its phases' latencies one after another,
+ * the lanes side by side; the bytes of every lane share the link. */
 static double tensor_comm(const cost_tensor *t, const gcomp_cost_net *net, int per_node) {
-    double s = 0;
+    double lat[COST_MAX_PHASES] = {0}, wire = 0, slowest = 0;
     for (int k = 0; k < t->nphase; k++) {
         const cost_phase *ph = &t->phase[k];
-        int L = ph->leaders ? 1 : per_node;
-        s += phase_time(ph, net, L);
+        double l, w;
+        phase_time(ph, net, ph->leaders ? 1 : per_node, &l, &w);
+        lat[ph->lane] += l;
+        wire += w;
     }
-    return s;
+    for (int k = 0; k < t->nphase; k++) slowest = fmax(slowest, lat[k]);
+    return slowest + wire;
 }
 
 /* Work left after `start` when `work` seconds of transfer must be done, moving at rate

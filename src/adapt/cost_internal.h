@@ -17,6 +17,8 @@ enum { PH_RING = 0, PH_SPREAD = 1, PH_INTRA = 2, PH_PS = 3 };
 typedef struct cost_phase {
     unsigned char kind;
     unsigned char leaders; /* runs between node leaders only (hierarchical) */
+    unsigned char lane;    /* exchanges started together (a bucket's): each lane's phases run
+                              one after another, the lanes side by side on the same link */
     int group;             /* ranks taking part */
     double bytes;          /* bytes this rank sends in it */
     double steps;          /* message latencies it pays, one after the other */

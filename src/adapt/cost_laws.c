@@ -18,6 +18,8 @@
  *              words; MPI_Iallreduce, as above), or a dense allreduce on the dense steps the
  *              codec takes
  *   allgather  8(G-1) + (G-1) m                                  (grows with G)
+ *              in two exchanges (the lengths, then the messages), or one with
+ *              GCOMP_COST_ONE_EXCHANGE (the lengths in front, padded to the bound m)
  *   sparse     16(G-1) + (G-1) s + (G-1) o, s a region's slice: k/G (gap varint, value)
  *              pairs, or the region dense once that is smaller (the fill-in), o the
  *              owner's message of a region (Renggli et al. 2019; Li & Hoefler 2022)
@@ -189,8 +191,12 @@ static gcomp_status law_allgather(cost_tensor *ct, const law_in *in) {
     ct->message_bytes = in->m;
     if (G > 1) {
         ct->bytes_sent += 8.0 * (G - 1) + (G - 1) * in->m;
-        add_phase(ct, PH_SPREAD, G, 8.0 * (G - 1), log2up(G), in->leaders);
-        add_phase(ct, PH_SPREAD, G, (G - 1) * in->m, log2up(G), in->leaders);
+        if (in->t->strategy & GCOMP_COST_ONE_EXCHANGE) {
+            add_phase(ct, PH_SPREAD, G, (G - 1) * (8.0 + in->m), log2up(G), in->leaders);
+        } else {
+            add_phase(ct, PH_SPREAD, G, 8.0 * (G - 1), log2up(G), in->leaders);
+            add_phase(ct, PH_SPREAD, G, (G - 1) * in->m, log2up(G), in->leaders);
+        }
     }
     ct->encode_s = enc(in, n);
     /* Decode-add of the G messages into the output, which the strategy zeroes first (a
@@ -291,8 +297,9 @@ static const struct {
 };
 
 static bool known_strategy(int s) {
-    int base = s & ~GCOMP_COST_HIERARCHICAL;
-    if (s & ~(GCOMP_COST_HIERARCHICAL | 0xff)) return false;
+    int base = s & 0xff;
+    if (s & ~(GCOMP_COST_HIERARCHICAL | GCOMP_COST_ONE_EXCHANGE | 0xff)) return false;
+    if ((s & GCOMP_COST_ONE_EXCHANGE) && base != GCOMP_COST_ALLGATHER) return false;
     for (size_t i = 0; i < sizeof laws / sizeof laws[0]; i++)
         if (laws[i].id == base) return true;
     return false;
@@ -316,7 +323,8 @@ static gcomp_status build_tensor(cost_tensor *ct, const gcomp_cost_tensor *t, si
             err, GCOMP_E_ARG,
             "cost model: tensor '%s': strategy %d is not one of allgather (1), "
             "sparse (2), allreduce (3), rsag (4), ps (5), ps-compressed (6), optionally | "
-            "hierarchical (0x100); auto (0) must be resolved first "
+            "hierarchical (0x100), allgather also | one-exchange (0x200); auto (0) must be "
+            "resolved first "
             "(gcomp_mpi_strategy_auto)",
             ct->name, t->strategy);
     ct->n = t->n;
@@ -439,8 +447,9 @@ static gcomp_status sum_members(cost_tensor *t, const gcomp_cost_tensor *in, con
     return GCOMP_OK;
 }
 
-/* Tensors at[0..cnt) (ascending) share a bucket id: they travel as one exchange, carried by
- * at[0], the last of them to become final (backward runs from the end of the list).
+/* Tensors at[0..cnt) (ascending) of one bucket and one exchange (one strategy; under
+ * allreduce one spec) travel together, carried by at[0], the last of them to become final
+ * (backward runs from the end of the list).
  *   allreduce  one vector of all their elements, so they must share the spec: the law of
  *              the whole;
  *   powersgd   (allreduce of a multi-phase spec, one spec) each round's factors of all of
@@ -448,33 +457,18 @@ static gcomp_status sum_members(cost_tensor *t, const gcomp_cost_tensor *in, con
  *   allgather  their messages back to back in one allgather, the length table in front
  *              (gcomp_mpi's sub-buckets, the DDP hook's gather path), so specs may differ.
  * The last two: the members' bytes and codec times add up, the latencies are paid once. */
-static gcomp_status fuse_bucket(cost_tensor *t, const gcomp_cost_tensor *in, const size_t *at,
-                                size_t cnt, int P, int nodes, const gcomp_cost_calibration *cal,
-                                gcomp_error *err) {
+static gcomp_status fuse_exchange(cost_tensor *t, const gcomp_cost_tensor *in, const size_t *at,
+                                  size_t cnt, int P, int nodes, const gcomp_cost_calibration *cal,
+                                  gcomp_error *err) {
     size_t i = at[0], n = 0;
-    int base = in[i].strategy & 0xff;
-    char first[GCOMP__SPEC_MAX], other[GCOMP__SPEC_MAX];
-    if (gcomp_spec_canonical(in[i].spec, first, sizeof first, NULL, NULL) != GCOMP_OK)
-        first[0] = 0; /* build_tensor has accepted it: not reached */
-    for (size_t k = 0; k < cnt; k++) {
-        size_t j = at[k];
-        bool same_spec =
-            gcomp_spec_canonical(in[j].spec, other, sizeof other, NULL, NULL) == GCOMP_OK &&
-            !strcmp(other, first);
-        if (in[j].strategy != in[i].strategy || (base != GCOMP_COST_ALLGATHER && !same_spec))
-            return gcomp__fail(err, GCOMP_E_ARG,
-                               "cost model: tensor '%s': bucket %u mixes '%s' (%d) with '%s' (%d)",
-                               t[j].name, in[i].bucket, in[i].spec, in[i].strategy, in[j].spec,
-                               in[j].strategy);
-        n += in[j].n;
-    }
-    if (base == GCOMP_COST_ALLGATHER) return sum_members(t, in, at, cnt, err);
+    for (size_t k = 0; k < cnt; k++) n += in[at[k]].n;
+    if ((in[i].strategy & 0xff) == GCOMP_COST_ALLGATHER) return sum_members(t, in, at, cnt, err);
     gcomp_spec_info info;
-    if (base != GCOMP_COST_ALLREDUCE || gcomp_spec_describe(in[i].spec, n, &info, NULL) != GCOMP_OK)
+    if (gcomp_spec_describe(in[i].spec, n, &info, NULL) != GCOMP_OK)
         return gcomp__fail(err, GCOMP_E_ARG,
-                           "cost model: tensor '%s': bucket %u: only tensors reduced by allreduce "
-                           "or gathered by allgather can share an exchange ('%s', strategy %d)",
-                           t[i].name, in[i].bucket, in[i].spec, in[i].strategy);
+                           "cost model: tensor '%s': bucket %u: '%s' for %zu "
+                           "elements",
+                           t[i].name, in[i].bucket, in[i].spec, n);
     /* PowerSGD: factors to sum, unless every member goes dense (vectors, matrices too small
      * to compress): then it is one vector, as below. */
     bool factors = false;
@@ -494,6 +488,86 @@ static gcomp_status fuse_bucket(cost_tensor *t, const gcomp_cost_tensor *in, con
     t[i] = fused;
     for (size_t k = 1; k < cnt; k++) clear_member(&t[at[k]], fused.calibrated);
     return GCOMP_OK;
+}
+
+/* Moves the carriers c[1..lanes) of a bucket's other exchanges onto c[0], each exchange's
+ * phases in a lane of its own: they start together and share the link. */
+static gcomp_status merge_lanes(cost_tensor *t, const size_t *c, size_t lanes, unsigned id,
+                                gcomp_error *err) {
+    cost_tensor *to = &t[c[0]];
+    unsigned char lane = 0;
+    for (size_t e = 1; e < lanes; e++) {
+        const cost_tensor *o = &t[c[e]];
+        if (to->nphase + o->nphase > COST_MAX_PHASES)
+            return gcomp__fail(err, GCOMP_E_ARG,
+                               "cost model: tensor '%s': bucket %u: more than %d transfers to "
+                               "price in one bucket",
+                               o->name, id, COST_MAX_PHASES);
+        if (o->nphase && to->nphase) lane++;
+        for (int p = 0; p < o->nphase; p++) {
+            to->phase[to->nphase] = o->phase[p];
+            to->phase[to->nphase++].lane = lane;
+        }
+        to->message_bytes += o->message_bytes;
+        to->bytes_sent += o->bytes_sent;
+        to->node_bytes += o->node_bytes;
+        to->encode_s += o->encode_s;
+        to->decode_s += o->decode_s;
+        if (o->calibrated < to->calibrated) to->calibrated = o->calibrated;
+    }
+    for (size_t e = 1; e < lanes; e++) clear_member(&t[c[e]], to->calibrated);
+    return GCOMP_OK;
+}
+
+/* Tensors at[0..cnt) (ascending) share a bucket id.  Those of one strategy (and under
+ * allreduce one spec) make one exchange (fuse_exchange); a bucket's exchanges start
+ * together once the last of its members is final, and at[0] carries them all. */
+static gcomp_status fuse_bucket(cost_tensor *t, const gcomp_cost_tensor *in, const size_t *at,
+                                size_t cnt, int P, int nodes, const gcomp_cost_calibration *cal,
+                                gcomp_error *err) {
+    for (size_t k = 0; k < cnt; k++) {
+        const gcomp_cost_tensor *x = &in[at[k]];
+        int base = x->strategy & 0xff;
+        if (base != GCOMP_COST_ALLREDUCE && base != GCOMP_COST_ALLGATHER)
+            return gcomp__fail(err, GCOMP_E_ARG,
+                               "cost model: tensor '%s': bucket %u: only tensors reduced by "
+                               "allreduce or gathered by allgather can share an exchange ('%s', "
+                               "strategy %d)",
+                               t[at[k]].name, x->bucket, x->spec, x->strategy);
+    }
+    /* The canonical specs (build_tensor has accepted each), the exchanges' members. */
+    char *canon = gcomp__alloc(cnt * GCOMP__SPEC_MAX);
+    size_t *sub = gcomp__alloc(2 * cnt * sizeof *sub), *carrier = sub + cnt;
+    bool *taken = gcomp__calloc(cnt * sizeof *taken);
+    gcomp_status st = canon && sub && taken
+                          ? GCOMP_OK
+                          : gcomp__fail(err, GCOMP_E_NOMEM, "cost model: out of memory");
+    for (size_t k = 0; st == GCOMP_OK && k < cnt; k++)
+        if (gcomp_spec_canonical(in[at[k]].spec, canon + k * GCOMP__SPEC_MAX, GCOMP__SPEC_MAX, NULL,
+                                 NULL) != GCOMP_OK)
+            canon[k * GCOMP__SPEC_MAX] = 0;
+    size_t lanes = 0;
+    for (size_t k = 0; st == GCOMP_OK && k < cnt; k++) {
+        if (taken[k]) continue;
+        const gcomp_cost_tensor *x = &in[at[k]];
+        size_t m = 0;
+        for (size_t j = k; j < cnt; j++) {
+            const gcomp_cost_tensor *y = &in[at[j]];
+            if (taken[j] || y->strategy != x->strategy ||
+                ((x->strategy & 0xff) == GCOMP_COST_ALLREDUCE &&
+                 strcmp(canon + j * GCOMP__SPEC_MAX, canon + k * GCOMP__SPEC_MAX)))
+                continue;
+            taken[j] = true;
+            sub[m++] = at[j];
+        }
+        carrier[lanes++] = sub[0];
+        if (m > 1) st = fuse_exchange(t, in, sub, m, P, nodes, cal, err);
+    }
+    if (st == GCOMP_OK && lanes > 1) st = merge_lanes(t, carrier, lanes, in[at[0]].bucket, err);
+    gcomp__free(canon);
+    gcomp__free(sub);
+    gcomp__free(taken);
+    return st;
 }
 
 /* A tensor's bucket and place, sorted so that each bucket's members form a run, ascending. */

@@ -385,12 +385,16 @@ def test_hook_probe_bytes_checked():
 def test_adaptive_candidates_priced_by_the_hooks_routes():
     # The controllers' cost model sees each candidate as the hook sends it: plain fp32 and
     # PowerSGD's factors by all_reduce, the rest gathered -- an fp16 dense spec included,
-    # which the library's default strategy would price as an all-reduce.
+    # which the library's default strategy would price as an all-reduce.  Messages of a
+    # fixed size go in one all_gather with their lengths in front (| 0x200, one exchange);
+    # a threshold's, whose size depends on the data, after an exchange of the lengths.
     gt = pytest.importorskip("gradcomp.torch")
     route = {s: gt._hook_route_strategy(gradcomp.canonical(s))
-             for s in ("none", "powersgd:rank=4", "none:values=f16", "int8", "topk:density=0.01")}
-    assert route == {"none": 3, "powersgd:rank=4": 3, "none:values=f16": 1, "int8": 1,
-                     "topk:density=0.01": 1}
+             for s in ("none", "powersgd:rank=4", "none:values=f16", "int8", "topk:density=0.01",
+                       "dgc:density=0.001,values=f16", "threshold:tau=0.01")}
+    assert route == {"none": 3, "powersgd:rank=4": 3, "none:values=f16": 0x201, "int8": 0x201,
+                     "topk:density=0.01": 0x201, "dgc:density=0.001,values=f16": 0x201,
+                     "threshold:tau=0.01": 1}
 
 
 def test_adaptive_method_needs_the_model():
@@ -473,3 +477,15 @@ def test_tensor_list_shapes_and_macs(tmp_path):
     assert [t["n"] for t in tensors] == [36, 4, 72, 4, 2560, 10, 100, 10]
     # the last layer (no work after the loss) is final first; the first conv last
     assert tensors[-1]["ready_s"] < tensors[4]["ready_s"] < tensors[0]["ready_s"]
+
+
+def test_hook_bandwidth_overlap_default():
+    # The hook's collectives progress on gloo's threads during the backward pass: its
+    # bandwidth controller prices that (overlap 0.5) unless the method says otherwise.
+    gt = pytest.importorskip("gradcomp.torch")
+    w = gt._with_hook_overlap
+    assert w("adapt:bandwidth") == "adapt:bandwidth;overlap=0.5"
+    assert w("adapt:layers+bandwidth;base=topk:density=0.01") == \
+        "adapt:layers+bandwidth;base=topk:density=0.01;overlap=0.5"
+    assert w("adapt:bandwidth;overlap=0") == "adapt:bandwidth;overlap=0"
+    assert w("adapt:norm;interval=4") == "adapt:norm;interval=4"

@@ -255,8 +255,8 @@ static void test_work_and_buckets(void) {
     t[0].bucket = t[2].bucket = 0;
     net.inter.latency = 0;
 
-    /* Refused, naming the tensor: a bad work, a bucket that mixes specs, or holds what an
-     * allreduce does not sum as one vector. */
+    /* Refused, naming the tensor: a bad work, or a bucket whose transfers do not line up or
+     * that holds a strategy other than allreduce and allgather. */
     gcomp_error e = {0};
     t[1].work = -1;
     CHECK(gcomp_cost_model_create(&m, t, 2, 2, 2, cal, &e) == GCOMP_E_ARG && !m);
@@ -268,9 +268,6 @@ static void test_work_and_buckets(void) {
     t[1].spec = "none:values=f32"; /* the same spec as "none", written out */
     CHECK_OK(gcomp_cost_model_create(&m, t, 2, 2, 2, cal, &e));
     gcomp_cost_model_free(m);
-    t[1].spec = "none:values=f16";
-    CHECK(gcomp_cost_model_create(&m, t, 2, 2, 2, cal, &e) == GCOMP_E_ARG);
-    CHECK_MSG(strstr(e.message, "mixes"), "%s", e.message);
     /* PowerSGD tensors of one spec under one hierarchical strategy, one of them a vector the
      * codec sends dense: their transfers do not line up (the hook's buckets are flat). */
     gcomp_cost_tensor p[2] = {
@@ -286,9 +283,14 @@ static void test_work_and_buckets(void) {
     CHECK(gcomp_cost_model_create(&m, s2, 2, 2, 2, cal, &e) == GCOMP_E_ARG);
     CHECK_MSG(strstr(e.message, "'s'") && strstr(e.message, "allgather"), "%s", e.message);
     gcomp_cost_tensor mixed[2] = {{"g", "none", 4096, 0, 0, GCOMP_COST_ALLGATHER, 0, 5},
-                                  {"h", "none", 4096, 0, 0, GCOMP_COST_ALLREDUCE, 0, 5}};
+                                  {"h", "topk:density=0.01", 4096, 0, 0, GCOMP_COST_SPARSE, 0, 5}};
     CHECK(gcomp_cost_model_create(&m, mixed, 2, 2, 2, cal, &e) == GCOMP_E_ARG);
-    CHECK_MSG(strstr(e.message, "'h'") && strstr(e.message, "mixes"), "%s", e.message);
+    CHECK_MSG(strstr(e.message, "'h'") && strstr(e.message, "allgather"), "%s", e.message);
+    /* One exchange is a way to gather: refused on any other strategy. */
+    mixed[1].strategy = GCOMP_COST_ALLREDUCE | GCOMP_COST_ONE_EXCHANGE;
+    mixed[1].bucket = 0;
+    CHECK(gcomp_cost_model_create(&m, mixed + 1, 1, 2, 2, cal, &e) == GCOMP_E_ARG);
+    CHECK_MSG(strstr(e.message, "'h'") && strstr(e.message, "one-exchange"), "%s", e.message);
     gcomp_cost_calibration_free(cal);
 }
 
@@ -367,6 +369,50 @@ static void test_allgather_bucket(void) {
               alone.comm_s - fused.comm_s);
     CHECK_MSG(rel(alone.step_s - fused.step_s, 12e-3 - pa[1].decode_s - pa[2].decode_s) < 1e-9,
               "%.17g", alone.step_s - fused.step_s);
+}
+
+/* A DDP bucket as the hook sends it: its fp32 tensors in one all_reduce, PowerSGD's factors
+ * in their own, the other messages in one all_gather with the lengths in front, all three
+ * started together on one link.  2 ranks, 1 ms a latency, 1e8 B/s, overlap 0. */
+static void test_concurrent_bucket(void) {
+    gcomp_cost_tensor b[4] = {
+        {"d", "none", 4096, 0, 0, GCOMP_COST_ALLREDUCE, 0, 0},
+        {"g", "topk:density=0.01", 100000, 0, 0, GCOMP_COST_ALLGATHER | GCOMP_COST_ONE_EXCHANGE, 0,
+         0},
+        {"p", "powersgd:rank=2", 1 << 16, 256, 256, GCOMP_COST_ALLREDUCE, 0, 0},
+        {"e", "none", 1024, 0, 0, GCOMP_COST_ALLREDUCE, 0, 0}};
+    gcomp_cost_result alone, fused;
+    gcomp_cost_tensor_result pa[4], pf[4];
+    alone_and_fused(b, 4, 2, &alone, &fused, pa, pf);
+    /* The gather is one phase of one latency (log2 2), the same bytes as in two. */
+    double m = (double)est("topk:density=0.01", 100000);
+    CHECK_MSG(rel(pa[1].comm_s, 1e-3 + (8 + m) / 1e8) < 1e-12, "%.17g", pa[1].comm_s);
+    CHECK(pa[1].bytes_sent == 8 + m);
+    /* Alone: d and e 2 latencies each (binomial reduce and broadcast), g 1, p 2 x 2.  In the
+     * bucket d and e are one vector, and the lanes run side by side: PowerSGD's 4 latencies
+     * are the longest lane, every byte still crosses the link. */
+    double bytes = 0;
+    for (int i = 0; i < 4; i++) bytes += pa[i].bytes_sent;
+    CHECK(fused.bytes_sent == bytes - 24 && pf[0].bytes_sent == fused.bytes_sent); /* one check */
+    CHECK(pf[1].bytes_sent == 0 && pf[2].bytes_sent == 0 && pf[3].bytes_sent == 0);
+    CHECK(rel(fused.codec_s, alone.codec_s) < 1e-12);
+    double wire = 2 * (4.0 * (4096 + 1024) + 24) / 1e8 + (8 + m) / 1e8 +
+                  2 * (256 * 2 * 4 + 24) / 1e8 + 2 * (256 * 2 * 4 + 8) / 1e8;
+    CHECK_MSG(rel(pf[0].comm_s, 4e-3 + wire) < 1e-12, "%.17g", pf[0].comm_s);
+    CHECK_MSG(rel(alone.comm_s - fused.comm_s, (2 + 2 + 1 + 4 - 4) * 1e-3 + 2 * 24 / 1e8) < 1e-9,
+              "%.17g", alone.comm_s - fused.comm_s);
+    /* Without one exchange the gather is a lane of 2 latencies: still not the longest. */
+    b[1].strategy = GCOMP_COST_ALLGATHER;
+    gcomp_cost_result two;
+    alone_and_fused(b, 4, 2, &alone, &two, pa, pf);
+    CHECK_MSG(rel(pf[0].comm_s, 4e-3 + wire) < 1e-12, "%.17g", pf[0].comm_s);
+    CHECK_MSG(rel(pa[1].comm_s, 2e-3 + (8 + m) / 1e8) < 1e-12, "%.17g", pa[1].comm_s);
+    /* Two allreduce specs in one bucket are two vectors side by side, not one. */
+    gcomp_cost_tensor h[2] = {{"x", "none", 4096, 0, 0, GCOMP_COST_ALLREDUCE, 0, 0},
+                              {"y", "none:values=f16", 4096, 0, 0, GCOMP_COST_ALLREDUCE, 0, 0}};
+    alone_and_fused(h, 2, 2, &alone, &fused, pa, pf);
+    CHECK_MSG(rel(pf[0].comm_s, 2e-3 + (pa[0].bytes_sent + pa[1].bytes_sent) / 1e8 * 2) < 1e-12,
+              "%.17g", pf[0].comm_s);
 }
 
 /* Break-even: dense f32 ring (2 ranks: 4n bytes, free codec) against top-k by allgather
@@ -607,6 +653,7 @@ int main(void) {
     test_overlap();
     test_work_and_buckets();
     test_allgather_bucket();
+    test_concurrent_bucket();
     test_powersgd_bucket();
     test_break_even();
     test_calibration_text();
