@@ -464,11 +464,11 @@ static gcomp_status fuse_exchange(cost_tensor *t, const gcomp_cost_tensor *in, c
     for (size_t k = 0; k < cnt; k++) n += in[at[k]].n;
     if ((in[i].strategy & 0xff) == GCOMP_COST_ALLGATHER) return sum_members(t, in, at, cnt, err);
     gcomp_spec_info info;
-    if (gcomp_spec_describe(in[i].spec, n, &info, NULL) != GCOMP_OK)
+    gcomp_error local = {0};
+    if (gcomp_spec_describe(in[i].spec, n, &info, &local) != GCOMP_OK)
         return gcomp__fail(err, GCOMP_E_ARG,
-                           "cost model: tensor '%s': bucket %u: '%s' for %zu "
-                           "elements",
-                           t[i].name, in[i].bucket, in[i].spec, n);
+                           "cost model: tensor '%s': bucket %u as one vector of %zu elements: %s",
+                           t[i].name, in[i].bucket, n, local.message);
     /* PowerSGD: factors to sum, unless every member goes dense (vectors, matrices too small
      * to compress): then it is one vector, as below. */
     bool factors = false;

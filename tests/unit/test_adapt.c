@@ -699,13 +699,13 @@ static void test_measure_spacing(void) {
 /* The level the bandwidth controller takes on `link` (bytes/s); *rule_ok is 0 when the
  * choice breaks the documented rule on its own predictions: the lightest level whose
  * T_L * (1 + penalty)^(L - base) is within slack (0.05) of the best. */
-static int bandwidth_level_with(const char *method, double penalty, double link, double codec_s,
-                                int *rule_ok) {
-    gcomp_adapt *a;
+/* One decision of a bandwidth method with interval=2 on `link` (50 us latency): two steps
+ * observed, compressed candidates measured at codec_s a tensor (dense at nothing), so that
+ * the outcome does not depend on this machine's speed.  Returns the level of tensor 0;
+ * sc[j] (K entries) gets each level's score under `penalty`, *best the lowest. */
+static int bandwidth_decide(gcomp_adapt *a, double penalty, double link, double codec_s, double *sc,
+                            double *best) {
     gcomp_error e = {0};
-    *rule_ok = 0;
-    CHECK_OK(make(&a, method, 0, &e));
-    if (!a) return -1;
     float *g = calloc(256 * 256, sizeof(float));
     for (size_t k = 0; k < 256 * 256; k++) g[k] = (float)((k * 2654435761u) % 1000) - 500;
     for (int s = 0; s < 2; s++) {
@@ -718,8 +718,6 @@ static int bandwidth_level_with(const char *method, double penalty, double link,
     size_t len;
     double *buf = malloc(gcomp_adapt_stats_size(a) * sizeof(double));
     CHECK_OK(gcomp_adapt_stats(a, buf, gcomp_adapt_stats_size(a), &len));
-    /* fixed codec times so the outcome does not depend on this machine's speed: compressed
-     * candidates cost codec_s per tensor, dense nothing */
     double *meas = buf + GCOMP__ADAPT_STATS_FIXED + a->nm;
     for (size_t m = 0; m < a->nm; m++)
         for (size_t j = 0; j < a->K; j++) {
@@ -728,12 +726,25 @@ static int bandwidth_level_with(const char *method, double penalty, double link,
             meas[4 * (m * a->K + j) + 3] = dense ? 0 : codec_s / 10;
         }
     CHECK_OK(gcomp_adapt_decide(a, buf, len, 1, NULL, &e));
-    int lvl = gcomp_adapt_level(a, 0);
-    double best = INFINITY, sc[64];
+    *best = INFINITY;
     for (size_t j = 0; j < a->K; j++) {
         sc[j] = gcomp_adapt_predicted(a, j) * pow(1 + penalty, (double)j - a->base);
-        best = fmin(best, sc[j]);
+        *best = fmin(*best, sc[j]);
     }
+    free(buf);
+    free(g);
+    return gcomp_adapt_level(a, 0);
+}
+
+static int bandwidth_level_with(const char *method, double penalty, double link, double codec_s,
+                                int *rule_ok) {
+    gcomp_adapt *a;
+    gcomp_error e = {0};
+    *rule_ok = 0;
+    CHECK_OK(make(&a, method, 0, &e));
+    if (!a) return -1;
+    double best, sc[64];
+    int lvl = bandwidth_decide(a, penalty, link, codec_s, sc, &best);
     *rule_ok = sc[lvl] <= 1.05 * best;
     for (int j = 0; j < lvl; j++) *rule_ok &= sc[j] > 1.05 * best;
     /* every candidate's prediction is on record, the chosen one's in the report */
@@ -742,10 +753,38 @@ static int bandwidth_level_with(const char *method, double penalty, double link,
     for (size_t j = 0; j < a->K; j++) CHECK(gcomp_adapt_predicted(a, j) > 0);
     CHECK(gcomp_adapt_predicted(a, (size_t)lvl) == rep.predicted_step_s);
     CHECK(isnan(gcomp_adapt_predicted(a, a->K)));
-    free(buf);
-    free(g);
     gcomp_adapt_free(a);
     return lvl;
+}
+
+/* After the first decision the level in force stays while its score is within slack (5 %)
+ * of the best; otherwise the lightest level within slack of the best is taken.  Over links
+ * from 1 MB/s to 1 GB/s, each second decision follows a first on another link; some of them
+ * must fall in the band where the rule without it would have moved. */
+static void test_bandwidth_band(void) {
+    int held = 0;
+    for (double first = 1e6; first <= 1e9; first *= 10)
+        for (double link = 1e6; link <= 1e9; link *= 1.2589) {
+            gcomp_adapt *a;
+            gcomp_error e = {0};
+            CHECK_OK(make(&a, "adapt:bandwidth;interval=2;measure=2;confirm=1", 0, &e));
+            if (!a) return;
+            double sc[64], best;
+            int was = bandwidth_decide(a, 0.3, first, 1e-4, sc, &best);
+            int now = bandwidth_decide(a, 0.3, link, 1e-4, sc, &best);
+            int lightest = 0;
+            while (lightest < (int)a->K - 1 && !(sc[lightest] <= 1.05 * best)) lightest++;
+            if (sc[was] <= 1.05 * best) {
+                CHECK_MSG(now == was, "first %g, then %g: level %d left for %d inside the band",
+                          first, link, was, now);
+                held += lightest != was;
+            } else {
+                CHECK_MSG(now == lightest, "first %g, then %g: level %d, the rule says %d", first,
+                          link, now, lightest);
+            }
+            gcomp_adapt_free(a);
+        }
+    CHECK_MSG(held > 0, "no second decision fell in the band");
 }
 
 static int bandwidth_level(double link, double codec_s) {
@@ -1471,6 +1510,7 @@ int main(void) {
     test_measure_spacing();
     test_bandwidth();
     test_bandwidth_exchanges();
+    test_bandwidth_band();
     test_probe_spacing();
     test_accuracy();
     test_accuracy_noise_hold();
