@@ -184,9 +184,9 @@ class AdaptivePolicy:
     def start(self, tensors, world):
         """Creates the controllers for [(key, shape), ...]."""
         self._tensors, self._world = list(tensors), int(world)
-        ad = _adapt.Adapt(_with_hook_overlap(self.method), self._tensors, total_steps=self.total_steps,
-                          workers=self._world, min_elements=self.min_elements,
-                          strategy=_hook_route_strategy)
+        ad = _adapt.Adapt(_with_hook_overlap(self.method), self._tensors,
+                          total_steps=self.total_steps, workers=self._world,
+                          min_elements=self.min_elements, strategy=_hook_route_strategy)
         # A switch between a spec that keeps the momentum (DGC) and one that leaves it to
         # the optimizer must move the momentum between them; the hook does not own the
         # optimizer, so its parameters would get the momentum twice, or none.
@@ -222,7 +222,7 @@ class AdaptivePolicy:
 # one; its bytes are copied on the same cores.  Measured on a 50-tensor model, two netsim
 # hosts at 1 Gbit/s with 5 ms each way (docs/BENCHMARKS.md, "DDP's buckets in the hook's
 # predictions"): the library's default 0 over-predicted top-k by 19-34 %, 1 under-predicted
-# dense and PowerSGD by 12-18 %, 0.5 put all three within 15 %.
+# dense and PowerSGD by 14-24 %, 0.5 put all three within 18 %.
 _HOOK_OVERLAP = 0.5
 
 

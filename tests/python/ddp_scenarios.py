@@ -277,7 +277,8 @@ def scenario_groups(rank, method):
     fp = {}
     for name, g in (("hook", None), ("given", groups[-1]), ("none", None)):
         ad = state.adapt if name == "hook" else gradcomp.Adapt(
-            gt._with_hook_overlap(method), pol._tensors, total_steps=20, workers=2, min_elements=pol.min_elements)
+            gt._with_hook_overlap(method), pol._tensors, total_steps=20, workers=2,
+            min_elements=pol.min_elements)
         if name == "given":
             ad.set_exchanges(g)
         fp[name] = ad.stats()[1:3].tolist()
