@@ -415,6 +415,29 @@ static void test_concurrent_bucket(void) {
               "%.17g", pf[0].comm_s);
 }
 
+/* One exchange pads each message to its bound, and the law counts the estimate: for the
+ * fixed-size messages the DDP hook sends that way the two are the same bytes. */
+static void test_one_exchange_bound(void) {
+    static const char *const specs[] = {"topk:density=0.001,values=f16,feedback=ef",
+                                        "dgc:density=0.001,values=f16",
+                                        "int8",
+                                        "sign:feedback=ef",
+                                        "twobit:threshold=0.5",
+                                        "none:values=f16",
+                                        "qsgd:levels=16",
+                                        "randomk:density=0.01"};
+    static const size_t sizes[] = {512 * 512, 1000003, 4096 * 784};
+    for (size_t i = 0; i < sizeof specs / sizeof specs[0]; i++)
+        for (size_t k = 0; k < sizeof sizes / sizeof sizes[0]; k++) {
+            gcomp_compressor *c = NULL;
+            CHECK_OK(gcomp_compressor_create(&c, specs[i], sizes[k], 0, 0, NULL));
+            size_t bound = gcomp_encode_bound(c);
+            CHECK_MSG(est(specs[i], sizes[k]) == bound, "%s, %zu elements: estimate %zu, bound %zu",
+                      specs[i], sizes[k], est(specs[i], sizes[k]), bound);
+            gcomp_compressor_free(c);
+        }
+}
+
 /* Break-even: dense f32 ring (2 ranks: 4n bytes, free codec) against top-k by allgather
  * (8 + m bytes, encode 1 ns/elem): equal when 4n/B = 1e-9 n + (8 + m)/B. */
 static void test_break_even(void) {
@@ -654,6 +677,7 @@ int main(void) {
     test_work_and_buckets();
     test_allgather_bucket();
     test_concurrent_bucket();
+    test_one_exchange_bound();
     test_powersgd_bucket();
     test_break_even();
     test_calibration_text();
