@@ -61,8 +61,9 @@ gcomp_status gcomp__cost_check_net(const gcomp_cost_net *net, int workers, int n
 }
 
 /*
- * Time of one phase on the links.  `group` ranks take part, L of them per node (L = 1
- * when the phase runs between node leaders or there is one rank per node).
+ * Time of one phase on the links, as its latencies (*lat) and its bytes' time on the wire
+ * (*wire).  `group` ranks take part, L of them per node (L = 1 when the phase runs between
+ * node leaders or there is one rank per node).
  *  ring       each step sends to the next rank: the ring crosses each node boundary once
  *             per direction, so it moves at the slower of the two links
  *  spread     the rank's bytes go to all group-1 peers: the share bound for other nodes
