@@ -184,9 +184,17 @@ class AdaptivePolicy:
     def start(self, tensors, world):
         """Creates the controllers for [(key, shape), ...]."""
         self._tensors, self._world = list(tensors), int(world)
-        ad = _adapt.Adapt(_with_hook_overlap(self.method), self._tensors,
-                          total_steps=self.total_steps, workers=self._world,
-                          min_elements=self.min_elements, strategy=_hook_route_strategy)
+        kw = dict(total_steps=self.total_steps, workers=self._world,
+                  min_elements=self.min_elements, strategy=_hook_route_strategy)
+        method = _with_hook_overlap(self.method)
+        try:
+            ad = _adapt.Adapt(method, self._tensors, **kw)
+        except _err.Error:
+            if method == self.method:
+                raise
+            # refused: say it in the user's words, without the overlap the hook added
+            _adapt.Adapt(self.method, self._tensors, **kw).close()
+            raise
         # A switch between a spec that keeps the momentum (DGC) and one that leaves it to
         # the optimizer must move the momentum between them; the hook does not own the
         # optimizer, so its parameters would get the momentum twice, or none.

@@ -489,3 +489,8 @@ def test_hook_bandwidth_overlap_default():
         "adapt:layers+bandwidth;base=topk:density=0.01;overlap=0.5"
     assert w("adapt:bandwidth;overlap=0") == "adapt:bandwidth;overlap=0"
     assert w("adapt:norm;interval=4") == "adapt:norm;interval=4"
+    # a refusal quotes the method as the user wrote it, not with the overlap the hook adds
+    pol = gt.AdaptivePolicy("adapt:bandwidth;etaa=1")
+    with pytest.raises(gradcomp.SpecError) as e:
+        pol.start([("w", (64, 64))], 2)
+    assert "'adapt:bandwidth;etaa=1'" in str(e.value) and ";overlap=0.5" not in str(e.value)
