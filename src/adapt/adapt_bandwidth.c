@@ -162,14 +162,8 @@ static void exchange_buckets(const gcomp_adapt *a, gcomp_cost_tensor *ct) {
         }
         return;
     }
-    for (size_t i = 0; i < a->nt; i++) {
-        if (ct[i].bucket || !fusable(a, &ct[i], i, false)) continue;
-        ct[i].bucket = next;
-        for (size_t j = i + 1; j < a->nt; j++)
-            if (!ct[j].bucket && a->exchange[j] == a->exchange[i] && fusable(a, &ct[j], j, false))
-                ct[j].bucket = next;
-        next++;
-    }
+    for (size_t i = 0; i < a->nt; i++) /* the group is the bucket */
+        ct[i].bucket = fusable(a, &ct[i], i, false) ? a->exchange[i] : 0;
 }
 
 /* Predicted step of uniform level L; +inf when the model refuses. */
