@@ -912,7 +912,8 @@ def link_probe(nbytes=_PROBE_BYTES, process_group=None):
     back, three pairs of nbytes/2 and nbytes (a probe whose nbytes step is shorter than
     twenty latencies measures the pairs again 4x larger, twice at most); a step's time is
     its slowest rank's.  Returns (bandwidth, latency): payload bytes per second each way,
-    (nbytes - nbytes/2) over the fastest nbytes step less the median nbytes/2 step, and the
+    (nbytes - nbytes/2) over the median nbytes step less the median nbytes/2 step (at most
+    1.5x nbytes over the median nbytes step less the fastest 8-byte one), and the
     seconds a step adds to the fastest chain over the fastest single step (one 8-byte step
     after a barrier also pays the ranks' skew leaving it), the same on every rank, for
     Adapt.observe_link; (0, 0) for one rank.  Over gloo a
@@ -938,6 +939,7 @@ def link_probe(nbytes=_PROBE_BYTES, process_group=None):
 
 _PROBE_CHAIN = 5  # 8-byte ring steps back to back, as gcomp_mpi_link_probe's chain
 _PROBE_GROW = 4  # a probe too short against the latency grows by this, twice at most
+_PROBE_CAP = 1.5  # the difference's reading, at most this times one step's over 8 bytes
 
 
 def _probe_pass(group, nxt, prv, nbytes, lat):
@@ -976,12 +978,15 @@ def _probe_ring(group, nxt, prv, nbytes):
             break
         nbytes *= _PROBE_GROW
         times = _probe_pass(group, nxt, prv, nbytes, False)
-    # a bucket refilled while the link sat idle is spent by a pair's first step: the median
-    # of those, the fastest of the nbytes steps that follow them
-    half, big = float(times[1, 1]), float(times[2, 0])
-    if big > half:
-        return (nbytes - nbytes // 2) / (big - half), lat
-    return ((nbytes - 8) / (big - small) if big > small else nbytes / big), lat
+    # a stall, or a bucket refilled while the link sat idle, is one step in three at most:
+    # the median of each size.  Where two of three stall the difference can be far too
+    # small (one probe read 33x the link over gloo on busy cores): a large step cannot be
+    # faster than its size at the link's rate after the fastest small step's start
+    half, big = float(times[1, 1]), float(times[2, 1])
+    fast = float(times[0, 0])
+    one = (nbytes - 8) / (big - fast) if big > fast else nbytes / big
+    bw = (nbytes - nbytes // 2) / (big - half) if big > half else one
+    return min(bw, _PROBE_CAP * one), lat
 
 
 def _gloo_failure(e, what):

@@ -26,24 +26,6 @@
 
 #define PROBE_TAG 0x6770 /* "gp" */
 
-/* Waits for n heap requests; their buffers are freed, or kept by the communicator when the
- * wait failed (MPI may still write them). */
-static gcomp_status settle(gcomp_mpi_comm *c, MPI_Request *req, int n, void **bufs, size_t nb,
-                           uint64_t deadline, const char *what, gcomp_error *err) {
-    gcomp_status st = gm_wait_all(c, req, n, deadline, what, err);
-    if (st != GCOMP_OK) {
-        void **keep = gm_calloc(nb + 1, sizeof *keep);
-        if (keep) {
-            memcpy(keep, bufs, nb * sizeof *keep);
-            gm_comm_bury(c, req, n, keep, nb, NULL, 0);
-        } /* else leaked on purpose */
-        return st;
-    }
-    for (size_t k = 0; k < nb; k++) gm_free(bufs[k]);
-    gm_free(req);
-    return GCOMP_OK;
-}
-
 /* Waits for one collective writing into b0 and b1 (b1 may be NULL) and frees req.  On
  * failure MPI may still write them: the communicator keeps them with the request. */
 static gcomp_status wait_one(gcomp_mpi_comm *c, MPI_Request *req, void *b0, void *b1,
@@ -171,42 +153,75 @@ static gcomp_status probe_barrier(gcomp_mpi_comm *c, uint64_t deadline, gcomp_er
     return GCOMP_OK;
 }
 
-/* One ring step: nb bytes to `next` while nb come from `prev`. */
-static gcomp_status ring_step(gcomp_mpi_comm *c, size_t nb, int next, int prev, uint64_t deadline,
-                              gcomp_error *err) {
-    uint8_t *sb = gm_calloc(nb, 1), *rb = gm_alloc(nb);
-    MPI_Request *req = gm_calloc(2, sizeof *req);
-    if (!sb || !rb || !req) {
-        gm_free(sb);
-        gm_free(rb);
-        gm_free(req);
-        return gm_fail(err, GCOMP_E_NOMEM, "probe: out of memory");
+/* A ring step's message travels as messages of at most PROBE_CHUNK bytes, below the
+ * transports' eager limits (Open MPI's TCP BTL: 64 KiB with its header).  One message
+ * above the limit goes by rendezvous: the receiver's acknowledgement must come back before
+ * the bulk is sent, and with two ranks that acknowledgement shares the socket with the
+ * receiver's own bulk in the other direction.  When a rank left the barrier more than a
+ * latency after its neighbour, the neighbour was already streaming, its acknowledgement
+ * queued behind its 2 MiB, and the two directions took turns: on netsim with 5 ms each way,
+ * 7 probes in 20 ran every step of a pass at half the rate (-50 %), or switched half-way
+ * through a pass (+320 %: the bytes/2 steps slow, the `bytes` ones not).  Eager messages
+ * need no acknowledgement: 20 of 20 read the rate within 0.3 %.  Unshaped (loopback
+ * speeds) the chunks read the veth 1.5-2x higher than one message; there is no rate to
+ * read there, the probe's reading is the exchange's CPU limit. */
+#define PROBE_CHUNK ((size_t)32 << 10)
+
+/* The buffers and requests of a pass, allocated and touched before any step is timed
+ * (faulting fresh pages in would be counted as time on the link). */
+typedef struct probe_bufs {
+    uint8_t *sb, *rb;
+    MPI_Request *req; /* 2 per chunk of the largest step */
+} probe_bufs;
+
+static void probe_bufs_free(probe_bufs *b) {
+    gm_free(b->sb);
+    gm_free(b->rb);
+    gm_free(b->req);
+    b->sb = b->rb = NULL;
+    b->req = NULL;
+}
+
+/* After a failure with n requests posted: MPI may still use the buffers, so the
+ * communicator keeps them with the requests (or they leak, never freed under MPI). */
+static void probe_bufs_bury(gcomp_mpi_comm *c, probe_bufs *b, int n) {
+    void **keep = gm_calloc(2, sizeof *keep);
+    if (keep) {
+        keep[0] = b->sb;
+        keep[1] = b->rb;
+        gm_comm_bury(c, b->req, n, keep, 2, NULL, 0);
     }
-    void *bufs[2] = {sb, rb};
-    req[0] = req[1] = MPI_REQUEST_NULL; /* zeroed memory is no request handle */
-    int rc = MPI_Irecv(rb, (int)nb, MPI_BYTE, prev, PROBE_TAG, c->comm, &req[0]);
-    if (rc != MPI_SUCCESS) { /* nothing in flight */
-        gm_free(sb);
-        gm_free(rb);
-        gm_free(req);
-        return gm_comm_mpi_fail(c, err, rc, "link probe");
-    }
-    rc = MPI_Isend(sb, (int)nb, MPI_BYTE, next, PROBE_TAG, c->comm, &req[1]);
-    if (rc != MPI_SUCCESS) { /* the receive is posted: the communicator keeps it */
-        gm_comm_mpi_fail(c, err, rc, "link probe");
-        void **keep = gm_calloc(2, sizeof *keep);
-        if (keep) {
-            keep[0] = sb;
-            keep[1] = rb;
-            gm_comm_bury(c, req, 1, keep, 2, NULL, 0);
+    b->sb = b->rb = NULL;
+    b->req = NULL;
+}
+
+/* One ring step: nb bytes to `next` while nb come from `prev`, in chunks. */
+static gcomp_status ring_step(gcomp_mpi_comm *c, probe_bufs *b, size_t nb, int next, int prev,
+                              uint64_t deadline, gcomp_error *err) {
+    int k = (int)((nb + PROBE_CHUNK - 1) / PROBE_CHUNK), n = 0;
+    for (int i = 0; i < 2 * k; i++) b->req[i] = MPI_REQUEST_NULL;
+    for (int i = 0; i < 2 * k; i++) { /* every receive first, then the sends */
+        size_t off = (size_t)(i % k) * PROBE_CHUNK, len = nb - off;
+        if (len > PROBE_CHUNK) len = PROBE_CHUNK;
+        int rc =
+            i < k
+                ? MPI_Irecv(b->rb + off, (int)len, MPI_BYTE, prev, PROBE_TAG, c->comm, &b->req[i])
+                : MPI_Isend(b->sb + off, (int)len, MPI_BYTE, next, PROBE_TAG, c->comm, &b->req[i]);
+        if (rc != MPI_SUCCESS) {
+            gm_comm_mpi_fail(c, err, rc, "link probe");
+            if (n) probe_bufs_bury(c, b, n); /* else nothing in flight: the pass frees them */
+            return GCOMP_E_MPI;
         }
-        return GCOMP_E_MPI;
+        n++;
     }
-    return settle(c, req, 2, bufs, 2, deadline, "link probe", err);
+    gcomp_status st = gm_wait_all(c, b->req, n, deadline, "link probe", err);
+    if (st != GCOMP_OK) probe_bufs_bury(c, b, n);
+    return st;
 }
 
 #define PROBE_CHAIN 5 /* 8-byte ring steps back to back: the latency's chain */
 #define PROBE_GROW 4  /* a probe too short against the latency grows by this, twice at most */
+#define PROBE_CAP 1.5 /* the difference's reading, at most this times one step's over 8 bytes' */
 
 /* One pass: an untimed step of `bytes`, then (with `lat`) three 8-byte steps and three
  * chains, then three pairs of bytes/2 and bytes, each after a barrier; t[size][rep] the
@@ -218,19 +233,28 @@ static gcomp_status probe_pass(gcomp_mpi_comm *c, size_t bytes, bool lat, uint64
     const size_t sizes[4] = {8, bytes / 2, bytes, 8};
     static const signed char order[][2] = {{-1, 0}, {0, 0}, {0, 1}, {0, 2}, {3, 0}, {3, 1}, {3, 2},
                                            {1, 0},  {2, 0}, {1, 1}, {2, 1}, {1, 2}, {2, 2}};
+    size_t chunks = (bytes + PROBE_CHUNK - 1) / PROBE_CHUNK;
+    probe_bufs b = {gm_alloc(bytes), gm_alloc(bytes), gm_alloc(2 * chunks * sizeof *b.req)};
+    if (!b.sb || !b.rb || !b.req) {
+        probe_bufs_free(&b);
+        return gm_fail(err, GCOMP_E_NOMEM, "probe: out of memory");
+    }
+    memset(b.sb, 0, bytes);
+    memset(b.rb, 0, bytes);
     memset(t, 0, 12 * sizeof(double));
-    gcomp_status st;
-    for (size_t o = 0; o < sizeof order / sizeof order[0]; o++) {
+    gcomp_status st = GCOMP_OK;
+    for (size_t o = 0; o < sizeof order / sizeof order[0] && st == GCOMP_OK; o++) {
         int size = order[o][0], rep = order[o][1];
         if (!lat && (size == 0 || size == 3)) continue;
         size_t nb = size < 0 ? bytes : sizes[size];
-        if ((st = probe_barrier(c, deadline, err)) != GCOMP_OK) return st;
+        if ((st = probe_barrier(c, deadline, err)) != GCOMP_OK) break;
         uint64_t t0 = gm_now_ns();
-        for (int k = 0; k < (size == 3 ? PROBE_CHAIN : 1); k++)
-            if ((st = ring_step(c, nb, next, prev, deadline, err)) != GCOMP_OK) return st;
-        if (size < 0) continue;
-        t[size][rep] = 1e-9 * (double)(gm_now_ns() - t0);
+        for (int k = 0; k < (size == 3 ? PROBE_CHAIN : 1) && st == GCOMP_OK; k++)
+            st = ring_step(c, &b, nb, next, prev, deadline, err);
+        if (st == GCOMP_OK && size >= 0) t[size][rep] = 1e-9 * (double)(gm_now_ns() - t0);
     }
+    probe_bufs_free(&b); /* NULL where a failed step gave them to the communicator */
+    if (st != GCOMP_OK) return st;
     if ((st = probe_max(c, &t[0][0], 12, deadline, err)) != GCOMP_OK) return st;
     for (int size = 0; size < 4; size++) qsort(t[size], 3, sizeof(double), cmp_double);
     return GCOMP_OK;
@@ -254,12 +278,16 @@ gcomp_status gcomp_mpi_link_probe(gcomp_mpi_comm *c, size_t bytes, double timeou
      * rank that leaves the barrier after its neighbour finds part of its message already
      * there and reads the link as faster than it is, by however late it was (on netsim,
      * a 10 Mbit/s link up to 4x).  The slowest rank's time gains from a late rank, queueing
-     * or a retransmission, and loses only where the link sat idle before the step (a rank
-     * late to send) and the bucket refilled: the pairs' first steps spend that, so of the
-     * bytes/2 steps the median counts, of the `bytes` steps, which follow them, the
-     * fastest.  (The fastest of either alone read a 10 Mbit/s link 32-38 % fast in
-     * training: 0.49 s, then 0.39 s, for a 0.44 s step; the median of both, a 100 Mbit/s
-     * link half as fast: two of three 44 ms steps took 63-67 ms.)
+     * or a retransmission, and loses where the link sat idle before the step and the
+     * bucket refilled: the step after a stall runs partly at the wire's speed.  Either is
+     * one step in three at most, so the median of each size counts.  (The fastest
+     * `bytes` step, taken before, read +27 % and +69 % on an idle 10 Mbit/s link in 2
+     * probes of 6, each after one step had stalled 50-80 ms; and with 4 ranks on 2 busy
+     * cores at 1 Gbit/s, +15..+46 % in 5 of 6, where the medians read -14..+23 %.)  Where
+     * two of three stall, the medians' difference can be far too small (over gloo on busy
+     * cores one probe read 33x the link): a `bytes` step cannot be faster than `bytes` at
+     * the link's rate after the fastest 8-byte step's start, so the reading is capped at
+     * PROBE_CAP times that.
      * For the same reason one 8-byte step reads about two latencies, the barrier's skew
      * and the step: on netsim with 5 ms one way, 10.2 ms on 2 ranks and 12.6 ms on 4.  In a
      * chain every step waits for the one before it on the previous rank, so the skew is
@@ -281,9 +309,9 @@ gcomp_status gcomp_mpi_link_probe(gcomp_mpi_comm *c, size_t bytes, double timeou
         bytes *= PROBE_GROW;
         if ((st = probe_pass(c, bytes, false, deadline, t, err)) != GCOMP_OK) return st;
     }
-    double half = t[1][1], big = t[2][0];
-    *bandwidth = big > half    ? (double)(bytes - bytes / 2) / (big - half)
-                 : big > small ? (double)(bytes - 8) / (big - small)
-                               : (double)bytes / big;
+    double half = t[1][1], big = t[2][1];
+    double one = big > t[0][0] ? (double)(bytes - 8) / (big - t[0][0]) : (double)bytes / big;
+    *bandwidth = big > half ? (double)(bytes - bytes / 2) / (big - half) : one;
+    if (*bandwidth > PROBE_CAP * one) *bandwidth = PROBE_CAP * one;
     return GCOMP_OK;
 }

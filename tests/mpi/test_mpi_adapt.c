@@ -241,6 +241,28 @@ static void test_mismatch(gcomp_mpi_bucket *b) {
     CHECK_EQ_INT(gcomp_mpi_bucket_retune(b, 1, "powersgd:rank=2", 30, &e), GCOMP_OK);
 }
 
+/* A probe whose ranks disagree on the size (one rank waits for chunks nobody sends) ends
+ * in an error on every rank within the timeout, never a hang; the communicator is failed
+ * afterwards, and freeing it frees or keeps what MPI may still write into. */
+static void test_probe_fail(void) {
+    gcomp_mpi_comm *c;
+    gcomp_error e = {0};
+    CHECK_OK(gcomp_mpi_comm_create(&c, MPI_COMM_WORLD, NULL, 30, &e));
+    if (!c) return;
+    double bw = -1, lat = -1, t0 = MPI_Wtime();
+    gcomp_status st =
+        gcomp_mpi_link_probe(c, mc_rank == 1 ? (size_t)1 << 17 : (size_t)1 << 16, 2, &bw, &lat, &e);
+    double took = MPI_Wtime() - t0;
+    CHECK_MSG(st == GCOMP_E_TIMEOUT || st == GCOMP_E_MPI, "rank %d: probe of mismatched sizes: %s",
+              mc_rank, e.message);
+    CHECK_MSG(strstr(e.message, "link probe") != NULL, "rank %d: %s", mc_rank, e.message);
+    CHECK_MSG(took < 20, "rank %d: the failed probe took %.1f s", mc_rank, took);
+    CHECK(bw == 0 && lat == 0);
+    CHECK_EQ_INT(gcomp_mpi_link_probe(c, 65536, 2, &bw, &lat, &e), GCOMP_E_FAILED);
+    gcomp_mpi_comm_free(c);
+    MPI_Barrier(MPI_COMM_WORLD);
+}
+
 int main(int argc, char **argv) {
     mc_init(&argc, &argv);
     for (size_t i = 0; i < NT; i++) {
@@ -263,6 +285,7 @@ int main(int argc, char **argv) {
         gcomp_mpi_bucket_free(b);
     }
     gcomp_mpi_comm_free(comm);
+    test_probe_fail();
     for (size_t i = 0; i < NT; i++) {
         free(data[i]);
         free(gsum[i]);
