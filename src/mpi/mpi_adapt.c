@@ -161,8 +161,12 @@ static gcomp_status probe_barrier(gcomp_mpi_comm *c, uint64_t deadline, gcomp_er
  * latency after its neighbour, the neighbour was already streaming, its acknowledgement
  * queued behind its 2 MiB, and the two directions took turns: on netsim with 5 ms each way,
  * 7 probes in 20 ran every step of a pass at half the rate (-50 %), or switched half-way
- * through a pass (+320 %: the bytes/2 steps slow, the `bytes` ones not).  Eager messages
- * need no acknowledgement: 20 of 20 read the rate within 0.3 %.  Unshaped (loopback
+ * through a pass (+320 %: the bytes/2 steps slow, the `bytes` ones not).  It takes the
+ * receive posted before the send: the late rank then acknowledges as it posts, ahead of
+ * its own request, and the early rank, acknowledged first, starts its bulk before it
+ * reads that request.  Sends posted first (as the ring allreduce does) avoided it too, 16
+ * of 16, but that rests on when Open MPI acknowledges.  Eager messages need no
+ * acknowledgement: 20 of 20 read the rate within 0.3 %.  Unshaped (loopback
  * speeds) the chunks read the veth 1.5-2x higher than one message; there is no rate to
  * read there, the probe's reading is the exchange's CPU limit. */
 #define PROBE_CHUNK ((size_t)32 << 10)
