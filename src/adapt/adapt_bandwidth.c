@@ -8,11 +8,11 @@
  * time of every uniform ladder level, dense included, from what this run measured:
  *   link     the link's payload bandwidth and latency, as the ranks measured them (the
  *            median over ranks; gcomp_adapt_observe_link): the trainer and the Python
- *            optimizer probe it with a timed ring step (gcomp_mpi_link_probe) at the
+ *            optimizer probe it with timed ring steps (gcomp_mpi_link_probe) at the
  *            decisions gcomp_adapt_link_due names: each probe's cost spaces the next, so
- *            that probing takes at most `probe_cost` of the training time (a 512 KiB probe
- *            is 0.4 s a rank at 10 Mbit/s), and the decisions between probes use the last
- *            probe's link;
+ *            that probing takes at most `probe_cost` of the training time (a probe moves
+ *            2.8 MB through each link, 2.4 s at 10 Mbit/s), and the decisions between
+ *            probes use the last probe's link;
  *   codec    each candidate's encode and decode time measured on the real gradients at
  *            the last measurement (the slowest rank's), as a calibration the model reads;
  *            before the first one, the caller's calibration or the model's default;

@@ -6,12 +6,12 @@
  * gradient plus held-back residual); after the optimizer step the step's compute time is
  * observed.  At the controllers' interval every rank, at the same step: probes the link when
  * the bandwidth controller asks for it (gcomp_adapt_link_due: every decision on a fast link,
- * spaced by the probe's cost on a slow one; gcomp_mpi_link_probe: one timed ring step of
- * PROBE_BYTES), decides (gcomp_mpi_adapt_decide: one allgather of the statistics, so every
- * rank takes the same decision) and retunes the tensors that change, in tensor order, so
- * structural switches run their checks in the same order everywhere.  The decision's time
- * is part of the training time the trainer reports: adaptivity is not free, and a
- * comparison of times must include it.
+ * spaced by the probe's cost on a slow one; gcomp_mpi_link_probe: timed ring steps of
+ * PROBE_BYTES and its half, larger where the link has latency), decides (gcomp_mpi_adapt_decide:
+ * one allgather of the statistics, so every rank takes the same decision) and retunes the tensors
+ * that change, in tensor order, so structural switches run their checks in the same order
+ * everywhere.  The decision's time is part of the training time the trainer reports: adaptivity is
+ * not free, and a comparison of times must include it.
  *
  * Compute time: the trainer's forward + backward includes the compression started from the
  * backward pass, which the cost model counts apart; the codec time the buckets measured
