@@ -167,7 +167,7 @@ static gcomp_status probe_barrier(gcomp_mpi_comm *c, uint64_t deadline, gcomp_er
  * reads that request.  Sends posted first (as the ring allreduce does) avoided it too, 16
  * of 16, but that rests on when Open MPI acknowledges.  Eager messages need no
  * acknowledgement: 20 of 20 read the rate within 0.3 %.  Unshaped (loopback
- * speeds) the chunks read the veth 1.5-2x higher than one message; there is no rate to
+ * speeds) the chunks read the veth 1.3-1.8x higher than one message; there is no rate to
  * read there, the probe's reading is the exchange's CPU limit. */
 #define PROBE_CHUNK ((size_t)32 << 10)
 
@@ -225,7 +225,7 @@ static gcomp_status ring_step(gcomp_mpi_comm *c, probe_bufs *b, size_t nb, int n
 
 #define PROBE_CHAIN 5 /* 8-byte ring steps back to back: the latency's chain */
 #define PROBE_GROW 4  /* a probe too short against the latency grows by this, twice at most */
-#define PROBE_CAP 1.5 /* the difference's reading, at most this times one step's over 8 bytes' */
+#define PROBE_CAP 1.5 /* the difference's reading, at most this times one step's over 8 bytes */
 
 /* One pass: an untimed step of `bytes`, then (with `lat`) three 8-byte steps and three
  * chains, then three pairs of bytes/2 and bytes, each after a barrier; t[size][rep] the
