@@ -147,16 +147,32 @@ gcomp_status gm_start_pack_reduce(gcomp_mpi_bucket *b, gm_group *g, int vid, siz
         snprintf(msg, sizeof msg, "MPI_Iallreduce (check words of the %s)", what);
         return gm_issue_fail(b, rc, msg);
     }
+    g->nreq = 1;
     MPI_Datatype dt = vid == GM_VID_F32 ? MPI_FLOAT : MPI_UINT16_T;
     MPI_Op op = vid == GM_VID_F32   ? MPI_SUM
                 : vid == GM_VID_F16 ? b->comm->op_f16
                                     : b->comm->op_bf16;
-    rc = MPI_Iallreduce(MPI_IN_PLACE, g->pack.p, (int)count, dt, op, g->xc, &g->req[1]);
-    if (rc != MPI_SUCCESS) {
-        snprintf(msg, sizeof msg, "MPI_Iallreduce (%s)", what);
-        return gm_issue_fail(b, rc, msg);
+    /* Two ranks send each other the whole pack: above the eager limit that is a
+     * rendezvous, one more round trip before the bulk, and the two directions can take
+     * turns on their one socket (mpi_adapt.c, the link probe).  Slices below the limit go
+     * at once; with two ranks a sum is the same in any grouping (a + b), so the bits are
+     * the unsliced reduction's. */
+    size_t w = vid == GM_VID_F32 ? 4 : 2, per = count, n = 1;
+    if (g->xsize == 2 && count * w > GM_SLICE_BYTES) {
+        n = (count * w + GM_SLICE_BYTES - 1) / GM_SLICE_BYTES;
+        if (n > GM_SLICES_MAX) n = GM_SLICES_MAX;
+        per = (count + n - 1) / n;
     }
-    g->nreq = 2;
+    for (size_t k = 0, lo = 0; k < n && lo < count; k++, lo += per) {
+        size_t len = count - lo < per ? count - lo : per;
+        rc = MPI_Iallreduce(MPI_IN_PLACE, (uint8_t *)g->pack.p + lo * w, (int)len, dt, op, g->xc,
+                            &g->req[g->nreq]);
+        if (rc != MPI_SUCCESS) {
+            snprintf(msg, sizeof msg, "MPI_Iallreduce (%s)", what);
+            return gm_issue_fail(b, rc, msg);
+        }
+        g->nreq++;
+    }
     return GCOMP_OK;
 }
 
@@ -238,7 +254,7 @@ gcomp_status gm_group_setup(gcomp_mpi_bucket *b, gm_group *g) {
     g->xsize = t0->xsize;
     g->xrank = t0->xrank;
     g->member = !g->hier || c->node_rank == 0;
-    if (gm_req_room(g, (int)g->nt + 4) != GCOMP_OK) return GCOMP_E_NOMEM;
+    if (gm_req_room(g, (int)g->nt + 4 + GM_SLICES_MAX) != GCOMP_OK) return GCOMP_E_NOMEM;
     size_t P = (size_t)g->xsize, nt = g->nt;
     size_t words = 8 * (3 * P * nt + nt + 2 * GM_CHK + 1) + sizeof(size_t) * (P + 1) +
                    sizeof(int) * 4 * P + 64;
