@@ -152,13 +152,14 @@ gcomp_status gm_start_pack_reduce(gcomp_mpi_bucket *b, gm_group *g, int vid, siz
     MPI_Op op = vid == GM_VID_F32   ? MPI_SUM
                 : vid == GM_VID_F16 ? b->comm->op_f16
                                     : b->comm->op_bf16;
-    /* Two ranks send each other the whole pack: above the eager limit that is a
-     * rendezvous, one more round trip before the bulk, and the two directions can take
-     * turns on their one socket (mpi_adapt.c, the link probe).  Slices below the limit go
-     * at once; with two ranks a sum is the same in any grouping (a + b), so the bits are
-     * the unsliced reduction's. */
+    /* The reduction sends the whole pack at each hop (two ranks each other; more, libnbc's
+     * binomial tree, which it takes for every in-place call).  Above the eager limit each
+     * is a rendezvous, one more round trip before the bulk, and two ranks' directions can
+     * take turns on their one socket (mpi_adapt.c, the link probe).  Slices below the
+     * limit go at once.  The binomial tree sums every element in the same order whatever
+     * the count, so the bits are the unsliced reduction's. */
     size_t w = vid == GM_VID_F32 ? 4 : 2, per = count, n = 1;
-    if (g->xsize == 2 && count * w > GM_SLICE_BYTES) {
+    if (g->xsize > 1 && count * w > GM_SLICE_BYTES) {
         n = (count * w + GM_SLICE_BYTES - 1) / GM_SLICE_BYTES;
         if (n > GM_SLICES_MAX) n = GM_SLICES_MAX;
         per = (count + n - 1) / n;

@@ -407,8 +407,8 @@ int gm_zero_progress(gm_group *g, float *x, size_t n);
 gcomp_status gm_issue_fail(gcomp_mpi_bucket *b, int rc, const char *what);
 /* Starts a pack's reductions, the ones every allreduce-shaped exchange issues: the first
  * nchk u64 check words of g->chk, MAX into g->chk_out, and `count` values of wire type vid
- * (GM_VID_*) summed in place in g->pack, between two ranks in slices of GM_SLICE_BYTES
- * (at most GM_SLICES_MAX); g->nreq = 1 + the slices.  `what` names the pair in errors
+ * (GM_VID_*) summed in place in g->pack, in slices of GM_SLICE_BYTES (at most
+ * GM_SLICES_MAX); g->nreq = 1 + the slices.  `what` names the pair in errors
  * ("values", "PowerSGD factors"). */
 #define GM_SLICE_BYTES ((size_t)32 << 10) /* below Open MPI's TCP eager limit (64 KiB) */
 #define GM_SLICES_MAX 16
