@@ -202,8 +202,7 @@ static void probe_bufs_bury(gcomp_mpi_comm *c, probe_bufs *b, int n) {
 /* One ring step: nb bytes to `next` while nb come from `prev`, in chunks. */
 static gcomp_status ring_step(gcomp_mpi_comm *c, probe_bufs *b, size_t nb, int next, int prev,
                               uint64_t deadline, gcomp_error *err) {
-    int k = (int)((nb + PROBE_CHUNK - 1) / PROBE_CHUNK), n = 0;
-    for (int i = 0; i < 2 * k; i++) b->req[i] = MPI_REQUEST_NULL;
+    int k = (int)((nb + PROBE_CHUNK - 1) / PROBE_CHUNK);
     for (int i = 0; i < 2 * k; i++) { /* every receive first, then the sends */
         size_t off = (size_t)(i % k) * PROBE_CHUNK, len = nb - off;
         if (len > PROBE_CHUNK) len = PROBE_CHUNK;
@@ -213,13 +212,12 @@ static gcomp_status ring_step(gcomp_mpi_comm *c, probe_bufs *b, size_t nb, int n
                 : MPI_Isend(b->sb + off, (int)len, MPI_BYTE, next, PROBE_TAG, c->comm, &b->req[i]);
         if (rc != MPI_SUCCESS) {
             gm_comm_mpi_fail(c, err, rc, "link probe");
-            if (n) probe_bufs_bury(c, b, n); /* else nothing in flight: the pass frees them */
+            if (i) probe_bufs_bury(c, b, i); /* else nothing in flight: the pass frees them */
             return GCOMP_E_MPI;
         }
-        n++;
     }
-    gcomp_status st = gm_wait_all(c, b->req, n, deadline, "link probe", err);
-    if (st != GCOMP_OK) probe_bufs_bury(c, b, n);
+    gcomp_status st = gm_wait_all(c, b->req, 2 * k, deadline, "link probe", err);
+    if (st != GCOMP_OK) probe_bufs_bury(c, b, 2 * k);
     return st;
 }
 

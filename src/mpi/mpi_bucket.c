@@ -158,13 +158,13 @@ gcomp_status gm_start_pack_reduce(gcomp_mpi_bucket *b, gm_group *g, int vid, siz
      * take turns on their one socket (mpi_adapt.c, the link probe).  Slices below the
      * limit go at once.  The binomial tree sums every element in the same order whatever
      * the count, so the bits are the unsliced reduction's. */
-    size_t w = vid == GM_VID_F32 ? 4 : 2, per = count, n = 1;
+    size_t w = gm_vid_width(vid), per = count;
     if (g->xsize > 1 && count * w > GM_SLICE_BYTES) {
-        n = (count * w + GM_SLICE_BYTES - 1) / GM_SLICE_BYTES;
+        size_t n = (count * w + GM_SLICE_BYTES - 1) / GM_SLICE_BYTES;
         if (n > GM_SLICES_MAX) n = GM_SLICES_MAX;
-        per = (count + n - 1) / n;
+        per = (count + n - 1) / n; /* n slices of `per` cover the pack */
     }
-    for (size_t k = 0, lo = 0; k < n && lo < count; k++, lo += per) {
+    for (size_t lo = 0; lo < count; lo += per) {
         size_t len = count - lo < per ? count - lo : per;
         rc = MPI_Iallreduce(MPI_IN_PLACE, (uint8_t *)g->pack.p + lo * w, (int)len, dt, op, g->xc,
                             &g->req[g->nreq]);
