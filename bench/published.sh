@@ -1,10 +1,12 @@
 #!/bin/sh
-# bench/published.sh [BUILD | GRADCOMP] - the cost model against a published measurement of someone
-# else's system: Horovod's scaling efficiency on 32 and 128 servers of 4 Pascal GPUs on
-# 25 Gbit/s RoCE (Inception V3, ResNet-101, VGG-16; tf_cnn_benchmarks, batch 64 a GPU,
-# synthetic data).  Only published inputs go in, each named below; what is not published
-# (the per-hop latency, how the tensors were fused) is varied over a range and every
-# prediction of the range is printed.  docs/BENCHMARKS.md, "Someone else's data", reads it.
+# bench/published.sh [BUILD | GRADCOMP] - the cost model against published measurements of
+# someone else's systems: Horovod's scaling efficiency on 32 and 128 servers of 4 Pascal GPUs
+# on 25 Gbit/s RoCE (Inception V3, ResNet-101, VGG-16; tf_cnn_benchmarks, batch 64 a GPU,
+# synthetic data), then the DGC paper's AlexNet on 64 nodes (bench/published_dgc.py).  Only
+# published inputs go in, each named below; what is not published (the per-hop latency, how
+# the tensors were fused, whether the exchange overlaps the backward pass, DGC's compute) is
+# varied over a range or solved from the one measured figure, and every prediction is printed.
+# docs/BENCHMARKS.md, "Someone else's data", reads it.
 #
 # Published (measured) figures used:
 #   Horovod's README and docs/benchmarks: "128 servers with 4 Pascal GPUs each connected by
@@ -14,6 +16,7 @@
 #     synthetic data, images/s: InceptionV3 142, ResNet-50 219, ResNet-152 91.8, VGG16 154.
 #     ResNet-101 is not on it: its time an image is interpolated between ResNet-50's and
 #     ResNet-152's in proportion to multiply-adds (bench/models/*.txt headers).
+#   Lin et al., "Deep Gradient Compression" (ICLR 2018): bench/published_dgc.py.
 set -eu
 B=${1:-build}
 G=$B/gradcomp
@@ -63,3 +66,15 @@ for row in "inception3 $(ms 142) 90 90" "resnet101 $R101 90 90" "vgg16 $(ms 154)
         echo "$line"
     done
 done
+
+# The DGC paper's setting (Lin et al., ICLR 2018): AlexNet on 64 nodes of 4 Titan XP GPUs,
+# 1 and 10 Gbit/s Ethernet; bench/published_dgc.py names the published figures. A Titan XP
+# streams 547.7 GB/s: the dense decode-add moves 12 bytes an element, DGC's pass over the
+# gradient, momentum and accumulation 20 (read g, u, v; write u, v).
+cat > "$W/titanxp.cal" <<'CAL'
+gradcomp-calibration 2
+codec none:values=f32 encode_fixed_s=0 encode_per_elem=0 decode_fixed_s=0 decode_per_elem=2.19e-11
+codec dgc:density=0.001 encode_fixed_s=0 encode_per_elem=3.65e-11 decode_fixed_s=0 decode_per_elem=0
+CAL
+echo
+python3 "$(dirname "$0")/published_dgc.py" "$G" "$W/titanxp.cal" "$M"

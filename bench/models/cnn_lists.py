@@ -151,15 +151,35 @@ def inception3():
     return net
 
 
+def alexnet():
+    """AlexNet as trained by Caffe's BVLC reference (227 x 227 input; conv2, conv4 and conv5
+    in two groups, as in Krizhevsky et al.'s two-GPU net): 60,965,224 parameters, 232.56 MiB
+    of f32 gradient, the size the DGC paper gives for its AlexNet."""
+    net = Net()
+    # conv(name, input channels a group, output channels, kernel, output side)
+    net.conv("conv1", 3, 96, 11, 55, bias=True)
+    net.conv("conv2", 48, 256, 5, 27, bias=True)
+    net.conv("conv3", 256, 384, 3, 13, bias=True)
+    net.conv("conv4", 192, 384, 3, 13, bias=True)
+    net.conv("conv5", 192, 256, 3, 13, bias=True)
+    net.fc("fc6", 256 * 6 * 6, 4096)
+    net.fc("fc7", 4096, 4096)
+    net.fc("fc8", 4096, 1000)
+    return net
+
+
 MODELS = {
     "resnet50": (lambda: resnet((3, 4, 6, 3)), "ResNet-50"),
     "resnet101": (lambda: resnet((3, 4, 23, 3)), "ResNet-101"),
     "resnet152": (lambda: resnet((3, 8, 36, 3)), "ResNet-152"),
     "vgg16": (vgg16, "VGG-16"),
     "inception3": (inception3, "Inception v3"),
+    "alexnet": (alexnet, "AlexNet"),
 }
 
 SOURCES = {
+    "AlexNet": "Krizhevsky et al. 2012, 'ImageNet Classification with Deep Convolutional Neural "
+               "Networks'; Caffe's bvlc_alexnet layout (two groups in conv2, conv4, conv5)",
     "ResNet": "He et al. 2016, 'Deep Residual Learning for Image Recognition'; torchvision's "
               "layout (stride on the 3x3 conv)",
     "Inception": "Szegedy et al. 2016, 'Rethinking the Inception Architecture for Computer "
@@ -175,7 +195,7 @@ def main(out_dir):
         src = SOURCES[next(k for k in SOURCES if title.startswith(k))]
         path = os.path.join(out_dir, key + ".txt")
         with open(path, "w") as f:
-            side = 299 if key == "inception3" else 224
+            side = {"inception3": 299, "alexnet": 227}.get(key, 224)
             f.write("# %s, ImageNet (%d x %d, 1000 classes): %s\n" % (title, side, side, src))
             f.write("# %d tensors, %d parameters (%.1f MiB of f32 gradient), %.2f G multiply-adds "
                     "a sample forward\n" % (len(net.lines), net.params, net.params * 4 / 2**20,

@@ -1,8 +1,9 @@
 #!/bin/sh
 # test_published.sh GRADCOMP WORKDIR - the CNN tensor lists in bench/models are what
 # bench/models/cnn_lists.py writes, and bench/published.sh (the cost model against
-# Horovod's published scaling, docs/BENCHMARKS.md "Someone else's data") still prints the
-# table the docs quote: a change to the model that moves it must update the docs.
+# Horovod's published scaling and the DGC paper's setting, docs/BENCHMARKS.md "Someone else's
+# data") still prints the tables the docs quote: a change to the model that moves them must
+# update the docs.
 set -u
 G=$1
 W=$2
