@@ -97,7 +97,11 @@
  *   are issued in the same order on every rank (a fixed schedule), which MPI requires.
  *   MPI makes progress only inside MPI calls: gcomp_mpi_start does all the compression
  *   and issues what it can; call gcomp_mpi_test now and then during the caller's own
- *   computation so large transfers keep moving, then gcomp_mpi_wait.
+ *   computation so large transfers keep moving, then gcomp_mpi_wait.  Several buckets in
+ *   flight (one per layer) are best finished by one gcomp_mpi_wait_all: a bucket's next
+ *   round (PowerSGD's second factor, an allgather's messages after their lengths) is
+ *   issued by a call on that bucket, so waiting on them one after another holds each
+ *   bucket's later rounds back until the wait reaches it.
  *
  * Set-up checks
  *   Bucket creation compares, across all ranks, every tensor's canonical spec
@@ -436,6 +440,21 @@ GCOMP_API gcomp_status gcomp_mpi_test(gcomp_mpi_bucket *b, int *done, gcomp_erro
  * On timeout returns GCOMP_E_TIMEOUT and the communicator is failed.
  */
 GCOMP_API gcomp_status gcomp_mpi_wait(gcomp_mpi_bucket *b, double timeout_s, gcomp_error *err);
+
+/**
+ * Waits for the allreduces in flight on n buckets (idle ones count as finished), as
+ * gcomp_mpi_wait does for one, moving all of them at once: a bucket whose exchange takes
+ * several rounds (PowerSGD's two factors, a sparse allreduce) issues its next round as
+ * soon as its last one is in, instead of when a wait on it begins, so on a link with
+ * latency the buckets' round trips overlap.  Waiting on them one after another gives the
+ * same results, later.  The first error ends the wait: *failed (may be NULL) is then the
+ * index of the bucket it came from, else n.  The others are left as they are (finished
+ * ones idle, the rest in flight, before that index or after it): wait on them again.  On
+ * timeout (the deadline from the first busy bucket's
+ * communicator, or timeout_s) GCOMP_E_TIMEOUT, and that communicator is failed.
+ */
+GCOMP_API gcomp_status gcomp_mpi_wait_all(gcomp_mpi_bucket *const *b, size_t n, double timeout_s,
+                                          size_t *failed, gcomp_error *err);
 
 /* ---- what this rank sent (for references, tests and benchmarks) ----------------------- */
 

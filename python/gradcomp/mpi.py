@@ -223,6 +223,7 @@ PROTOTYPES = {
     "gcomp_mpi_start": (_I, [_P, ctypes.POINTER(_P), _I, _EP]),
     "gcomp_mpi_test": (_I, [_P, ctypes.POINTER(_I), _EP]),
     "gcomp_mpi_wait": (_I, [_P, ctypes.c_double, _EP]),
+    "gcomp_mpi_wait_all": (_I, [ctypes.POINTER(_P), _S, ctypes.c_double, _SP, _EP]),
     "gcomp_mpi_message": (_I, [_P, _S, _S, ctypes.POINTER(_P), _SP, _SP, _SP]),
     "gcomp_mpi_message_count": (_S, [_P, _S]),
     "gcomp_mpi_owner_residual": (_I, [_P, _S, ctypes.POINTER(ctypes.POINTER(ctypes.c_float)), _SP, _SP]),
@@ -1132,6 +1133,38 @@ class Bucket(_core._Closable):
 
 _UINT_MAX = (1 << 32) - 1
 _OPTIMIZERS = {"sgd": OUTER_SGD, "nesterov": OUTER_NESTEROV}
+
+
+def wait_all(buckets, timeout=None):
+    """Waits for the allreduces in flight on all `buckets` at once (gcomp_mpi_wait_all):
+    a bucket whose exchange takes several rounds (PowerSGD's two factors, a sparse
+    allreduce) sends its next round as soon as its last one is in, instead of when a wait
+    on it begins, so on a link with latency the round trips overlap.  The results are
+    those of waiting on each in turn.  Idle buckets count as finished.  Every bucket is
+    waited for, also after an error; returns a list with, for each bucket in order, None
+    or the error its wait would have raised (CollectiveTimeout on timeout, which fails the
+    communicator; `timeout` None: the communicator's default)."""
+    buckets = list(buckets)
+    errors = [None] * len(buckets)
+    rest = list(range(len(buckets)))  # not failed yet; after an error, some may be in flight
+    while rest:
+        handles = (_P * len(rest))(*[buckets[i]._handle() for i in rest])
+        failed = _S(len(rest))
+        err = _native.ErrorInfo()
+        st = _lib.gcomp_mpi_wait_all(handles, len(rest), float(timeout or 0), ctypes.byref(failed),
+                                     ctypes.byref(err))
+        if st == 0:
+            break
+        if failed.value >= len(rest):  # not from one bucket (cannot be with these arguments)
+            _check(st, "gradcomp.mpi wait_all", err)
+        i = rest.pop(failed.value)
+        try:
+            _check(st, f"gradcomp.mpi wait of bucket {buckets[i].name}", err)
+        except _err.Error as e:
+            errors[i] = e
+    for b in buckets:
+        b._inflight = None
+    return errors
 
 
 def _c_int_option(value, what, lo, hi, owner="gradcomp.mpi.Outer"):

@@ -587,14 +587,11 @@ class _DistributedMixin:
         for b in self._gc_buckets:
             if not b.started:
                 self._gc_start(b)
-        first = None
-        for b in self._gc_buckets:
-            if b.error is None and b.mpi.in_flight:
-                try:
-                    b.mpi.wait(self._gc_timeout)
-                except _err.Error as err:
-                    b.error = err
-            first = first or b.error
+        # All at once: each bucket's next round trip goes out as soon as its last is in.
+        waiting = [b for b in self._gc_buckets if b.error is None and b.mpi.in_flight]
+        for b, err in zip(waiting, _gm.wait_all([b.mpi for b in waiting], self._gc_timeout)):
+            b.error = err
+        first = next((b.error for b in self._gc_buckets if b.error is not None), None)
         self._gc_wait_ns += time.perf_counter_ns() - t0
         self._gc_inflight = []
         for b in self._gc_buckets:

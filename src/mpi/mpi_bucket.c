@@ -836,34 +836,70 @@ gcomp_status gcomp_mpi_test(gcomp_mpi_bucket *b, int *done, gcomp_error *err) {
     return finish(b, err);
 }
 
+/* The wait's deadline passed with `b` unfinished: fails the communicator, naming the step
+ * and tensor still in flight. */
+static gcomp_status wait_timeout(gcomp_mpi_bucket *b, uint64_t waited_ns, gcomp_error *err) {
+    const char *what = "?", *tn = "?";
+    for (size_t gi = 0; gi < b->ng; gi++)
+        if (b->g[gi].stage < b->g[gi].nsteps) {
+            what = b->g[gi].steps[b->g[gi].stage].what;
+            tn = b->t[b->g[gi].t0].name;
+            break;
+        }
+    b->dead = true;
+    return gm_comm_fail(b->comm, err, GCOMP_E_TIMEOUT,
+                        "allreduce: %s for the sub-bucket at tensor '%s' not complete after "
+                        "%.1f s (a peer is dead, stalled, or did not start this bucket)",
+                        what, tn, (double)waited_ns * 1e-9);
+}
+
 gcomp_status gcomp_mpi_wait(gcomp_mpi_bucket *b, double timeout_s, gcomp_error *err) {
-    gcomp_status st = gm_bucket_usable(b, err);
-    if (st != GCOMP_OK) return st;
-    if (!b->busy) return GCOMP_OK;
-    uint64_t t0 = gm_now_ns(), deadline = gm_deadline(b->comm, timeout_s);
+    return gcomp_mpi_wait_all(&b, 1, timeout_s, NULL, err);
+}
+
+gcomp_status gcomp_mpi_wait_all(gcomp_mpi_bucket *const *b, size_t n, double timeout_s,
+                                size_t *failed, gcomp_error *err) {
+    if (failed) *failed = n;
+    if (n && !b) return gm_fail(err, GCOMP_E_ARG, "buckets must not be NULL");
+    gcomp_status st = GCOMP_OK;
+    size_t i, busy = 0;
+    for (i = 0; i < n; i++) {
+        if ((st = gm_bucket_usable(b[i], err)) != GCOMP_OK) goto fail;
+        busy += b[i]->busy;
+    }
+    if (!busy) return GCOMP_OK;
+    uint64_t t0 = gm_now_ns(), deadline = UINT64_MAX;
+    for (i = 0; i < n; i++)
+        if (b[i]->busy) {
+            deadline = gm_deadline(b[i]->comm, timeout_s);
+            break;
+        }
     unsigned spins = 0;
     for (;;) {
-        st = progress(b, err);
-        if (st != GCOMP_OK) return st;
-        if (all_done(b)) return finish(b, err);
+        /* Every bucket's next exchange goes out as soon as its last one is in, rather than
+         * when the wait reaches it: their round trips overlap. */
+        busy = 0;
+        for (i = 0; i < n; i++) {
+            if (!b[i]->busy) continue;
+            if ((st = progress(b[i], err)) != GCOMP_OK) goto fail;
+            if (all_done(b[i])) {
+                if ((st = finish(b[i], err)) != GCOMP_OK) goto fail;
+            } else {
+                busy++;
+            }
+        }
+        if (!busy) return GCOMP_OK;
         uint64_t now = gm_now_ns();
         if (now > deadline) {
-            const char *what = "?", *tn = "?";
-            for (size_t gi = 0; gi < b->ng; gi++)
-                if (b->g[gi].stage < b->g[gi].nsteps) {
-                    what = b->g[gi].steps[b->g[gi].stage].what;
-                    tn = b->t[b->g[gi].t0].name;
-                    break;
-                }
-            b->dead = true;
-            return gm_comm_fail(
-                b->comm, err, GCOMP_E_TIMEOUT,
-                "allreduce: %s for the sub-bucket at tensor '%s' not complete after "
-                "%.1f s (a peer is dead, stalled, or did not start this bucket)",
-                what, tn, (double)(now - t0) * 1e-9);
+            for (i = 0; !b[i]->busy; i++) continue;
+            st = wait_timeout(b[i], now - t0, err);
+            goto fail;
         }
         gm_backoff(&spins, now - t0);
     }
+fail:
+    if (failed) *failed = i;
+    return st;
 }
 
 gcomp_status gcomp_mpi_allreduce(gcomp_mpi_bucket *b, float *const *data, gcomp_mpi_op op,

@@ -28,6 +28,8 @@ struct gtrain_exchange {
     gtrain_tensor *t;
     size_t nt;
     gcomp_mpi_bucket **b;
+    gcomp_mpi_bucket **wait; /* the started buckets in start order, for the wait */
+    size_t *wait_t;          /* their tensors */
     gtrain_plan plan;
     unsigned char *started;
     double timeout_s, wait_s, msg_bytes;
@@ -56,6 +58,8 @@ void gtrain_exchange_free(gtrain_exchange *ex) {
     if (ex->owns_comm) gcomp_mpi_comm_free(ex->comm);
     gtrain_plan_free(&ex->plan);
     free(ex->b);
+    free(ex->wait);
+    free(ex->wait_t);
     free(ex->started);
     free(ex->sent_before);
     free(ex);
@@ -101,13 +105,15 @@ int gtrain_exchange_create_on(gtrain_exchange **out, const char *method, gtrain_
     ex->nt = nt;
     ex->timeout_s = timeout_s;
     ex->b = calloc(nt, sizeof *ex->b);
+    ex->wait = calloc(nt, sizeof *ex->wait);
+    ex->wait_t = calloc(nt, sizeof *ex->wait_t);
     ex->started = calloc(nt, 1);
     ex->sent_before = calloc(nt, sizeof(double));
     ex->comm = comm;
     ex->nranks = gcomp_mpi_comm_size(comm);
     gcomp_error e = {0};
     int rc = 0;
-    if (!ex->b || !ex->started || !ex->sent_before) {
+    if (!ex->b || !ex->wait || !ex->wait_t || !ex->started || !ex->sent_before) {
         rc = efail(err, errlen, "out of memory");
         goto out;
     }
@@ -226,14 +232,26 @@ static void count_messages(gtrain_exchange *ex) {
 int gtrain_exchange_finish(gtrain_exchange *ex) {
     double t0 = now_s();
     int rc = 0;
+    size_t n = 0;
     for (size_t k = ex->nt; k-- > 0;) { /* in start order: last layer first */
-        gcomp_error e = {0};
         if (!ex->started[k]) {
             if (!rc) rc = xfail(ex, "%s: its gradient was never reported ready", ex->t[k].name);
             continue;
         }
-        if (gcomp_mpi_wait(ex->b[k], ex->timeout_s, &e) != GCOMP_OK && !rc)
-            rc = xfail(ex, "%s: %s", ex->t[k].name, e.message);
+        ex->wait[n] = ex->b[k];
+        ex->wait_t[n++] = k;
+    }
+    /* All at once, so that each bucket's next round trip (PowerSGD's second factor) goes
+     * out as soon as its first is in.  After an error the others, in flight or not, are
+     * waited on again without the one that failed. */
+    while (n > 0) {
+        gcomp_error e = {0};
+        size_t f;
+        if (gcomp_mpi_wait_all(ex->wait, n, ex->timeout_s, &f, &e) == GCOMP_OK) break;
+        if (!rc) rc = xfail(ex, "%s: %s", ex->t[ex->wait_t[f]].name, e.message);
+        n--;
+        memmove(ex->wait + f, ex->wait + f + 1, (n - f) * sizeof *ex->wait);
+        memmove(ex->wait_t + f, ex->wait_t + f + 1, (n - f) * sizeof *ex->wait_t);
     }
     ex->wait_s += now_s() - t0;
     if (!rc) count_messages(ex);

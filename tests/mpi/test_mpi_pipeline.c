@@ -4,7 +4,9 @@
  * A bucket of 40 tensors of three strategies with a small bucket_bytes runs as many
  * sub-buckets; it is started, "computed over" while gcomp_mpi_test is polled, and waited
  * for; a second bucket is started while the first is in flight and the two are waited for
- * in the opposite order (what a trainer does layer by layer).  Every tensor must equal the
+ * in the opposite order (what a trainer does layer by layer), and then with
+ * gcomp_mpi_wait_all, which must give the same bits as the waits one by one and name the
+ * bucket an error came from.  Every tensor must equal the
  * float64 sum of all ranks' decoded messages, and the statistics must be consistent:
  * overlap <= codec time, bytes counted, per-tensor bytes adding up to the bucket's.
  */
@@ -148,6 +150,51 @@ int main(int argc, char **argv) {
     CHECK_OK(gcomp_mpi_stats_get(a, (size_t)-1, &s));
     CHECK(s.calls == 0 && s.bytes_sent == 0);
 
+    /* 3. gcomp_mpi_wait_all: twins of a and b (same names, specs and state: fresh) waited
+     * for one by one and all at once give the same bits; an idle bucket counts as done */
+    gcomp_mpi_bucket *tw[4] = {0};
+    float *dt[4][NT];
+    size_t nt_[4][NT];
+    char names_t[4][NT][32];
+    for (int k = 0; k < 4; k++)
+        make(comm, &tw[k], dt[k], nt_[k], names_t[k], 1 + (unsigned)(k & 1));
+    if (!tw[0] || !tw[1] || !tw[2] || !tw[3]) return mc_done("test_mpi_pipeline");
+    for (int round = 0; round < 2; round++) {
+        for (int k = 0; k < 4; k++) fill(dt[k], nt_[k], 10u + (unsigned)(round * 2 + (k & 1)));
+        for (int k = 0; k < 4; k++) CHECK_OK(gcomp_mpi_start(tw[k], dt[k], GCOMP_MPI_SUM, &err));
+        CHECK_OK(gcomp_mpi_wait(tw[1], 60.0, &err));
+        CHECK_OK(gcomp_mpi_wait(tw[0], 60.0, &err));
+        gcomp_mpi_bucket *all[3] = {tw[3], a, tw[2]}; /* a is idle */
+        size_t failed = 99;
+        CHECK_OK(gcomp_mpi_wait_all(all, 3, 60.0, &failed, &err));
+        CHECK(failed == 3);
+        int same = 1;
+        for (int k = 0; k < 2; k++)
+            for (size_t i = 0; i < NT; i++)
+                same &= memcmp(dt[k][i], dt[k + 2][i], nt_[k][i] * sizeof(float)) == 0;
+        CHECK_MSG(same, "round %d: wait_all differs from waits one by one", round);
+    }
+    /* a NaN in the second bucket on rank 0: every rank learns it from that bucket (index
+     * 1); the first is still in flight or done and is waited on again */
+    size_t failed = 99;
+    CHECK(gcomp_mpi_wait_all(NULL, 1, 1.0, &failed, &err) == GCOMP_E_ARG && failed == 1);
+    CHECK_OK(gcomp_mpi_wait_all(NULL, 0, 1.0, &failed, &err));
+    fill(da, na, 4);
+    fill(db, nb, 5);
+    owner_residuals(a, na, ra);
+    if (mc_rank == 0) db[1][3] = NAN;
+    CHECK_OK(gcomp_mpi_start(a, da, GCOMP_MPI_SUM, &err));
+    CHECK_OK(gcomp_mpi_start(b, db, GCOMP_MPI_SUM, &err));
+    gcomp_mpi_bucket *ab[2] = {a, b};
+    gcomp_status st = gcomp_mpi_wait_all(ab, 2, 60.0, &failed, &err);
+    CHECK_MSG(st == GCOMP_E_NONFINITE && failed == 1, "status %d from bucket %zu", (int)st, failed);
+    CHECK_OK(gcomp_mpi_wait(a, 60.0, &err));
+    verify(a, da, na, ra, "wait_all with an error in the other bucket");
+
+    for (int k = 0; k < 4; k++) {
+        gcomp_mpi_bucket_free(tw[k]);
+        for (size_t i = 0; i < NT; i++) free(dt[k][i]);
+    }
     gcomp_mpi_bucket_free(a);
     gcomp_mpi_bucket_free(b);
     for (size_t i = 0; i < NT; i++) {

@@ -269,6 +269,40 @@ def test_nonfinite_gradient_raises_on_every_rank(comms):
     assert not flat.failed
 
 
+def test_wait_all_is_the_waits_one_by_one(comms):
+    """gm.wait_all moves every bucket at once; the bits are those of waiting in turn, an
+    error is reported for its own bucket, and the other buckets are still waited for."""
+    flat, _ = comms
+    specs = [("p", "powersgd:rank=2", SHAPE), ("t", "topk:density=0.05,feedback=ef", N)]
+    twins = [flat.bucket(specs) for _ in range(2)]
+    idle = flat.bucket([("i", "none", BIAS)])
+    try:
+        for step in range(3):
+            xs = [[grad(step, N), grad(step, N, 1)] for _ in twins]
+            for b, x in zip(twins, xs):
+                b.start(x, op="sum")
+            twins[0].wait()
+            assert gm.wait_all([idle, twins[1]]) == [None, None]
+            assert not twins[1].in_flight
+            assert digest(*xs[0]) == digest(*xs[1]), f"step {step}"
+        x, y = [grad(5, N), grad(5, N, 1)], [grad(6, N), grad(6, N, 1)]
+        if RANK == SIZE - 1:
+            y[1][7] = np.nan
+        twins[0].start(x)
+        twins[1].start(y)
+        errors = gm.wait_all(twins)
+        assert errors[0] is None and isinstance(errors[1], gradcomp.NonFiniteError)
+        # both are idle again: a bucket left in flight would refuse the next start
+        for b in twins:
+            b.start([grad(7, N), grad(7, N, 1)])
+        assert gm.wait_all(twins) == [None, None]
+        assert gm.wait_all([]) == []
+        assert not flat.failed
+    finally:
+        for b in twins + [idle]:
+            b.close()
+
+
 def test_argument_errors_are_local(comms):
     flat, _ = comms
     with flat.bucket([("w", "none", N)]) as b:
