@@ -699,6 +699,11 @@ typedef struct gcomp_cost_compute {
                              gradient is final during which its transfer progresses (1:
                              transfers run beside compute, as with NCCL or an MPI progress
                              thread; 0: they move only while the worker waits) */
+    int concurrent;     /**< 0: one tensor's exchange at a time, each paying its round trips
+                             after the one before (NCCL's stream, gloo, Horovod); 1: every
+                             tensor's exchange in flight at once (gradcomp's buckets, each on
+                             its own communicator, finished by gcomp_mpi_wait_all): their
+                             bytes share the link, their latencies overlap */
 } gcomp_cost_compute;
 
 /** Measured codec speed for one spec: t(n) = fixed + per_elem * n, near `elements`.
@@ -891,7 +896,8 @@ typedef struct gcomp_cost_result {
  * Predicts one step.  `per_tensor` may be NULL, else gcomp_cost_model_count entries.
  * Returns GCOMP_OK or GCOMP_E_ARG (NULL model/net/compute/out, a net whose workers or
  * nodes differ from the model's, a bandwidth <= 0 or not finite, a negative
- * latency or compute time, overlap outside 0..1).  Pure and cheap: see above.
+ * latency or compute time, overlap outside 0..1, concurrent not 0 or 1).  Pure and cheap:
+ * see above.
  */
 GCOMP_API gcomp_status gcomp_cost_eval(const gcomp_cost_model *m, const gcomp_cost_net *net,
                                        const gcomp_cost_compute *compute, gcomp_cost_result *out,

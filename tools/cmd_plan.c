@@ -66,7 +66,7 @@ typedef struct popts {
     char *methods[MAX_METHODS];
     int nmethods;
     int workers[MAX_WORKERS], nworkers;
-    int nodes, json, per_tensor, calibrate, strategy, servers;
+    int nodes, json, per_tensor, calibrate, strategy, servers, concurrent;
     size_t min_elements, min_k, batch;
     size_t calib_n[8], ncalib; /* --size: the sizes codecs are calibrated at */
     double link_bps, latency, intra_bps, intra_latency, efficiency;
@@ -80,8 +80,9 @@ static const char *usage_text =
     "                     [--intra-link RATE] [--intra-latency US] [--efficiency E]\n"
     "                     [--compute-ms MS | --forward-ms MS --backward-ms MS] [--optimizer-ms "
     "MS]\n"
-    "                     [--overlap X] [--bucket-mb MB] [--batch B] [--min-elements N]\n"
-    "                     [--min-k K] [--dense-spec SPEC] [--strategy S] [--servers S]\n"
+    "                     [--overlap X] [--concurrent] [--bucket-mb MB] [--batch B]\n"
+    "                     [--min-elements N] [--min-k K] [--dense-spec SPEC] [--strategy S]\n"
+    "                     [--servers S]\n"
     "                     [--calibration FILE] [--per-tensor]\n"
     "                     [--json] [--plot FILE.png]\n"
     "       gradcomp plan --calibrate [--compare M1,...] [--calibration FILE] [--size N,...]\n"
@@ -96,6 +97,9 @@ static const char *usage_text =
     "      built-in models it is measured here (--batch, default 32) when not given.\n"
     "--overlap: share of the remaining backward a transfer can use (default 1: transfers\n"
     "      progress beside compute, as with NCCL; the CPU trainer's MPI needs 0).\n"
+    "--concurrent: every tensor's exchange in flight at once, latencies overlapping, as\n"
+    "      gradcomp's buckets are (gradcomp train predicts with it); default: one at a\n"
+    "      time, as NCCL, gloo and Horovod run them.\n"
     "--bucket-mb: fuse adjacent allreduced tensors of one spec into messages of up to MB\n"
     "      (MiB of f32 gradient), filled in backward order: Horovod's tensor fusion (64),\n"
     "      DDP's buckets (25). Default 0: a message a tensor, as the trainer sends them.\n"
@@ -187,6 +191,10 @@ static int parse_args(int argc, char **argv, popts *o) {
         }
         if (!strcmp(a, "--json")) {
             o->json = 1;
+            continue;
+        }
+        if (!strcmp(a, "--concurrent")) {
+            o->concurrent = 1;
             continue;
         }
         if (!strcmp(a, "--per-tensor")) {
@@ -784,6 +792,7 @@ int cmd_plan(int argc, char **argv) {
     }
     comp.optimizer_s = o.optimizer_ms * 1e-3;
     comp.overlap = o.overlap;
+    comp.concurrent = o.concurrent;
 
     size_t nm = (size_t)o.nmethods;
     plans = calloc(nm, sizeof *plans);
@@ -805,6 +814,7 @@ int cmd_plan(int argc, char **argv) {
         json_num(stdout, comp.forward_s + comp.backward_s + comp.optimizer_s);
         printf(", \"overlap\": ");
         json_num(stdout, comp.overlap);
+        printf(", \"concurrent\": %d", comp.concurrent);
         printf(", \"calibration\": ");
         if (cal)
             json_str(stdout, calpath);

@@ -239,7 +239,7 @@ static void bw_decide(gcomp_adapt *a, void *p, const gcomp__adapt_in *in, gcomp_
     net.inter.bandwidth = in->bandwidth;
     net.inter.latency = in->latency;
     if (net.nodes == 1) net.intra = net.inter; /* one node: the measured link is the node's */
-    gcomp_cost_compute cc = {in->forward_s, in->backward_s, in->optimizer_s, s->overlap};
+    gcomp_cost_compute cc = {in->forward_s, in->backward_s, in->optimizer_s, s->overlap, 0};
     gcomp_cost_calibration *cal = NULL;
     gcomp_cost_tensor *ct = gcomp__alloc(a->nt * sizeof *ct);
     double *T = gcomp__alloc(2 * a->K * sizeof(double)); /* predictions, then scores */

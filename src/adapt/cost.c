@@ -18,9 +18,12 @@
  *
  * A transfer starts when its tensor is encoded and the link is free (one link per rank:
  * the transfers of a step share it, first come first served), and moves at rate `overlap`
- * while the worker still computes, at full rate once it waits.  Decoding runs on the
- * worker after the backward pass, each tensor as soon as its transfer is done.  The
- * break-even bandwidth is found by bisection on log(bandwidth).
+ * while the worker still computes, at full rate once it waits.  With `concurrent` (every
+ * tensor's exchange in flight at once, as gradcomp's buckets are) only the bytes queue
+ * for the link; each tensor's chain of latencies runs from its own ready time, beside
+ * the others'.  Decoding runs on the worker after the backward pass, each tensor as soon
+ * as its transfer is done.  The break-even bandwidth is found by bisection on
+ * log(bandwidth).
  *
  * Rejected: a closed form max(compute, comm) (Agarwal et al.'s "perfect overlap" bound;
  * it cannot see that the first layer's gradient is final only at the very end of the
@@ -106,8 +109,10 @@ static void phase_time(const cost_phase *ph, const gcomp_cost_net *net, int L, d
 }
 
 /* A carrier's time on the link: each lane pays its phases' latencies one after another,
- * the lanes side by side; the bytes of every lane share the link. */
-static double tensor_comm(const cost_tensor *t, const gcomp_cost_net *net, int per_node) {
+ * the lanes side by side; the bytes of every lane share the link.  *wire_s (may be NULL)
+ * receives the bytes' share. */
+static double tensor_comm(const cost_tensor *t, const gcomp_cost_net *net, int per_node,
+                          double *wire_s) {
     double lat[COST_MAX_PHASES] = {0}, wire = 0, slowest = 0;
     for (int k = 0; k < t->nphase; k++) {
         const cost_phase *ph = &t->phase[k];
@@ -117,6 +122,7 @@ static double tensor_comm(const cost_tensor *t, const gcomp_cost_net *net, int p
         wire += w;
     }
     for (int k = 0; k < t->nphase; k++) slowest = fmax(slowest, lat[k]);
+    if (wire_s) *wire_s = wire;
     return slowest + wire;
 }
 
@@ -140,7 +146,7 @@ gcomp_status gcomp_cost_eval(const gcomp_cost_model *m, const gcomp_cost_net *ne
     if (!m || !c || !out) return GCOMP_E_ARG;
     if (gcomp__cost_check_net(net, m->workers, m->nodes) != GCOMP_OK) return GCOMP_E_ARG;
     if (bad_time(c->forward_s) || bad_time(c->backward_s) || bad_time(c->optimizer_s) ||
-        !(c->overlap >= 0 && c->overlap <= 1))
+        !(c->overlap >= 0 && c->overlap <= 1) || (c->concurrent != 0 && c->concurrent != 1))
         return GCOMP_E_ARG;
     memset(out, 0, sizeof *out);
     int L = per_node_of(m->workers, m->nodes);
@@ -160,9 +166,17 @@ gcomp_status gcomp_cost_eval(const gcomp_cost_model *m, const gcomp_cost_net *ne
     for (size_t k = m->count; k-- > 0;) {
         const cost_tensor *t = &m->t[k];
         cpu += c->backward_s * t->work / m->total_work + t->encode_s;
-        double comm = tensor_comm(t, net, L);
-        link = advance(cpu > link ? cpu : link, comm, rate, bwd_end);
-        dec = (dec > link ? dec : link) + t->decode_s;
+        double wire, comm = tensor_comm(t, net, L, &wire), done;
+        if (c->concurrent) {
+            /* Its bytes queue on the link behind the other tensors' bytes; its round trips
+             * run beside theirs, from when it is ready. */
+            link = advance(cpu > link ? cpu : link, wire, rate, bwd_end);
+            done = fmax(link, advance(cpu, comm, rate, bwd_end));
+        } else {
+            link = advance(cpu > link ? cpu : link, comm, rate, bwd_end);
+            done = link;
+        }
+        dec = (dec > done ? dec : done) + t->decode_s;
         if (per) {
             gcomp_cost_tensor_result *r = &per[k];
             memset(r, 0, sizeof *r);
@@ -200,7 +214,7 @@ static double time_at(const gcomp_cost_model *m, size_t k, const gcomp_cost_net 
         return r.step_s;
     }
     const cost_tensor *t = &m->t[k];
-    return t->encode_s + tensor_comm(t, net, per_node_of(m->workers, m->nodes)) + t->decode_s;
+    return t->encode_s + tensor_comm(t, net, per_node_of(m->workers, m->nodes), NULL) + t->decode_s;
 }
 
 gcomp_status gcomp_cost_break_even(const gcomp_cost_model *m, const gcomp_cost_model *base,

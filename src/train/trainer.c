@@ -147,7 +147,7 @@ static void predict(const gtrain_config *cfg, const gtrain_exchange *ex, size_t 
     gcomp_cost_tensor *ct = malloc(nt * sizeof *ct);
     gcomp_cost_model *cm = NULL;
     gcomp_cost_result r;
-    gcomp_cost_compute c = {fb_s / 3, fb_s - fb_s / 3, sgd_s, 0};
+    gcomp_cost_compute c = {fb_s / 3, fb_s - fb_s / 3, sgd_s, 0, 1}; /* gtrain_exchange_finish */
     if (ct) {
         gtrain_exchange_cost_tensors(ex, ct);
         if (gcomp_cost_model_create(&cm, ct, nt, P, net.nodes, cfg->calibration, NULL) ==

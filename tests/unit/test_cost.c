@@ -34,7 +34,7 @@ static int one(const char *spec, size_t n, size_t rows, size_t cols, int strateg
     net.nodes = P;
     net.inter.bandwidth = B;
     net.inter.latency = 0;
-    gcomp_cost_compute c = {0, 0, 0, 1};
+    gcomp_cost_compute c = {0, 0, 0, 1, 0};
     st = gcomp_cost_eval(m, &net, &c, r, tr);
     gcomp_cost_model_free(m);
     return st;
@@ -120,7 +120,7 @@ static void test_laws(void) {
     net.inter.bandwidth = 1e8;
     net.inter.latency = 0;
     net.servers = 2;
-    gcomp_cost_compute c0c = {0, 0, 0, 1};
+    gcomp_cost_compute c0c = {0, 0, 0, 1, 0};
     CHECK_OK(gcomp_cost_eval(pm, &net, &c0c, &r, &tr));
     CHECK(r.bytes_sent == (double)est(tk, 100000));
     CHECK_MSG(rel(tr.comm_s, 8.0 / 2 * 4e5 / 1e8) < 1e-12, "%.17g", tr.comm_s);
@@ -141,7 +141,7 @@ static void test_hierarchical(void) {
     net.nodes = 2;
     net.inter = (gcomp_cost_link){1e8, 0};
     net.intra = (gcomp_cost_link){1e10, 0};
-    gcomp_cost_compute c = {0, 0, 0, 1};
+    gcomp_cost_compute c = {0, 0, 0, 1, 0};
     gcomp_cost_result r;
     CHECK_OK(gcomp_cost_eval(m, &net, &c, &r, NULL));
     CHECK(r.bytes_sent == 4.0 * n);
@@ -167,7 +167,7 @@ static void test_overlap(void) {
     net.workers = net.nodes = 2;
     double comm = 0.4, B = 4.0 * (1 << 20) / comm; /* 2 ranks: the ring sends 4n bytes */
     net.inter = (gcomp_cost_link){B, 0};
-    gcomp_cost_compute c = {0.25, 1.0, 0.1, 1.0};
+    gcomp_cost_compute c = {0.25, 1.0, 0.1, 1.0, 0};
     gcomp_cost_result r;
     gcomp_cost_tensor_result tr[2];
     CHECK_OK(gcomp_cost_eval(m, &net, &c, &r, tr));
@@ -217,7 +217,7 @@ static void test_work_and_buckets(void) {
     net.workers = net.nodes = 2;
     double comm = 0.4, B = 4.0 * (double)n / comm;
     net.inter = (gcomp_cost_link){B, 0};
-    gcomp_cost_compute c = {0.25, 1.0, 0.1, 1.0};
+    gcomp_cost_compute c = {0.25, 1.0, 0.1, 1.0, 0};
     gcomp_cost_result r;
     gcomp_cost_tensor_result tr[2];
     gcomp_cost_model *m;
@@ -303,7 +303,7 @@ static void alone_and_fused(gcomp_cost_tensor *t, size_t n, int P, gcomp_cost_re
     gcomp_cost_net_default(&net);
     net.workers = net.nodes = P;
     net.inter = (gcomp_cost_link){1e8, 1e-3};
-    gcomp_cost_compute c = {0.01, 0.02, 0.005, 0};
+    gcomp_cost_compute c = {0.01, 0.02, 0.005, 0, 0};
     gcomp_cost_model *m;
     for (int f = 0; f < 2; f++) {
         for (size_t i = 0; i < n; i++) t[i].bucket = f ? 9 : 0;
@@ -458,7 +458,7 @@ static void test_break_even(void) {
     gcomp_cost_net_default(&net);
     net.workers = net.nodes = 2;
     net.inter.latency = 0;
-    gcomp_cost_compute c = {0, 0, 0, 1};
+    gcomp_cost_compute c = {0, 0, 0, 1, 0};
     double B = 0, want = (4.0 * n - 8 - (double)est(tk, n)) / (1e-9 * n);
     CHECK_OK(gcomp_cost_break_even(mc, md, (size_t)-1, &net, &c, &B));
     CHECK_MSG(rel(B, want) < 1e-6, "%.17g vs %.17g", B, want);
@@ -498,7 +498,7 @@ static void test_calibration_text(void) {
     CHECK_OK(gcomp_cost_model_create(&m, &t, 1, 1, 1, back, NULL));
     gcomp_cost_net net;
     gcomp_cost_net_default(&net);
-    gcomp_cost_compute c = {0, 0, 0, 1};
+    gcomp_cost_compute c = {0, 0, 0, 1, 0};
     gcomp_cost_result res;
     gcomp_cost_tensor_result tr;
     CHECK_OK(gcomp_cost_eval(m, &net, &c, &res, &tr));
@@ -543,7 +543,7 @@ static double encode_at(const gcomp_cost_calibration *cal, size_t n) {
     gcomp_cost_model *m;
     gcomp_cost_net net;
     gcomp_cost_net_default(&net);
-    gcomp_cost_compute c = {0, 0, 0, 1};
+    gcomp_cost_compute c = {0, 0, 0, 1, 0};
     gcomp_cost_result res;
     gcomp_cost_tensor_result tr = {0};
     CHECK_OK(gcomp_cost_model_create(&m, &t, 1, 1, 1, cal, NULL));
@@ -654,7 +654,7 @@ static void test_errors(void) {
     gcomp_cost_net net;
     gcomp_cost_net_default(&net);
     net.workers = net.nodes = 4;
-    gcomp_cost_compute c = {0, 0, 0, 1};
+    gcomp_cost_compute c = {0, 0, 0, 1, 0};
     gcomp_cost_result r;
     CHECK_OK(gcomp_cost_eval(m, &net, &c, &r, NULL));
     net.inter.bandwidth = 0;
@@ -670,6 +670,48 @@ static void test_errors(void) {
     gcomp_cost_calibration_free(NULL);
 }
 
+/* Exchanges in flight at once (compute.concurrent): two small allreduces on 2 ranks, each
+ * a binomial reduce and broadcast (2 latencies) of 4096 + 24 bytes, after the backward
+ * pass (overlap 0).  One at a time they pay 4 latencies; side by side 2, while their bytes
+ * still queue on the link.  With no latency the two agree to the bit. */
+static void test_concurrent_exchanges(void) {
+    size_t n = 1024;
+    gcomp_cost_tensor t[2] = {{"a", "none", n, 0, 0, GCOMP_COST_ALLREDUCE, 0, 0},
+                              {"b", "none", n, 0, 0, GCOMP_COST_ALLREDUCE, 0, 0}};
+    gcomp_cost_calibration *cal;
+    CHECK_OK(gcomp_cost_calibration_create(&cal));
+    gcomp_cost_codec_rate zero = {"none", 0, 0, 0, 0, 0};
+    CHECK_OK(gcomp_cost_calibration_add_codec(cal, &zero, NULL));
+    gcomp_cost_net net;
+    gcomp_cost_net_default(&net);
+    net.workers = net.nodes = 2;
+    net.inter = (gcomp_cost_link){1e9, 0.01};
+    gcomp_cost_compute c = {0, 0, 0, 0, 0};
+    gcomp_cost_result serial, side;
+    gcomp_cost_tensor_result per[2];
+    double w = 2.0 * (4.0 * (double)n + 24) / 1e9;
+    eval2(t, 2, cal, &net, &c, &serial, NULL);
+    CHECK_MSG(rel(serial.step_s, 2 * (0.02 + w)) < 1e-12, "%.17g", serial.step_s);
+    c.concurrent = 1;
+    eval2(t, 2, cal, &net, &c, &side, per);
+    CHECK_MSG(rel(side.step_s, 0.02 + w) < 1e-12, "%.17g", side.step_s);
+    CHECK(side.bytes_sent == serial.bytes_sent && side.comm_s == serial.comm_s);
+    CHECK_MSG(rel(per[0].done_s, 0.02 + w) < 1e-12, "%.17g", per[0].done_s);
+    /* bandwidth-bound: the bytes queue, nothing to overlap */
+    net.inter.latency = 0;
+    eval2(t, 2, cal, &net, &c, &side, NULL);
+    c.concurrent = 0;
+    eval2(t, 2, cal, &net, &c, &serial, NULL);
+    CHECK(memcmp(&side, &serial, sizeof side) == 0);
+    /* neither 0 nor 1 */
+    gcomp_cost_model *m;
+    CHECK_OK(gcomp_cost_model_create(&m, t, 2, 2, 2, cal, NULL));
+    c.concurrent = 2;
+    CHECK(gcomp_cost_eval(m, &net, &c, &side, NULL) == GCOMP_E_ARG);
+    gcomp_cost_model_free(m);
+    gcomp_cost_calibration_free(cal);
+}
+
 int main(void) {
     test_laws();
     test_hierarchical();
@@ -677,6 +719,7 @@ int main(void) {
     test_work_and_buckets();
     test_allgather_bucket();
     test_concurrent_bucket();
+    test_concurrent_exchanges();
     test_one_exchange_bound();
     test_powersgd_bucket();
     test_break_even();
