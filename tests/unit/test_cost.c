@@ -151,15 +151,21 @@ static void test_hierarchical(void) {
     gcomp_cost_model_free(m);
 }
 
+/* A calibration in which dense f32 costs nothing: only the link's time is left. */
+static gcomp_cost_calibration *free_dense(void) {
+    gcomp_cost_calibration *cal = NULL;
+    CHECK_OK(gcomp_cost_calibration_create(&cal));
+    gcomp_cost_codec_rate zero = {"none", 0, 0, 0, 0, 0};
+    CHECK_OK(gcomp_cost_calibration_add_codec(cal, &zero, NULL));
+    return cal;
+}
+
 /* Overlap: two equal tensors, backward 1 s; the later layer's gradient is final after
  * 0.5 s and its 0.4 s transfer hides in the remaining 0.5 s; the first layer's does not. */
 static void test_overlap(void) {
     gcomp_cost_tensor t[2] = {{"a", "none", 1 << 20, 0, 0, GCOMP_COST_ALLREDUCE, 0, 0},
                               {"b", "none", 1 << 20, 0, 0, GCOMP_COST_ALLREDUCE, 0, 0}};
-    gcomp_cost_calibration *cal;
-    CHECK_OK(gcomp_cost_calibration_create(&cal));
-    gcomp_cost_codec_rate zero = {"none", 0, 0, 0, 0, 0};
-    CHECK_OK(gcomp_cost_calibration_add_codec(cal, &zero, NULL));
+    gcomp_cost_calibration *cal = free_dense();
     gcomp_cost_model *m;
     CHECK_OK(gcomp_cost_model_create(&m, t, 2, 2, 2, cal, NULL));
     gcomp_cost_net net;
@@ -208,10 +214,7 @@ static void test_work_and_buckets(void) {
     gcomp_cost_tensor t[3] = {{"a", "none", n, 0, 0, GCOMP_COST_ALLREDUCE, 1, 0},
                               {"b", "none", n, 0, 0, GCOMP_COST_ALLREDUCE, 3, 0},
                               {"c", "none", n, 0, 0, GCOMP_COST_ALLREDUCE, 0, 0}};
-    gcomp_cost_calibration *cal;
-    CHECK_OK(gcomp_cost_calibration_create(&cal));
-    gcomp_cost_codec_rate zero = {"none", 0, 0, 0, 0, 0};
-    CHECK_OK(gcomp_cost_calibration_add_codec(cal, &zero, NULL));
+    gcomp_cost_calibration *cal = free_dense();
     gcomp_cost_net net;
     gcomp_cost_net_default(&net);
     net.workers = net.nodes = 2;
@@ -678,10 +681,7 @@ static void test_concurrent_exchanges(void) {
     size_t n = 1024;
     gcomp_cost_tensor t[2] = {{"a", "none", n, 0, 0, GCOMP_COST_ALLREDUCE, 0, 0},
                               {"b", "none", n, 0, 0, GCOMP_COST_ALLREDUCE, 0, 0}};
-    gcomp_cost_calibration *cal;
-    CHECK_OK(gcomp_cost_calibration_create(&cal));
-    gcomp_cost_codec_rate zero = {"none", 0, 0, 0, 0, 0};
-    CHECK_OK(gcomp_cost_calibration_add_codec(cal, &zero, NULL));
+    gcomp_cost_calibration *cal = free_dense();
     gcomp_cost_net net;
     gcomp_cost_net_default(&net);
     net.workers = net.nodes = 2;
