@@ -248,6 +248,10 @@ int gtrain_exchange_finish(gtrain_exchange *ex) {
         gcomp_error e = {0};
         size_t f;
         if (gcomp_mpi_wait_all(ex->wait, n, ex->timeout_s, &f, &e) == GCOMP_OK) break;
+        if (f >= n) { /* not from one bucket: cannot be with these arguments */
+            if (!rc) rc = xfail(ex, "wait: %s", e.message);
+            break;
+        }
         if (!rc) rc = xfail(ex, "%s: %s", ex->t[ex->wait_t[f]].name, e.message);
         n--;
         memmove(ex->wait + f, ex->wait + f + 1, (n - f) * sizeof *ex->wait);
