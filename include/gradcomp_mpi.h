@@ -450,8 +450,8 @@ GCOMP_API gcomp_status gcomp_mpi_wait(gcomp_mpi_bucket *b, double timeout_s, gco
  * same results, later.  The first error ends the wait: *failed (may be NULL) is then the
  * index of the bucket it came from, else n.  The others are left as they are (finished
  * ones idle, the rest in flight, before that index or after it): wait on them again.  On
- * timeout (the deadline from the first busy bucket's
- * communicator, or timeout_s) GCOMP_E_TIMEOUT, and that communicator is failed.
+ * timeout (timeout_s, else the first busy bucket's communicator's default) GCOMP_E_TIMEOUT,
+ * and that communicator is failed.
  */
 GCOMP_API gcomp_status gcomp_mpi_wait_all(gcomp_mpi_bucket *const *b, size_t n, double timeout_s,
                                           size_t *failed, gcomp_error *err);

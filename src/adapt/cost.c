@@ -166,16 +166,11 @@ gcomp_status gcomp_cost_eval(const gcomp_cost_model *m, const gcomp_cost_net *ne
     for (size_t k = m->count; k-- > 0;) {
         const cost_tensor *t = &m->t[k];
         cpu += c->backward_s * t->work / m->total_work + t->encode_s;
-        double wire, comm = tensor_comm(t, net, L, &wire), done;
-        if (c->concurrent) {
-            /* Its bytes queue on the link behind the other tensors' bytes; its round trips
-             * run beside theirs, from when it is ready. */
-            link = advance(cpu > link ? cpu : link, wire, rate, bwd_end);
-            done = fmax(link, advance(cpu, comm, rate, bwd_end));
-        } else {
-            link = advance(cpu > link ? cpu : link, comm, rate, bwd_end);
-            done = link;
-        }
+        /* One at a time, its whole exchange queues for the link.  Side by side, only its
+         * bytes do; its round trips run beside the others', from when it is ready. */
+        double wire, comm = tensor_comm(t, net, L, &wire);
+        link = advance(cpu > link ? cpu : link, c->concurrent ? wire : comm, rate, bwd_end);
+        double done = c->concurrent ? fmax(link, advance(cpu, comm, rate, bwd_end)) : link;
         dec = (dec > done ? dec : done) + t->decode_s;
         if (per) {
             gcomp_cost_tensor_result *r = &per[k];

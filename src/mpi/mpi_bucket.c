@@ -863,17 +863,12 @@ gcomp_status gcomp_mpi_wait_all(gcomp_mpi_bucket *const *b, size_t n, double tim
     if (n && !b) return gm_fail(err, GCOMP_E_ARG, "buckets must not be NULL");
     gcomp_status st = GCOMP_OK;
     size_t i, busy = 0;
+    uint64_t t0 = gm_now_ns(), deadline = UINT64_MAX;
     for (i = 0; i < n; i++) {
         if ((st = gm_bucket_usable(b[i], err)) != GCOMP_OK) goto fail;
-        busy += b[i]->busy;
+        if (b[i]->busy && !busy++) deadline = gm_deadline(b[i]->comm, timeout_s);
     }
     if (!busy) return GCOMP_OK;
-    uint64_t t0 = gm_now_ns(), deadline = UINT64_MAX;
-    for (i = 0; i < n; i++)
-        if (b[i]->busy) {
-            deadline = gm_deadline(b[i]->comm, timeout_s);
-            break;
-        }
     unsigned spins = 0;
     for (;;) {
         /* Every bucket's next exchange goes out as soon as its last one is in, rather than
