@@ -726,8 +726,9 @@ typedef struct gcomp_cost_net_rate {
     int ranks;             /**< ranks of the job that measured it */
     double latency;        /**< alpha: half the round trip of a small ping-pong, seconds */
     double bandwidth;      /**< 1/beta: bytes/s of a large one-way transfer */
-    double ring_bandwidth; /**< bytes/s a ring allreduce reached (2(P-1)/P n / time); 0 if not
-                                measured */
+    double ring_bandwidth; /**< bytes/s a ring allreduce reached (2(P-1)/P n / time, its
+                                codec time not overlapped with a transfer left out); 0 if
+                                not measured */
 } gcomp_cost_net_rate;
 
 /**

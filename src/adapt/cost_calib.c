@@ -191,7 +191,8 @@ gcomp_status gcomp_cost_calibration_format(const gcomp_cost_calibration *cal, ch
     put(&b, "# codec SPEC [elements=N]: seconds per encode / decode-add = fixed + per_elem * "
             "elements, measured at N elements (none: any size)\n"
             "# net LABEL: latency (s, half a ping-pong round trip), bandwidth (bytes/s one "
-            "way), ring_bandwidth (bytes/s of a ring allreduce: 2(P-1)/P n / time)\n");
+            "way), ring_bandwidth (bytes/s of a ring allreduce: 2(P-1)/P n / its time "
+            "less its codec's)\n");
     if (cal->info) put(&b, "%s", cal->info);
     for (size_t i = 0; i < cal->ncodec; i++) {
         const gcomp_cost_codec_rate *r = &cal->codec[i];
