@@ -873,19 +873,22 @@ typedef struct gcomp_cost_tensor_result {
     double bytes_sent;    /**< handed to MPI for other ranks, as gcomp_mpi_stats counts it */
     double node_bytes;    /**< hierarchical: inside the node, sent + received */
     double encode_s;      /**< worker and owner encodes */
-    double decode_s;      /**< every decode-add and unpack this rank runs */
+    double decode_s;      /**< every decode-add and unpack this rank runs after the transfer */
     double comm_s;        /**< alpha-beta time of its transfers alone */
     double ready_s;       /**< when its gradient is final, from the start of the step */
     double done_s;        /**< when its result is decoded */
     int strategy;         /**< as given */
     int calibrated;       /**< 2 exact spec, 1 same codec (scaled), 0 default rate */
+    double hidden_s;      /**< codec work while its transfer is in flight (the allgather
+                               zeroes its output for decode-add): on the worker, beside the
+                               link */
 } gcomp_cost_tensor_result;
 
 /** The step as a whole. */
 typedef struct gcomp_cost_result {
     double step_s;     /**< predicted step time */
     double compute_s;  /**< forward + backward + optimizer */
-    double codec_s;    /**< encode + decode of every tensor */
+    double codec_s;    /**< encode + decode (+ hidden) of every tensor */
     double comm_s;     /**< alpha-beta time of every transfer, hidden or not */
     double exposed_s;  /**< step - compute - codec: the communication not hidden */
     double bytes_sent; /**< per rank per step */

@@ -913,6 +913,8 @@ int cmd_plan(int argc, char **argv) {
                     json_num(stdout, per[k].encode_s);
                     printf(", \"decode_s\": ");
                     json_num(stdout, per[k].decode_s);
+                    printf(", \"hidden_s\": ");
+                    json_num(stdout, per[k].hidden_s);
                     printf(", \"comm_s\": ");
                     json_num(stdout, per[k].comm_s);
                     printf(", \"ready_s\": ");
@@ -943,7 +945,8 @@ int cmd_plan(int argc, char **argv) {
                                "%8.3f ms  break-even %s\n",
                                pt[k].name, pt[k].n, plans[i].t[k].spec,
                                strategy_name(plans[i].t[k].strategy), per[k].bytes_sent,
-                               1e3 * (per[k].encode_s + per[k].decode_s), 1e3 * per[k].comm_s, tbs);
+                               1e3 * (per[k].encode_s + per[k].decode_s + per[k].hidden_s),
+                               1e3 * per[k].comm_s, tbs);
                     }
             }
             free(per);

@@ -22,8 +22,9 @@
  * tensor's exchange in flight at once, as gradcomp's buckets are) only the bytes queue
  * for the link; each tensor's chain of latencies runs from its own ready time, beside
  * the others'.  Decoding runs on the worker after the backward pass, each tensor as soon
- * as its transfer is done.  The break-even bandwidth is found by bisection on
- * log(bandwidth).
+ * as its transfer is done; work a strategy does while its own transfer is in flight
+ * (allgather zeroes its output) runs on the worker beside the link.  The break-even
+ * bandwidth is found by bisection on log(bandwidth).
  *
  * Rejected: a closed form max(compute, comm) (Agarwal et al.'s "perfect overlap" bound;
  * it cannot see that the first layer's gradient is final only at the very end of the
@@ -156,7 +157,7 @@ gcomp_status gcomp_cost_eval(const gcomp_cost_model *m, const gcomp_cost_net *ne
     out->calibrated = 2;
     for (size_t k = m->count; k-- > 0;) {
         const cost_tensor *t = &m->t[k];
-        cpu += c->backward_s * t->work / m->total_work + t->encode_s;
+        cpu += c->backward_s * t->work / m->total_work + t->encode_s + t->hidden_s;
     }
     bwd_end = cpu;
     /* Second pass: the link takes the tensors in the order they became ready; the worker
@@ -171,6 +172,8 @@ gcomp_status gcomp_cost_eval(const gcomp_cost_model *m, const gcomp_cost_net *ne
         double wire, comm = tensor_comm(t, net, L, &wire);
         link = advance(cpu > link ? cpu : link, c->concurrent ? wire : comm, rate, bwd_end);
         double done = c->concurrent ? fmax(link, advance(cpu, comm, rate, bwd_end)) : link;
+        double ready = cpu;
+        cpu += t->hidden_s; /* on the worker, while its transfer moves */
         dec = (dec > done ? dec : done) + t->decode_s;
         if (per) {
             gcomp_cost_tensor_result *r = &per[k];
@@ -180,14 +183,15 @@ gcomp_status gcomp_cost_eval(const gcomp_cost_model *m, const gcomp_cost_net *ne
             r->node_bytes = t->node_bytes;
             r->encode_s = t->encode_s;
             r->decode_s = t->decode_s;
+            r->hidden_s = t->hidden_s;
             r->comm_s = comm;
-            r->ready_s = cpu;
+            r->ready_s = ready;
             r->done_s = dec;
             r->strategy = t->strategy;
             r->calibrated = t->calibrated;
         }
         out->comm_s += comm;
-        out->codec_s += t->encode_s + t->decode_s;
+        out->codec_s += t->encode_s + t->decode_s + t->hidden_s;
         out->bytes_sent += t->bytes_sent;
         out->node_bytes += t->node_bytes;
         if (t->calibrated < out->calibrated) out->calibrated = t->calibrated;
@@ -209,7 +213,8 @@ static double time_at(const gcomp_cost_model *m, size_t k, const gcomp_cost_net 
         return r.step_s;
     }
     const cost_tensor *t = &m->t[k];
-    return t->encode_s + tensor_comm(t, net, per_node_of(m->workers, m->nodes), NULL) + t->decode_s;
+    double comm = tensor_comm(t, net, per_node_of(m->workers, m->nodes), NULL);
+    return t->encode_s + fmax(comm, t->hidden_s) + t->decode_s;
 }
 
 gcomp_status gcomp_cost_break_even(const gcomp_cost_model *m, const gcomp_cost_model *base,

@@ -34,6 +34,9 @@ typedef struct cost_tensor {
     double work; /* backward work before the gradient is final (gcomp_cost_tensor.work, or n) */
     double message_bytes, bytes_sent, node_bytes;
     double encode_s, decode_s;
+    double hidden_s; /* codec work the strategy does on the worker while its transfer is in
+                        flight (zeroing the output for decode-add): beside the link, not
+                        after it */
     int calibrated;
     int nphase;
     cost_phase phase[COST_MAX_PHASES];

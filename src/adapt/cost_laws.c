@@ -13,7 +13,10 @@
  *              below it Open MPI's (libnbc's) for an in-place MPI_Iallreduce, which is a
  *              binomial reduce to one rank and a binomial broadcast back whatever the size:
  *              2 log2 G steps of the whole S (on netsim with 5 ms each way, 1 KiB took
- *              10.3 ms on 2 ranks and 20.6 ms on 4)
+ *              10.3 ms on 2 ranks and 20.6 ms on 4).  A pack over 32 KiB goes as s
+ *              slices (at most 16) in flight at once: the root's link then carries
+ *              log2 G x S each way, the broadcast of one slice beside the reduction of the
+ *              next, so (1 + 1/s) log2 G x S on the wire where one pack takes 2 log2 G x S
  *   powersgd   per power iteration, allreduces of rows x r and cols x r values (+ check
  *              words; MPI_Iallreduce, as above), or a dense allreduce on the dense steps the
  *              codec takes
@@ -40,8 +43,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define RING_MIN_BYTES (256.0 * 1024) /* src/mpi/mpi_allreduce.c: packs this big use the ring */
-#define GM_SLICE_HDR 8.0              /* src/mpi: a slice's header */
+#define RING_MIN_BYTES (256.0 * 1024)  /* src/mpi/mpi_allreduce.c: packs this big use the ring */
+#define GM_SLICE_HDR 8.0               /* src/mpi: a slice's header */
+#define PACK_SLICE_BYTES (32.0 * 1024) /* src/mpi: the pack reductions' slices, */
+#define PACK_SLICES_MAX 16.0           /* at most this many */
 
 typedef struct law_in {
     const gcomp_cost_tensor *t;
@@ -92,6 +97,16 @@ static gcomp_status estimate(const law_in *in, size_t n, size_t rows, size_t col
     return st;
 }
 
+/* A pack of S value bytes (+ its check words) through MPI_Iallreduce: libnbc's binomial
+ * reduce and broadcast, the pack in slices (gm_start_pack_reduce). */
+static void pack_reduce(cost_tensor *ct, const law_in *in, double S, double check) {
+    int G = in->G, L = log2up(G);
+    if (G < 2) return;
+    double slices = S > PACK_SLICE_BYTES ? fmin(ceil(S / PACK_SLICE_BYTES), PACK_SLICES_MAX) : 1;
+    ct->bytes_sent += ring_bytes(S + check, G);
+    add_phase(ct, PH_RING, G, L * (S + check) * (1 + 1 / slices), 2 * L, in->leaders);
+}
+
 /* An allreduce of S value bytes (+ check words below the ring's size): bytes and time. */
 static void allreduce_values(cost_tensor *ct, const law_in *in, double S, double check) {
     int G = in->G;
@@ -100,9 +115,7 @@ static void allreduce_values(cost_tensor *ct, const law_in *in, double S, double
         ct->bytes_sent += 2.0 * (G - 1) / G * S;
         add_phase(ct, PH_RING, G, 2.0 * (G - 1) / G * S, 2.0 * (G - 1), in->leaders);
     } else {
-        ct->bytes_sent += ring_bytes(S + check, G);
-        int r = 2 * log2up(G); /* libnbc's binomial reduce + broadcast */
-        add_phase(ct, PH_RING, G, r * (S + check), r, in->leaders);
+        pack_reduce(ct, in, S, check);
     }
 }
 
@@ -156,14 +169,8 @@ static gcomp_status law_allreduce(cost_tensor *ct, const law_in *in) {
         ct->message_bytes = iters * (R + C) * r * w;
         /* The factors go through MPI_Iallreduce whatever their size (mpi_lowrank.c). */
         for (int k = 0; k < (int)iters; k++) {
-            double chk_p = k == 0 ? 24 : 8;
-            ct->bytes_sent +=
-                ring_bytes(R * r * w + chk_p, in->G) + ring_bytes(C * r * w + 8, in->G);
-            int lg = 2 * log2up(in->G); /* libnbc's binomial reduce + broadcast */
-            if (in->G > 1) {
-                add_phase(ct, PH_RING, in->G, lg * (R * r * w + chk_p), lg, in->leaders);
-                add_phase(ct, PH_RING, in->G, lg * (C * r * w + 8), lg, in->leaders);
-            }
+            pack_reduce(ct, in, R * r * w, k == 0 ? 24 : 8);
+            pack_reduce(ct, in, C * r * w, 8);
         }
         /* Encode forms P = MQ and Q = M^T P; decode writes M ~ P Q^T into the output. */
         ct->encode_s = enc(in, n);
@@ -199,9 +206,12 @@ static gcomp_status law_allgather(cost_tensor *ct, const law_in *in) {
         }
     }
     ct->encode_s = enc(in, n);
-    /* Decode-add of the G messages into the output, which the strategy zeroes first (a
-     * write pass) and checks for an overflowed sum after (a read pass): mpi_allgather.c. */
-    ct->decode_s = G * dec(in, n) + 2 * in->stream_s * n;
+    /* Decode-add of the G messages into the output, which the strategy zeroes while the
+     * messages travel (a write pass) and checks for an overflowed sum after (a read pass):
+     * mpi_allgather.c. */
+    double pass = in->stream_s * n;
+    ct->decode_s = G * dec(in, n) + (G > 1 ? pass : 2 * pass);
+    ct->hidden_s = G > 1 ? pass : 0;
     return GCOMP_OK;
 }
 
@@ -417,6 +427,7 @@ static gcomp_status sum_members(cost_tensor *t, const gcomp_cost_tensor *in, con
     memcpy(sum.phase, t[tmpl].phase, sizeof sum.phase);
     for (int p = 0; p < sum.nphase; p++) sum.phase[p].bytes = sum.phase[p].server_bytes = 0;
     sum.message_bytes = sum.bytes_sent = sum.node_bytes = sum.encode_s = sum.decode_s = 0;
+    sum.hidden_s = 0;
     bool hier = (in[at[0]].strategy & GCOMP_COST_HIERARCHICAL) != 0;
     for (size_t k = 0; k < cnt; k++) {
         const cost_tensor *o = &t[at[k]];
@@ -440,6 +451,7 @@ static gcomp_status sum_members(cost_tensor *t, const gcomp_cost_tensor *in, con
         sum.node_bytes += o->node_bytes;
         sum.encode_s += o->encode_s;
         sum.decode_s += o->decode_s;
+        sum.hidden_s += o->hidden_s;
         if (o->calibrated < sum.calibrated) sum.calibrated = o->calibrated;
     }
     t[at[0]] = sum;
@@ -513,6 +525,7 @@ static gcomp_status merge_lanes(cost_tensor *t, const size_t *c, size_t lanes, u
         to->node_bytes += o->node_bytes;
         to->encode_s += o->encode_s;
         to->decode_s += o->decode_s;
+        to->hidden_s += o->hidden_s;
         if (o->calibrated < to->calibrated) to->calibrated = o->calibrated;
     }
     for (size_t e = 1; e < lanes; e++) clear_member(&t[c[e]], to->calibrated);

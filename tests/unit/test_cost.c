@@ -62,6 +62,20 @@ static void test_laws(void) {
     CHECK_OK(one("none", 1000, 0, 0, GCOMP_COST_ALLREDUCE, 4, 1e8, NULL, &r, &tr));
     CHECK_EQ_INT(r.bytes_sent, 6036);
     CHECK_MSG(rel(tr.comm_s, 4 * 4024 / 1e8) < 1e-12, "%.17g", tr.comm_s);
+    /* Over 32 KiB the pack goes in slices, all in flight at once (gm_start_pack_reduce):
+     * 160000 bytes in 5.  The root's link carries log2(4) packs each way, the broadcast of
+     * one slice beside the reduction of the next, and one slice more fills the pipe. */
+    CHECK_OK(one("none", 40000, 0, 0, GCOMP_COST_ALLREDUCE, 4, 1e8, NULL, &r, &tr));
+    CHECK_MSG(rel(tr.comm_s, 2 * 160024 * 1.2 / 1e8) < 1e-12, "%.17g", tr.comm_s);
+    /* 200000 bytes on 2 ranks: 7 slices, one reduction and one broadcast hop. */
+    CHECK_OK(one("none", 50000, 0, 0, GCOMP_COST_ALLREDUCE, 2, 1e8, NULL, &r, &tr));
+    CHECK_MSG(rel(tr.comm_s, 200024 * (1 + 1 / 7.0) / 1e8) < 1e-12, "%.17g", tr.comm_s);
+    /* PowerSGD's factors take the same path at any size, in at most 16 slices: P of
+     * 65536 x 4 f32 (1 MiB, 32 slices' worth) in 16, Q (1 KiB) in one. */
+    CHECK_OK(
+        one("powersgd:rank=4", 65536 * 64, 65536, 64, GCOMP_COST_ALLREDUCE, 2, 1e8, NULL, &r, &tr));
+    CHECK_MSG(rel(tr.comm_s, ((1048576 + 24) * (1 + 1 / 16.0) + 2 * (1024 + 8)) / 1e8) < 1e-12,
+              "%.17g", tr.comm_s);
     /* One rank: nothing travels. */
     CHECK_OK(one("none", 1000, 0, 0, GCOMP_COST_ALLREDUCE, 1, 1e8, NULL, &r, &tr));
     CHECK_EQ_INT(r.bytes_sent, 0);
@@ -348,6 +362,26 @@ static void test_powersgd_bucket(void) {
     alone_and_fused(v, 2, 8, &a2, &fn, NULL, NULL);
     CHECK_MSG(rel(f1.comm_s, f2.comm_s) < 1e-12 && rel(f1.comm_s, fn.comm_s) < 1e-12,
               "%.17g %.17g %.17g", f1.comm_s, f2.comm_s, fn.comm_s);
+}
+
+/* The allgather zeroes its output while the messages travel (mpi_allgather.c, ag_zero):
+ * that pass runs beside the transfer, so a tensor alone takes encode + max(transfer,
+ * zeroing) + decode, whichever of the two is longer. */
+static void test_hidden_work(void) {
+    gcomp_cost_result r;
+    gcomp_cost_tensor_result tr;
+    for (int slow = 0; slow < 2; slow++) {
+        double B = slow ? 1e6 : 1e12;
+        CHECK_OK(
+            one("topk:density=0.01", 1000000, 0, 0, GCOMP_COST_ALLGATHER, 2, B, NULL, &r, &tr));
+        CHECK(tr.hidden_s > 0 && (slow ? tr.comm_s > tr.hidden_s : tr.comm_s < tr.hidden_s));
+        CHECK_MSG(rel(r.step_s, tr.encode_s + fmax(tr.comm_s, tr.hidden_s) + tr.decode_s) < 1e-12,
+                  "%.17g", r.step_s);
+        CHECK(rel(r.codec_s, tr.encode_s + tr.decode_s + tr.hidden_s) < 1e-12);
+    }
+    /* One rank: nothing travels, the zeroing is plain decode work. */
+    CHECK_OK(one("topk:density=0.01", 1000000, 0, 0, GCOMP_COST_ALLGATHER, 1, 1e8, NULL, &r, &tr));
+    CHECK(tr.hidden_s == 0 && rel(r.step_s, tr.encode_s + tr.decode_s) < 1e-12);
 }
 
 /* An allgather bucket (gcomp_mpi's sub-buckets, the DDP hook's gather path): the members'
@@ -722,6 +756,7 @@ int main(void) {
     test_concurrent_exchanges();
     test_one_exchange_bound();
     test_powersgd_bucket();
+    test_hidden_work();
     test_break_even();
     test_calibration_text();
     test_calibration_sizes();
