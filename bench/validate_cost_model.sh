@@ -129,11 +129,13 @@ post() {
     set_case "$1"
     [ -s "$cal" ] || { log "$tag: no calibration, nothing to compare"; return 0; }
     # The prediction: the tensor alone, its spec for every tensor, the calibrated codec
-    # rates and latency, the link's nominal rate (the calibrated one when unshaped).
-    local lat_us M spec b
+    # rates, latency and burst, the link's nominal rate (the calibrated one when unshaped).
+    local lat_us burst M spec b
     lat_us=$(awk '$1 == "net" && $2 == "inter" { for (i = 3; i <= NF; i++)
         if ($i ~ /^latency=/) { sub("latency=", "", $i); printf "%.3f", $i * 1e6 } }' "$cal")
-    local linkarg=(--link "$R" --latency "${lat_us:-25}")
+    burst=$(awk '$1 == "net" && $2 == "inter" { for (i = 3; i <= NF; i++)
+        if ($i ~ /^burst=/) { sub("burst=", "", $i); printf "%.0f", $i } }' "$cal")
+    local linkarg=(--link "$R" --latency "${lat_us:-25}" --burst "${burst:-0}")
     [ "$R" != none ] || linkarg=()
     echo "t ${N/x/ }" >"$OUT/tensor-$tag.txt"
     for M in $METHODS; do

@@ -667,13 +667,19 @@ typedef enum gcomp_cost_strategy {
 #define GCOMP_COST_ONE_EXCHANGE 0x200
 
 /** Version of the calibration text format gcomp_cost_calibration_format writes (2: codec
- *  lines may carry elements=; version 1 files are read). */
-#define GCOMP_COST_CALIBRATION_VERSION 2
+ *  lines may carry elements=; 3: net lines may carry burst=; older files are read). */
+#define GCOMP_COST_CALIBRATION_VERSION 3
 
-/** One link: latency (alpha) and payload bandwidth (1 / beta). */
+/** One link: latency (alpha) and payload bandwidth (1 / beta), and the burst of a
+ *  token-bucket shaper.  A shaped link (Linux tc's tbf, a cloud instance's rate limit)
+ *  lets `burst` bytes through at once after it has been idle and refills that allowance
+ *  at `bandwidth`: a step whose exchange fits in what the idle part of the step refilled
+ *  pays latency only.  The model gives each step min(burst, bandwidth x the step's time
+ *  without inter-node transfers) bytes free, taken by the step's first transfers. */
 typedef struct gcomp_cost_link {
     double bandwidth; /**< bytes per second of payload, each direction (full duplex); > 0 */
     double latency;   /**< seconds per message (one-way, software included); >= 0 */
+    double burst;     /**< bytes a shaper lets through at once after idle; 0: a plain wire */
 } gcomp_cost_link;
 
 /** The network and the job's shape. */
@@ -729,6 +735,8 @@ typedef struct gcomp_cost_net_rate {
     double ring_bandwidth; /**< bytes/s a ring allreduce reached (2(P-1)/P n / time, its
                                 codec time not overlapped with a transfer left out); 0 if
                                 not measured */
+    double burst;          /**< bytes a transfer after idle got through beyond `bandwidth`
+                                (a shaper's bucket); 0 if none was seen */
 } gcomp_cost_net_rate;
 
 /**
@@ -736,8 +744,8 @@ typedef struct gcomp_cost_net_rate {
  * the ring allreduce's where it was measured and is the lower, else the one-way
  * transfer's.  Every strategy has all ranks sending at once, which a one-way transfer does
  * not show where the ranks share something: on one machine (netsim hosts, loopback) their
- * TCP copies share the cores, and an oversubscribed switch shares its uplinks.  Returns
- * GCOMP_OK, or GCOMP_E_ARG for NULL or a rate without a bandwidth.
+ * TCP copies share the cores, and an oversubscribed switch shares its uplinks.  The burst
+ * as measured.  Returns GCOMP_OK, or GCOMP_E_ARG for NULL or a rate without a bandwidth.
  */
 GCOMP_API gcomp_status gcomp_cost_link_measured(const gcomp_cost_net_rate *rate,
                                                 gcomp_cost_link *out);

@@ -69,15 +69,16 @@ typedef struct popts {
     int nodes, json, per_tensor, calibrate, strategy, servers, concurrent;
     size_t min_elements, min_k, batch;
     size_t calib_n[8], ncalib; /* --size: the sizes codecs are calibrated at */
-    double link_bps, latency, intra_bps, intra_latency, efficiency;
+    double link_bps, latency, intra_bps, intra_latency, efficiency, burst;
     double compute_ms, forward_ms, backward_ms, optimizer_ms, overlap, bucket_mb;
-    bool have_link, have_compute;
+    bool have_link, have_compute, have_burst;
 } popts;
 
 static const char *usage_text =
     "usage: gradcomp plan [--model mlp|mlp-large|cnn|FILE] [--compare M1,M2,...]\n"
     "                     [--workers P1,P2,...] [--nodes N] [--link RATE] [--latency US]\n"
-    "                     [--intra-link RATE] [--intra-latency US] [--efficiency E]\n"
+    "                     [--burst BYTES] [--intra-link RATE] [--intra-latency US]\n"
+    "                     [--efficiency E]\n"
     "                     [--compute-ms MS | --forward-ms MS --backward-ms MS] [--optimizer-ms "
     "MS]\n"
     "                     [--overlap X] [--concurrent] [--bucket-mb MB] [--batch B]\n"
@@ -93,6 +94,8 @@ static const char *usage_text =
     "RATE: 100mbit, 1gbit, 10gbit, 100gbit, 25gbit, ...; the model uses RATE/8 x E bytes/s\n"
     "      (E = --efficiency, default 1448/1514: TCP payload of Ethernet frames).\n"
     "Without --link the calibration's measured network is used (net inter, else intra).\n"
+    "--burst: a shaper's bucket on the link (tc tbf's burst: 256kb is 262144; 0: a plain\n"
+    "      wire, the default with --link); without it the calibration's measured one.\n"
     "Compute: --compute-ms (split 1/3 forward, 2/3 backward) or forward/backward; for the\n"
     "      built-in models it is measured here (--batch, default 32) when not given.\n"
     "--overlap: share of the remaining backward a transfer can use (default 1: transfers\n"
@@ -235,6 +238,12 @@ static int parse_args(int argc, char **argv, popts *o) {
         } else if (!strcmp(a, "--latency") || !strcmp(a, "--intra-latency")) {
             if (parse_double(a, v, 0, &us)) return 2;
             *(!strcmp(a, "--latency") ? &o->latency : &o->intra_latency) = us * 1e-6;
+        } else if (!strcmp(a, "--burst")) {
+            size_t bytes;
+            if (cli_parse_count(v, &bytes))
+                return cli_fail(CMD, 2, "--burst %s: expected a byte count (262144, 256k)", v);
+            o->burst = (double)bytes;
+            o->have_burst = true;
         } else if (!strcmp(a, "--efficiency")) {
             if (parse_double(a, v, 0, &o->efficiency)) return 2;
             if (!(o->efficiency > 0) || o->efficiency > 1)
@@ -778,6 +787,7 @@ int cmd_plan(int argc, char **argv) {
         gcomp_cost_link_measured(nr, &net.inter);
         link_from = "calibration";
     }
+    if (o.have_burst) net.inter.burst = o.burst;
     net.intra.bandwidth = o.intra_bps / 8;
     net.intra.latency = o.intra_latency;
     net.servers = o.servers;
@@ -810,6 +820,8 @@ int cmd_plan(int argc, char **argv) {
         json_num(stdout, net.inter.bandwidth);
         printf(", \"link_from\": \"%s\", \"latency_s\": ", link_from);
         json_num(stdout, net.inter.latency);
+        printf(", \"link_burst_bytes\": ");
+        json_num(stdout, net.inter.burst);
         printf(", \"compute_s\": ");
         json_num(stdout, comp.forward_s + comp.backward_s + comp.optimizer_s);
         printf(", \"overlap\": ");
@@ -823,8 +835,9 @@ int cmd_plan(int argc, char **argv) {
         printf(", \"results\": [");
     } else {
         printf("plan: model %s (%zu tensors), link %.4g Mbit/s goodput (%s), latency %.1f us, "
-               "compute %.2f ms/step, overlap %.2f, calibration %s\n",
+               "burst %.0f KiB, compute %.2f ms/step, overlap %.2f, calibration %s\n",
                o.model, nt, net.inter.bandwidth * 8 / 1e6, link_from, 1e6 * net.inter.latency,
+               net.inter.burst / 1024,
                1e3 * (comp.forward_s + comp.backward_s + comp.optimizer_s), comp.overlap,
                cal ? calpath : "none (1 ns/element defaults)");
     }

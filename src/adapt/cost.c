@@ -51,7 +51,7 @@ void gcomp_cost_net_default(gcomp_cost_net *net) {
 
 static bool bad_link(const gcomp_cost_link *l) {
     return !(l->bandwidth > 0) || !isfinite(l->bandwidth) || !(l->latency >= 0) ||
-           !isfinite(l->latency);
+           !isfinite(l->latency) || !(l->burst >= 0) || !isfinite(l->burst);
 }
 
 static bool bad_time(double t) {
@@ -66,15 +66,16 @@ gcomp_status gcomp__cost_check_net(const gcomp_cost_net *net, int workers, int n
 
 /*
  * Time of one phase on the links, as its latencies (*lat) and its bytes' time on the wire
- * (*wire).  `group` ranks take part, L of them per node (L = 1 when the phase runs between
- * node leaders or there is one rank per node).
+ * (*wire); returns whether that time is on the nodes' links (inter), not inside a node.
+ * `group` ranks take part, L of them per node (L = 1 when the phase runs between node
+ * leaders or there is one rank per node).
  *  ring       each step sends to the next rank: the ring crosses each node boundary once
  *             per direction, so it moves at the slower of the two links
  *  spread     the rank's bytes go to all group-1 peers: the share bound for other nodes
  *             leaves through the NIC, which the L ranks of a node share
  *  intra      inside a node only
  */
-static void phase_time(const cost_phase *ph, const gcomp_cost_net *net, int L, double *lat,
+static bool phase_time(const cost_phase *ph, const gcomp_cost_net *net, int L, double *lat,
                        double *wire) {
     const gcomp_cost_link *in = &net->inter, *sh = &net->intra;
     double g = ph->group;
@@ -83,47 +84,48 @@ static void phase_time(const cost_phase *ph, const gcomp_cost_net *net, int L, d
     switch (ph->kind) {
     case PH_INTRA:
         *wire = ph->bytes / sh->bandwidth;
-        return;
+        return false;
     case PH_RING:
         *wire = ph->bytes / (L <= 1   ? in->bandwidth
                              : inside ? sh->bandwidth
                                       : fmin(in->bandwidth, sh->bandwidth));
-        return;
+        return !inside;
     case PH_SPREAD:
     default: {
         if (L <= 1 || inside) {
             *wire = ph->bytes / (inside ? sh->bandwidth : in->bandwidth);
-            return;
+            return !inside;
         }
         double off = (g - L) / (g - 1), on = (L - 1) / (g - 1);
         *wire = fmax(L * ph->bytes * off / in->bandwidth, ph->bytes * on / sh->bandwidth);
-        return;
+        return true;
     }
     case PH_PS: {
         /* Push to S servers and pull back: the worker's NIC carries its own bytes, each
          * server's NIC those of all workers divided over the S servers. */
         double S = net->servers > 0 ? net->servers : net->nodes;
         *wire = fmax(ph->bytes / in->bandwidth, ph->server_bytes * g / S / in->bandwidth);
-        return;
+        return true;
     }
     }
 }
 
 /* A carrier's time on the link: each lane pays its phases' latencies one after another,
- * the lanes side by side; the bytes of every lane share the link.  *wire_s (may be NULL)
- * receives the bytes' share. */
+ * the lanes side by side; the bytes of every lane share the link.  *wire_s receives the
+ * bytes' share, of it *inter_s the time on the nodes' links (either may be NULL). */
 static double tensor_comm(const cost_tensor *t, const gcomp_cost_net *net, int per_node,
-                          double *wire_s) {
-    double lat[COST_MAX_PHASES] = {0}, wire = 0, slowest = 0;
+                          double *wire_s, double *inter_s) {
+    double lat[COST_MAX_PHASES] = {0}, wire = 0, inter = 0, slowest = 0;
     for (int k = 0; k < t->nphase; k++) {
         const cost_phase *ph = &t->phase[k];
         double l, w;
-        phase_time(ph, net, ph->leaders ? 1 : per_node, &l, &w);
+        if (phase_time(ph, net, ph->leaders ? 1 : per_node, &l, &w)) inter += w;
         lat[ph->lane] += l;
         wire += w;
     }
     for (int k = 0; k < t->nphase; k++) slowest = fmax(slowest, lat[k]);
     if (wire_s) *wire_s = wire;
+    if (inter_s) *inter_s = inter;
     return slowest + wire;
 }
 
@@ -141,15 +143,13 @@ static int per_node_of(int P, int nodes) {
     return (P + nodes - 1) / nodes;
 }
 
-gcomp_status gcomp_cost_eval(const gcomp_cost_model *m, const gcomp_cost_net *net,
-                             const gcomp_cost_compute *c, gcomp_cost_result *out,
-                             gcomp_cost_tensor_result *per) {
-    if (!m || !c || !out) return GCOMP_E_ARG;
-    if (gcomp__cost_check_net(net, m->workers, m->nodes) != GCOMP_OK) return GCOMP_E_ARG;
-    if (bad_time(c->forward_s) || bad_time(c->backward_s) || bad_time(c->optimizer_s) ||
-        !(c->overlap >= 0 && c->overlap <= 1) || (c->concurrent != 0 && c->concurrent != 1))
-        return GCOMP_E_ARG;
+/* One step, the first `free_s` seconds of the nodes' links' transfers taking no time (a
+ * shaper's burst); *busy_s receives the time those links carry the step's bytes. */
+static void run_step(const gcomp_cost_model *m, const gcomp_cost_net *net,
+                     const gcomp_cost_compute *c, double free_s, gcomp_cost_result *out,
+                     gcomp_cost_tensor_result *per, double *busy_s) {
     memset(out, 0, sizeof *out);
+    *busy_s = 0;
     int L = per_node_of(m->workers, m->nodes);
     /* Backward: last tensor first; each encoded on the worker as soon as it is final. */
     double cpu = c->forward_s, link = 0, bwd_end;
@@ -167,9 +167,14 @@ gcomp_status gcomp_cost_eval(const gcomp_cost_model *m, const gcomp_cost_net *ne
     for (size_t k = m->count; k-- > 0;) {
         const cost_tensor *t = &m->t[k];
         cpu += c->backward_s * t->work / m->total_work + t->encode_s;
+        double wire, inter, comm = tensor_comm(t, net, L, &wire, &inter);
+        double burst = fmin(free_s, inter);
+        *busy_s += inter;
+        free_s -= burst;
+        wire -= burst;
+        comm -= burst;
         /* One at a time, its whole exchange queues for the link.  Side by side, only its
          * bytes do; its round trips run beside the others', from when it is ready. */
-        double wire, comm = tensor_comm(t, net, L, &wire);
         link = advance(cpu > link ? cpu : link, c->concurrent ? wire : comm, rate, bwd_end);
         double done = c->concurrent ? fmax(link, advance(cpu, comm, rate, bwd_end)) : link;
         double ready = cpu;
@@ -201,6 +206,27 @@ gcomp_status gcomp_cost_eval(const gcomp_cost_model *m, const gcomp_cost_net *ne
     out->step_s = cpu + c->optimizer_s;
     out->exposed_s = out->step_s - out->compute_s - out->codec_s;
     if (out->exposed_s < 0) out->exposed_s = 0; /* rounding */
+}
+
+gcomp_status gcomp_cost_eval(const gcomp_cost_model *m, const gcomp_cost_net *net,
+                             const gcomp_cost_compute *c, gcomp_cost_result *out,
+                             gcomp_cost_tensor_result *per) {
+    if (!m || !c || !out) return GCOMP_E_ARG;
+    if (gcomp__cost_check_net(net, m->workers, m->nodes) != GCOMP_OK) return GCOMP_E_ARG;
+    if (bad_time(c->forward_s) || bad_time(c->backward_s) || bad_time(c->optimizer_s) ||
+        !(c->overlap >= 0 && c->overlap <= 1) || (c->concurrent != 0 && c->concurrent != 1))
+        return GCOMP_E_ARG;
+    double busy;
+    run_step(m, net, c, 0, out, per, &busy);
+    /* A shaper refills its bucket while the link is idle: in steady state, step after
+     * step, the step's time without transfers on the nodes' links (which the burst does
+     * not change: what it saves comes off the transfers and the step alike).  The
+     * burst's bytes go at the wire's speed, taken as instant. */
+    const gcomp_cost_link *in = &net->inter;
+    if (in->burst > 0 && busy > 0) {
+        double idle = fmax(0, out->step_s - busy);
+        run_step(m, net, c, fmin(in->burst, in->bandwidth * idle) / in->bandwidth, out, per, &busy);
+    }
     return GCOMP_OK;
 }
 
@@ -213,7 +239,7 @@ static double time_at(const gcomp_cost_model *m, size_t k, const gcomp_cost_net 
         return r.step_s;
     }
     const cost_tensor *t = &m->t[k];
-    double comm = tensor_comm(t, net, per_node_of(m->workers, m->nodes), NULL);
+    double comm = tensor_comm(t, net, per_node_of(m->workers, m->nodes), NULL, NULL);
     return t->encode_s + fmax(comm, t->hidden_s) + t->decode_s;
 }
 

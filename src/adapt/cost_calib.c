@@ -4,11 +4,11 @@
  *
  * Text form (docs/COST_MODEL.md), one record a line, so that a user can read and edit it:
  *
- *     gradcomp-calibration 1
+ *     gradcomp-calibration 3
  *     # comments
  *     info KEY VALUE...
  *     codec SPEC encode_fixed_s=X encode_per_elem=X decode_fixed_s=X decode_per_elem=X
- *     net LABEL ranks=N latency=X bandwidth=X ring_bandwidth=X
+ *     net LABEL ranks=N latency=X bandwidth=X ring_bandwidth=X [burst=X]
  *
  * SPEC is canonical without seed= (the seed changes no speed).  Numbers are written with
  * 17 significant digits so a file read back evaluates to the same bits.  Rejected: JSON
@@ -123,7 +123,7 @@ gcomp_status gcomp_cost_calibration_add_net(gcomp_cost_calibration *cal,
                                             const gcomp_cost_net_rate *rate) {
     if (!cal || !rate || !rate->label[0] || strpbrk(rate->label, " \t\r\n") || rate->ranks < 1 ||
         bad_num(rate->latency) || !(rate->bandwidth > 0) || !isfinite(rate->bandwidth) ||
-        bad_num(rate->ring_bandwidth))
+        bad_num(rate->ring_bandwidth) || bad_num(rate->burst))
         return GCOMP_E_ARG;
     size_t i = 0;
     while (i < cal->nnet && strcmp(cal->net[i].label, rate->label)) i++;
@@ -144,6 +144,7 @@ gcomp_status gcomp_cost_calibration_add_net(gcomp_cost_calibration *cal,
 gcomp_status gcomp_cost_link_measured(const gcomp_cost_net_rate *rate, gcomp_cost_link *out) {
     if (!rate || !out || !(rate->bandwidth > 0)) return GCOMP_E_ARG;
     out->latency = rate->latency;
+    out->burst = rate->burst;
     out->bandwidth = rate->ring_bandwidth > 0 && rate->ring_bandwidth < rate->bandwidth
                          ? rate->ring_bandwidth
                          : rate->bandwidth;
@@ -192,7 +193,7 @@ gcomp_status gcomp_cost_calibration_format(const gcomp_cost_calibration *cal, ch
             "elements, measured at N elements (none: any size)\n"
             "# net LABEL: latency (s, half a ping-pong round trip), bandwidth (bytes/s one "
             "way), ring_bandwidth (bytes/s of a ring allreduce: 2(P-1)/P n / its time "
-            "less its codec's)\n");
+            "less its codec's), burst (bytes a transfer after idle got through at once)\n");
     if (cal->info) put(&b, "%s", cal->info);
     for (size_t i = 0; i < cal->ncodec; i++) {
         const gcomp_cost_codec_rate *r = &cal->codec[i];
@@ -205,8 +206,9 @@ gcomp_status gcomp_cost_calibration_format(const gcomp_cost_calibration *cal, ch
     }
     for (size_t i = 0; i < cal->nnet; i++) {
         const gcomp_cost_net_rate *r = &cal->net[i];
-        put(&b, "net %s ranks=%d latency=%.17g bandwidth=%.17g ring_bandwidth=%.17g\n", r->label,
+        put(&b, "net %s ranks=%d latency=%.17g bandwidth=%.17g ring_bandwidth=%.17g", r->label,
             r->ranks, r->latency, r->bandwidth, r->ring_bandwidth);
+        put(&b, r->burst > 0 ? " burst=%.17g\n" : "\n", r->burst);
     }
     if (len) *len = b.len;
     if (!out || b.len >= cap) return GCOMP_E_DST_SIZE;
@@ -316,16 +318,18 @@ gcomp_status gcomp_cost_calibration_parse(gcomp_cost_calibration **out, const ch
                 continue;
             }
         } else if (name && rest && !strcmp(kind, "net")) {
-            static const char *const keys[] = {"ranks", "latency", "bandwidth", "ring_bandwidth"};
-            double v[4] = {-1, -1, -1, 0};
+            static const char *const keys[] = {"ranks", "latency", "bandwidth", "ring_bandwidth",
+                                               "burst"};
+            double v[5] = {-1, -1, -1, 0, 0};
             gcomp_cost_net_rate r = {0};
-            if (read_items(rest, keys, v, 4, &bad) == 0 && v[0] >= 1 && v[0] < 1e9 && v[1] >= 0 &&
+            if (read_items(rest, keys, v, 5, &bad) == 0 && v[0] >= 1 && v[0] < 1e9 && v[1] >= 0 &&
                 v[2] > 0 && strlen(name) < sizeof r.label) {
                 snprintf(r.label, sizeof r.label, "%s", name);
                 r.ranks = (int)v[0];
                 r.latency = v[1];
                 r.bandwidth = v[2];
                 r.ring_bandwidth = v[3];
+                r.burst = v[4];
                 st = gcomp_cost_calibration_add_net(cal, &r);
                 if (st != GCOMP_OK)
                     st = gcomp__fail(err, st, "calibration: line %zu: bad net record", lineno);
@@ -336,7 +340,7 @@ gcomp_status gcomp_cost_calibration_parse(gcomp_cost_calibration **out, const ch
                          "calibration: line %zu: cannot read '%s' (expected `codec SPEC "
                          "[elements=..] encode_fixed_s=.. encode_per_elem=.. decode_fixed_s=.. "
                          "decode_per_elem=..`, `net LABEL ranks=.. latency=.. bandwidth=.. "
-                         "[ring_bandwidth=..]` or `info ...`)",
+                         "[ring_bandwidth=..] [burst=..]` or `info ...`)",
                          lineno, bad ? bad : "");
     }
     if (st != GCOMP_OK) {

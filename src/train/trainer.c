@@ -135,7 +135,10 @@ static void predict(const gtrain_config *cfg, const gtrain_exchange *ex, size_t 
     if (net.nodes < 1 || net.nodes > P) return;
     if (cfg->link_bps > 0) { /* a shaped link: TCP payload of Ethernet frames */
         net.inter.bandwidth = cfg->link_bps / 8 * (1448.0 / 1514.0);
-        if (inter) net.inter.latency = inter->latency;
+        if (inter) { /* measured on this link: its latency, and the shaper's burst */
+            net.inter.latency = inter->latency;
+            net.inter.burst = inter->burst;
+        }
         net.inter.latency += cfg->link_delay_s; /* every hop crosses one delayed link */
     } else if (inter || (intra && net.nodes == 1)) {
         gcomp_cost_link_measured(inter ? inter : intra, &net.inter);

@@ -153,8 +153,8 @@ static void test_hierarchical(void) {
     gcomp_cost_net_default(&net);
     net.workers = 8;
     net.nodes = 2;
-    net.inter = (gcomp_cost_link){1e8, 0};
-    net.intra = (gcomp_cost_link){1e10, 0};
+    net.inter = (gcomp_cost_link){1e8, 0, 0};
+    net.intra = (gcomp_cost_link){1e10, 0, 0};
     gcomp_cost_compute c = {0, 0, 0, 1, 0};
     gcomp_cost_result r;
     CHECK_OK(gcomp_cost_eval(m, &net, &c, &r, NULL));
@@ -186,7 +186,7 @@ static void test_overlap(void) {
     gcomp_cost_net_default(&net);
     net.workers = net.nodes = 2;
     double comm = 0.4, B = 4.0 * (1 << 20) / comm; /* 2 ranks: the ring sends 4n bytes */
-    net.inter = (gcomp_cost_link){B, 0};
+    net.inter = (gcomp_cost_link){B, 0, 0};
     gcomp_cost_compute c = {0.25, 1.0, 0.1, 1.0, 0};
     gcomp_cost_result r;
     gcomp_cost_tensor_result tr[2];
@@ -233,7 +233,7 @@ static void test_work_and_buckets(void) {
     gcomp_cost_net_default(&net);
     net.workers = net.nodes = 2;
     double comm = 0.4, B = 4.0 * (double)n / comm;
-    net.inter = (gcomp_cost_link){B, 0};
+    net.inter = (gcomp_cost_link){B, 0, 0};
     gcomp_cost_compute c = {0.25, 1.0, 0.1, 1.0, 0};
     gcomp_cost_result r;
     gcomp_cost_tensor_result tr[2];
@@ -319,7 +319,7 @@ static void alone_and_fused(gcomp_cost_tensor *t, size_t n, int P, gcomp_cost_re
     gcomp_cost_net net;
     gcomp_cost_net_default(&net);
     net.workers = net.nodes = P;
-    net.inter = (gcomp_cost_link){1e8, 1e-3};
+    net.inter = (gcomp_cost_link){1e8, 1e-3, 0};
     gcomp_cost_compute c = {0.01, 0.02, 0.005, 0, 0};
     gcomp_cost_model *m;
     for (int f = 0; f < 2; f++) {
@@ -382,6 +382,46 @@ static void test_hidden_work(void) {
     /* One rank: nothing travels, the zeroing is plain decode work. */
     CHECK_OK(one("topk:density=0.01", 1000000, 0, 0, GCOMP_COST_ALLGATHER, 1, 1e8, NULL, &r, &tr));
     CHECK(tr.hidden_s == 0 && rel(r.step_s, tr.encode_s + tr.decode_s) < 1e-12);
+}
+
+/* A shaper's burst (gcomp_cost_link.burst): in steady state the bucket holds what the
+ * step's idle time refilled, at most the burst, and the first transfers take it. */
+static void test_burst(void) {
+    gcomp_cost_tensor t = {"t", "none", 100000, 0, 0, GCOMP_COST_ALLREDUCE, 0, 0};
+    gcomp_cost_model *m = NULL;
+    CHECK_OK(gcomp_cost_model_create(&m, &t, 1, 2, 2, NULL, NULL));
+    gcomp_cost_net net;
+    gcomp_cost_net_default(&net);
+    net.workers = net.nodes = 2;
+    net.inter = (gcomp_cost_link){1e8, 0, 0};
+    gcomp_cost_compute c = {0.010, 0, 0, 1, 0}; /* 10 ms with the link idle */
+    gcomp_cost_result r0, r;
+    gcomp_cost_tensor_result tr;
+    /* The ring: 400000 bytes, 4 ms on the wire. */
+    CHECK_OK(gcomp_cost_eval(m, &net, &c, &r0, &tr));
+    CHECK_MSG(rel(tr.comm_s, 4e-3) < 1e-12, "%.17g", tr.comm_s);
+    net.inter.burst = 100000; /* 1 ms of the link's bytes */
+    CHECK_OK(gcomp_cost_eval(m, &net, &c, &r, &tr));
+    CHECK_MSG(rel(r.step_s, r0.step_s - 1e-3) < 1e-12, "%.17g %.17g", r.step_s, r0.step_s);
+    CHECK(rel(tr.comm_s, 3e-3) < 1e-12);
+    net.inter.burst = 1e9; /* the whole exchange fits */
+    CHECK_OK(gcomp_cost_eval(m, &net, &c, &r, &tr));
+    CHECK_MSG(rel(r.step_s, r0.step_s - 4e-3) < 1e-12, "%.17g", r.step_s);
+    /* Back to back, the bucket refills only during the pack and unpack (0.2 ms at the
+     * default 1 ns an element): 20000 bytes' worth. */
+    c.forward_s = 0;
+    net.inter.burst = 0;
+    CHECK_OK(gcomp_cost_eval(m, &net, &c, &r0, &tr));
+    double idle = r0.step_s - tr.comm_s;
+    CHECK(rel(idle, 2e-4) < 1e-9);
+    net.inter.burst = 1e9;
+    CHECK_OK(gcomp_cost_eval(m, &net, &c, &r, &tr));
+    CHECK_MSG(rel(r.step_s, r0.step_s - idle) < 1e-12, "%.17g", r.step_s);
+    net.inter.burst = -1;
+    CHECK(gcomp_cost_eval(m, &net, &c, &r, &tr) == GCOMP_E_ARG);
+    net.inter.burst = INFINITY;
+    CHECK(gcomp_cost_eval(m, &net, &c, &r, &tr) == GCOMP_E_ARG);
+    gcomp_cost_model_free(m);
 }
 
 /* An allgather bucket (gcomp_mpi's sub-buckets, the DDP hook's gather path): the members'
@@ -514,8 +554,11 @@ static void test_calibration_text(void) {
     CHECK_OK(gcomp_cost_calibration_create(&cal));
     gcomp_cost_codec_rate r = {"topk:density=0.01,seed=5", 1.5e-6, 3.25e-9, 2e-7, 1.0 / 3e9, 0};
     CHECK_OK(gcomp_cost_calibration_add_codec(cal, &r, NULL));
-    gcomp_cost_net_rate nr = {"inter", 4, 24.5e-6, 119e6, 110e6};
+    gcomp_cost_net_rate nr = {"inter", 4, 24.5e-6, 119e6, 110e6, 262144};
     CHECK_OK(gcomp_cost_calibration_add_net(cal, &nr));
+    gcomp_cost_net_rate bad = nr;
+    bad.burst = -1;
+    CHECK(gcomp_cost_calibration_add_net(cal, &bad) == GCOMP_E_ARG);
     char a[4096], b[4096];
     size_t la, lb;
     CHECK_OK(gcomp_cost_calibration_format(cal, a, sizeof a, &la));
@@ -528,7 +571,11 @@ static void test_calibration_text(void) {
     const gcomp_cost_codec_rate *g = gcomp_cost_calibration_codec(back, 0);
     CHECK(g && g->decode_per_elem == 1.0 / 3e9 && g->encode_per_elem == 3.25e-9);
     const gcomp_cost_net_rate *gn = gcomp_cost_calibration_net(back, "inter");
-    CHECK(gn && gn->ranks == 4 && gn->latency == 24.5e-6);
+    CHECK(gn && gn->ranks == 4 && gn->latency == 24.5e-6 && gn->burst == 262144);
+    CHECK(strncmp(a, "gradcomp-calibration 3\n", 23) == 0 && strstr(a, " burst=262144\n"));
+    gcomp_cost_link lk;
+    CHECK_OK(gcomp_cost_link_measured(gn, &lk));
+    CHECK(lk.burst == 262144 && lk.bandwidth == 110e6);
     /* Lookup: same codec at another density is scaled (decode by density). */
     gcomp_cost_tensor t = {"t", "topk:density=0.001", 1000000, 0, 0, GCOMP_COST_ALLGATHER, 0, 0};
     gcomp_cost_model *m;
@@ -570,6 +617,10 @@ static void test_calibration_text(void) {
     CHECK_MSG(strstr(e.message, "line 3") != NULL, "%s", e.message);
     CHECK(gcomp_cost_calibration_parse(&back, bad4, strlen(bad4), &e) == GCOMP_E_CORRUPT);
     CHECK_MSG(strstr(e.message, "line 2") && strstr(e.message, "bandwith"), "%s", e.message);
+    const char *bad5 = "gradcomp-calibration 3\nnet inter ranks=2 latency=1e-5 bandwidth=1e8 "
+                       "burst=-5\n";
+    CHECK(gcomp_cost_calibration_parse(&back, bad5, strlen(bad5), &e) == GCOMP_E_CORRUPT);
+    CHECK_MSG(strstr(e.message, "line 2") && strstr(e.message, "burst"), "%s", e.message);
     gcomp_cost_calibration_free(cal);
 }
 
@@ -652,7 +703,7 @@ static void test_calibration_fit(void) {
 /* The link a collective sees: the ring allreduce's rate where measured and lower. */
 static void test_link_measured(void) {
     gcomp_cost_link l;
-    gcomp_cost_net_rate r = {"inter", 4, 2e-5, 1.85e9, 4.47e8};
+    gcomp_cost_net_rate r = {"inter", 4, 2e-5, 1.85e9, 4.47e8, 0};
     CHECK_OK(gcomp_cost_link_measured(&r, &l));
     CHECK(l.bandwidth == 4.47e8 && l.latency == 2e-5);
     r.ring_bandwidth = 0; /* not measured */
@@ -719,7 +770,7 @@ static void test_concurrent_exchanges(void) {
     gcomp_cost_net net;
     gcomp_cost_net_default(&net);
     net.workers = net.nodes = 2;
-    net.inter = (gcomp_cost_link){1e9, 0.01};
+    net.inter = (gcomp_cost_link){1e9, 0.01, 0};
     gcomp_cost_compute c = {0, 0, 0, 0, 0};
     gcomp_cost_result serial, side;
     gcomp_cost_tensor_result per[2];
@@ -757,6 +808,7 @@ int main(void) {
     test_one_exchange_bound();
     test_powersgd_bucket();
     test_hidden_work();
+    test_burst();
     test_break_even();
     test_calibration_text();
     test_calibration_sizes();

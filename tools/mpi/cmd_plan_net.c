@@ -13,15 +13,22 @@
  *               them, a 16 MiB ring between two netsim hosts read 675 MB/s where its
  *               transfers ran at 1.2 GB/s, and 64 MiB dense was predicted 1.6x too long.
  *               Codec work done while a transfer is in flight (the ring's sums) stays in.
+ *   burst       a token-bucket shaper's allowance (tc tbf's burst, a cloud instance's):
+ *               after 0.3 s with the link idle, a 1 MiB one-way send; the bytes that got
+ *               through beyond `bandwidth`: 1 MiB - bandwidth x (time - 2 latency), the
+ *               median of 3; under a tenth of the transfer it is taken as noise (0).  A
+ *               bucket of 1 MiB or more reads as 1 MiB.
  * The record is labelled "inter" when ranks 0 and 1 are on different nodes
  * (MPI_COMM_TYPE_SHARED), "intra" otherwise, so one file can hold both.
  */
+#define _POSIX_C_SOURCE 200809L /* nanosleep */
 #include "../cli.h"
 #include "gradcomp_mpi.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 static int cmp_d(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;
@@ -92,6 +99,25 @@ int plan_calibrate_net(gcomp_cost_calibration *cal, int *rank_out, int *size_out
         if (i > 0) bw[i - 1] = (double)big / (t > 0 ? t : 1e-9);
     }
     qsort(bw, 3, sizeof bw[0], cmp_d);
+    const size_t mid = (size_t)1 << 20;
+    double burst[3];
+    for (int i = 0; i < 3; i++) {
+        MPI_Barrier(MPI_COMM_WORLD);
+        struct timespec idle = {0, 300000000L};
+        nanosleep(&idle, NULL);
+        double t0 = MPI_Wtime();
+        if (rank == 0) {
+            MPI_Send(buf, (int)mid, MPI_BYTE, 1, 13, MPI_COMM_WORLD);
+            MPI_Recv(word, 0, MPI_BYTE, 1, 13, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+        } else if (rank == 1) {
+            MPI_Recv(buf, (int)mid, MPI_BYTE, 0, 13, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+            MPI_Send(word, 0, MPI_BYTE, 0, 13, MPI_COMM_WORLD);
+        }
+        double t = MPI_Wtime() - t0 - 2 * alpha;
+        burst[i] = (double)mid - bw[1] * (t > 0 ? t : 0);
+    }
+    qsort(burst, 3, sizeof burst[0], cmp_d);
+    if (burst[1] < 0.1 * (double)mid) burst[1] = 0;
 
     /* The library's own ring allreduce over all ranks. */
     gcomp_error err = {0};
@@ -126,21 +152,22 @@ int plan_calibrate_net(gcomp_cost_calibration *cal, int *rank_out, int *size_out
     if (rc) return rc;
     qsort(ring, 3, sizeof ring[0], cmp_d);
     /* Every rank keeps rank 0's figures, so the file does not depend on who writes it. */
-    double v[3] = {alpha, bw[1], ring[1]};
-    MPI_Bcast(v, 3, MPI_DOUBLE, 0, MPI_COMM_WORLD);
+    double v[4] = {alpha, bw[1], ring[1], burst[1]};
+    MPI_Bcast(v, 4, MPI_DOUBLE, 0, MPI_COMM_WORLD);
     gcomp_cost_net_rate r = {0};
     snprintf(r.label, sizeof r.label, "%s", label);
     r.ranks = size;
     r.latency = v[0];
     r.bandwidth = v[1];
     r.ring_bandwidth = v[2];
+    r.burst = v[3];
     if (gcomp_cost_calibration_add_net(cal, &r) != GCOMP_OK)
         return cli_fail("plan", 1, "bad network measurement");
     if (rank == 0)
         fprintf(stderr,
                 "calibrated net %s (%d ranks): latency %.1f us, bandwidth %.1f MB/s one way, ring "
-                "allreduce %.1f MB/s\n",
-                label, size, 1e6 * v[0], v[1] / 1e6, v[2] / 1e6);
+                "allreduce %.1f MB/s, burst %.0f KiB\n",
+                label, size, 1e6 * v[0], v[1] / 1e6, v[2] / 1e6, v[3] / 1024);
     return 0;
 }
 
