@@ -641,6 +641,27 @@ static double encode_at(const gcomp_cost_calibration *cal, size_t n) {
     return tr.encode_s;
 }
 
+/* Measuring: PowerSGD is timed through the protocol its transports drive (begin and the
+ * rounds, then finish), its dense steps included; a codec without phases by encode and
+ * decode-add.  Both fit a law through the two sizes. */
+static void test_calibrate_codec(void) {
+    const char *specs[] = {"powersgd:rank=2", "powersgd:rank=2,iters=2",
+                           "powersgd:rank=2,start_iter=100", "topk:density=0.01"};
+    for (size_t i = 0; i < sizeof specs / sizeof specs[0]; i++) {
+        gcomp_cost_codec_rate r;
+        gcomp_error e = {0};
+        bool shaped = specs[i][0] == 'p';
+        CHECK_MSG(gcomp_cost_calibrate_codec(specs[i], 256 * 128, shaped ? 256 : 0,
+                                             shaped ? 128 : 0, 3, &r, &e) == GCOMP_OK,
+                  "%s: %s", specs[i], e.message);
+        CHECK(r.elements == 256 * 128 && r.encode_per_elem + r.encode_fixed_s > 0);
+        CHECK(strstr(r.spec, "seed=") == NULL);
+    }
+    gcomp_cost_codec_rate r;
+    CHECK(gcomp_cost_calibrate_codec("powersgd:rank=2", 100, 10, 11, 3, &r, NULL) == GCOMP_E_ARG);
+    CHECK(gcomp_cost_calibrate_codec("nosuch", 100, 0, 0, 3, &r, NULL) != GCOMP_OK);
+}
+
 static void test_calibration_sizes(void) {
     gcomp_cost_calibration *cal, *back;
     CHECK_OK(gcomp_cost_calibration_create(&cal));
@@ -809,6 +830,7 @@ int main(void) {
     test_powersgd_bucket();
     test_hidden_work();
     test_burst();
+    test_calibrate_codec();
     test_break_even();
     test_calibration_text();
     test_calibration_sizes();
