@@ -43,13 +43,13 @@
  * orthogonalisation, message) takes ~22 ms against ~25-28 ms for the two sgemm products
  * alone (memcpy of the same 100 MB: ~6 ms).  From rank GCOMP__PSGD_BLAS_RANK on, M*Q~ and
  * W^T*P^ go to cblas_sgemm (compute starts to matter: it was on par at 16, faster at 32-64).
- * P^*Q^T (finish, decode) is one write (or read-add-write) of the output with r products
- * an element: memory-bound, and the loops stream it once, where OpenBLAS's sgemm first
- * scales C by beta in a pass of its own and then packs and blocks for compute that is not
- * there.  4096x4096 on one core, decode-add: rank 4 5.3 ms against 11.9 with sgemm, rank
- * 64 29 against 69 (memcpy of the tensor 9 ms); finish wrote in 5.3 ms where sgemm with
- * beta = 0 took 14-24, so the MPI strategy's PowerSGD step spent 40 ms where its two
- * passes take 12.  Without BLAS at build time
+ * P^*Q^T: finish writes it over the output, a memory-bound pass with r products an element,
+ * which the loops stream once; OpenBLAS's sgemm with beta = 0 first zeroes C in a pass of
+ * its own.  One core, rank 4, the MPI strategy's whole call on one rank: 4096x4096 33-34 ms
+ * with the loops against 40-43 with sgemm, 5000x5000 49-50 against 57-59.  A message's
+ * decode adds into the output (beta = 1), where sgemm and the loops are within 17 % of
+ * each other either way (sgemm ahead at 5000x5000, behind at 4096x4096), and sgemm stays.
+ * Without BLAS at build time
  * (or with -DGCOMP_POWERSGD_NO_BLAS) the portable loops do everything.  Row passes are split
  * over OpenMP threads by rows and the Q pass by column stripes, so every number is summed in
  * the same order whatever the thread count: below rank 16 messages are byte-identical for
@@ -464,6 +464,13 @@ static void pass_qt(const float *restrict W, size_t rows, size_t cols, size_t r,
 /* out = scale * P * Q^T (add: out += ...): the step's G^ (finish) or a message (decode). */
 static void product_out(float *out, const float *P, const float *qt, size_t rows, size_t cols,
                         size_t r, float scale, bool add, int nthreads) {
+#if PSGD_BLAS
+    if (add && rows <= INT_MAX && cols <= INT_MAX) {
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)rows, (int)cols, (int)r, scale,
+                    P, (int)r, qt, (int)cols, 1.0f, out, (int)cols);
+        return;
+    }
+#endif
     long long nrows = (long long)rows;
     (void)nthreads;
 #ifdef _OPENMP
