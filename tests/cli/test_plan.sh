@@ -79,6 +79,25 @@ expect_err "link 0" "link speed must be a rate > 0" "$G" plan --model m.txt --li
 expect_err "link 0gbit" "link speed must be a rate > 0" "$G" plan --model m.txt --link 0gbit $C
 expect_err "link junk" "--link fast" "$G" plan --model m.txt --link fast $C
 expect_err "no link" "no link" "$G" plan --model m.txt $C
+expect_err "bad --burst" "--burst -5" "$G" plan --model m.txt --link 1gbit --burst -5 $C
+# A shaper's burst: from the calibration's net line without --link, or --burst; the step's
+# compressed exchange fits in it, so the step is shorter than on a plain wire.
+printf 'gradcomp-calibration 3\nnet inter ranks=2 latency=1e-5 bandwidth=1.25e7 burst=262144\n' \
+    > burst.cal
+for b in cal 0; do
+  extra=""; [ $b = cal ] || extra="--burst $b"
+  # shellcheck disable=SC2086
+  "$G" plan --model m.txt --compare topk:density=0.01 --workers 2 --compute-ms 50 \
+      --calibration burst.cal $extra --json > burst-$b.json 2> err.txt ||
+      { bad "plan with burst $b"; cat err.txt; }
+done
+python3 -c "
+import json
+a, b = (json.load(open('burst-%s.json' % x)) for x in ('cal', '0'))
+assert a['link_burst_bytes'] == 262144 and b['link_burst_bytes'] == 0, (a, b)
+ra, rb = a['results'][0], b['results'][0]
+assert ra['step_s'] < rb['step_s'] - 0.5 * rb['exposed_comm_s'], (ra, rb)
+" && ok || { bad "the burst shortens the step"; cat burst-cal.json; }
 printf 'gradcomp-calibration 1\ncodec none encode_fixed_s=oops\n' > bad.cal
 expect_err "bad calibration" "bad.cal.*line 2" "$G" plan --model m.txt --link 1gbit --calibration bad.cal
 expect_err "missing calibration" "nosuch.cal" "$G" plan --model m.txt --link 1gbit --calibration nosuch.cal
