@@ -483,10 +483,10 @@ static gcomp_status time_once(const char *spec, size_t n, size_t rows, size_t co
     }
     /* A multi-phase codec (PowerSGD) is timed through the protocol its transports drive
      * (gcomp_lowrank_*, one rank: the reductions are the identity): begin and the rounds
-     * are its encode, finish (out = P Q^T, a write of every element, and the residual) its
-     * decode, as the MPI strategy and the DDP hook run it.  gcomp_encode +
-     * gcomp_decode_add differ from it (finish overwrites, a decode adds; encode packs a
-     * message). */
+     * are its encode (the residual update is folded into begin's pass), finish (out =
+     * P Q^T over every element) its decode, as the MPI strategy and the DDP hook run it.
+     * gcomp_encode + gcomp_decode_add differ from it (finish overwrites, a decode adds;
+     * encode packs a message). */
     gcomp_spec_info info;
     bool protocol = gcomp_spec_describe(spec, n, &info, NULL) == GCOMP_OK &&
                     (info.flags & GCOMP_SPEC_MULTIPHASE);
