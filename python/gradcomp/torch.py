@@ -186,13 +186,13 @@ class AdaptivePolicy:
         self._tensors, self._world = list(tensors), int(world)
         kw = dict(total_steps=self.total_steps, workers=self._world,
                   min_elements=self.min_elements, strategy=_hook_route_strategy)
-        method = _with_hook_overlap(self.method)
+        method = _with_hook_defaults(self.method)
         try:
             ad = _adapt.Adapt(method, self._tensors, **kw)
         except _err.Error:
             if method == self.method:
                 raise
-            # refused: say it in the user's words, without the overlap the hook added
+            # refused: say it in the user's words, without the defaults the hook added
             _adapt.Adapt(self.method, self._tensors, **kw).close()
             raise
         # A switch between a spec that keeps the momentum (DGC) and one that leaves it to
@@ -234,12 +234,19 @@ class AdaptivePolicy:
 _HOOK_OVERLAP = 0.5
 
 
-def _with_hook_overlap(method):
+def _with_hook_defaults(method):
+    """The method with the hook's bandwidth defaults where it does not set them: overlap
+    0.5 (above), and concurrent=0, since gloo runs DDP's buckets' collectives one after
+    another (the controller's default, 1, is gradcomp's own buckets finished together)."""
     head, _, rest = method.partition(";")
     keys = [kv.partition("=")[0].strip() for kv in rest.split(";")] if rest else []
-    if "bandwidth" not in head.partition(":")[2].split("+") or "overlap" in keys:
+    if "bandwidth" not in head.partition(":")[2].split("+"):
         return method
-    return f"{method};overlap={_HOOK_OVERLAP}"
+    if "overlap" not in keys:
+        method += f";overlap={_HOOK_OVERLAP}"
+    if "concurrent" not in keys:
+        method += ";concurrent=0"
+    return method
 
 
 def _is_plain_dense(canonical):

@@ -16,8 +16,10 @@
  *   codec    each candidate's encode and decode time measured on the real gradients at
  *            the last measurement (the slowest rank's), as a calibration the model reads;
  *            before the first one, the caller's calibration or the model's default;
- *   compute  forward, backward and optimizer time (the slowest rank's), and `overlap`,
- *            the share of the backward pass a transfer can hide behind.
+ *   compute  forward, backward and optimizer time (the slowest rank's), `overlap`, the
+ *            share of the backward pass a transfer can hide behind, and `concurrent`:
+ *            every exchange in flight at once (1, gradcomp's buckets) or one after
+ *            another (0, gloo's, which the DDP hook passes).
  * A step time is half the question: "per-iteration speed-up must exceed the convergence
  * slowdown" (Agarwal et al.), and the model predicts only the first.  The second enters as
  * a prior, `penalty`: each ladder step heavier than base is taken to cost that share more
@@ -58,12 +60,13 @@
 
 typedef struct bw_state {
     double slack, overlap, confirm, penalty;
-    int chosen, candidate, streak;
+    int chosen, candidate, streak, concurrent;
     bool have_link;
     double *enc_pe, *dec_pe; /* K: measured seconds per element, NaN before a measurement */
 } bw_state;
 
-static const char *const bw_keys[] = {"slack", "overlap", "confirm", "penalty", "probe_cost", NULL};
+static const char *const bw_keys[] = {"slack",      "overlap",    "confirm", "penalty",
+                                      "probe_cost", "concurrent", NULL};
 
 static void bw_free(void *p) {
     bw_state *s = p;
@@ -84,6 +87,15 @@ static gcomp_status bw_create(gcomp_adapt *a, void **out, gcomp_error *err) {
         (st = gcomp__adapt_num(a, "bandwidth", "penalty", 0.3, 0, 10, &s->penalty, err)) ||
         (st = gcomp__adapt_num(a, "bandwidth", "probe_cost", 0.02, 1e-4, 1, &a->probe_cost, err)))
         return st;
+    /* gradcomp's buckets (the trainer, DistributedOptimizer) finish together; the DDP hook
+     * passes concurrent=0 (gloo runs a bucket's collectives one after another). */
+    static const char *const one_zero[] = {"1", "0", NULL};
+    int serial;
+    if ((st = gcomp__adapt_word(a, "bandwidth", "concurrent", one_zero,
+                                "0 (one exchange at a time) or 1 (all in flight at once)", &serial,
+                                err)))
+        return st;
+    s->concurrent = !serial;
     s->chosen = s->candidate = a->base;
     s->enc_pe = gcomp__alloc((a->K + 1) * sizeof(double));
     s->dec_pe = gcomp__alloc((a->K + 1) * sizeof(double));
@@ -239,7 +251,8 @@ static void bw_decide(gcomp_adapt *a, void *p, const gcomp__adapt_in *in, gcomp_
     net.inter.bandwidth = in->bandwidth;
     net.inter.latency = in->latency;
     if (net.nodes == 1) net.intra = net.inter; /* one node: the measured link is the node's */
-    gcomp_cost_compute cc = {in->forward_s, in->backward_s, in->optimizer_s, s->overlap, 0};
+    gcomp_cost_compute cc = {in->forward_s, in->backward_s, in->optimizer_s, s->overlap,
+                             s->concurrent};
     gcomp_cost_calibration *cal = NULL;
     gcomp_cost_tensor *ct = gcomp__alloc(a->nt * sizeof *ct);
     double *T = gcomp__alloc(2 * a->K * sizeof(double)); /* predictions, then scores */

@@ -479,18 +479,25 @@ def test_tensor_list_shapes_and_macs(tmp_path):
     assert tensors[-1]["ready_s"] < tensors[4]["ready_s"] < tensors[0]["ready_s"]
 
 
-def test_hook_bandwidth_overlap_default():
-    # The hook's collectives progress on gloo's threads during the backward pass: its
-    # bandwidth controller prices that (overlap 0.5) unless the method says otherwise.
+def test_hook_bandwidth_defaults():
+    # The hook's collectives progress on gloo's threads during the backward pass, one
+    # bucket's after another: its bandwidth controller prices that (overlap 0.5,
+    # concurrent 0) unless the method says otherwise.
     gt = pytest.importorskip("gradcomp.torch")
-    w = gt._with_hook_overlap
-    assert w("adapt:bandwidth") == "adapt:bandwidth;overlap=0.5"
+    w = gt._with_hook_defaults
+    assert w("adapt:bandwidth") == "adapt:bandwidth;overlap=0.5;concurrent=0"
     assert w("adapt:layers+bandwidth;base=topk:density=0.01") == \
-        "adapt:layers+bandwidth;base=topk:density=0.01;overlap=0.5"
-    assert w("adapt:bandwidth;overlap=0") == "adapt:bandwidth;overlap=0"
+        "adapt:layers+bandwidth;base=topk:density=0.01;overlap=0.5;concurrent=0"
+    assert w("adapt:bandwidth;overlap=0") == "adapt:bandwidth;overlap=0;concurrent=0"
+    assert w("adapt:bandwidth;concurrent=1") == "adapt:bandwidth;concurrent=1;overlap=0.5"
     assert w("adapt:norm;interval=4") == "adapt:norm;interval=4"
-    # a refusal quotes the method as the user wrote it, not with the overlap the hook adds
+    # a refusal quotes the method as the user wrote it, not with what the hook adds
     pol = gt.AdaptivePolicy("adapt:bandwidth;etaa=1")
     with pytest.raises(gradcomp.SpecError) as e:
         pol.start([("w", (64, 64))], 2)
-    assert "'adapt:bandwidth;etaa=1'" in str(e.value) and ";overlap=0.5" not in str(e.value)
+    assert "'adapt:bandwidth;etaa=1'" in str(e.value)
+    assert ";overlap=0.5" not in str(e.value) and ";concurrent=0" not in str(e.value)
+    # the controller takes 0 or 1 only
+    with pytest.raises(gradcomp.SpecError) as e:
+        gradcomp.Adapt("adapt:bandwidth;concurrent=2", [("w", (64, 64))], workers=2)
+    assert "concurrent=2" in str(e.value)

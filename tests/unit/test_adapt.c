@@ -839,11 +839,13 @@ static void test_bandwidth(void) {
 }
 
 /* One decision of the bandwidth controller on a 10 ms link with the tensors grouped as
- * `groups` (NULL: a message a tensor); every candidate's predicted step into pred[]. */
-static void predict_grouped(const unsigned *groups, size_t run_bytes, double *pred, size_t *K) {
+ * `groups` (NULL: a message a tensor); every candidate's predicted step into pred[].  One
+ * exchange at a time (concurrent=0, as the DDP hook sends), unless `method` says. */
+static void predict_with(const char *method, const unsigned *groups, size_t run_bytes, double *pred,
+                         size_t *K) {
     gcomp_adapt *a;
     gcomp_error e = {0};
-    CHECK_OK(make(&a, "adapt:bandwidth;interval=1;measure=1", 0, &e));
+    CHECK_OK(make(&a, method, 0, &e));
     if (!a) return;
     CHECK_OK(gcomp_adapt_set_exchanges(a, groups, groups ? NMLP : 0, run_bytes, &e));
     float *g = calloc(256 * 256, sizeof(float));
@@ -863,6 +865,30 @@ static void predict_grouped(const unsigned *groups, size_t run_bytes, double *pr
     free(buf);
     free(g);
     gcomp_adapt_free(a);
+}
+
+static void predict_grouped(const unsigned *groups, size_t run_bytes, double *pred, size_t *K) {
+    predict_with("adapt:bandwidth;interval=1;measure=1;concurrent=0", groups, run_bytes, pred, K);
+}
+
+/* By default the controller prices gradcomp's own buckets, every exchange in flight at once
+ * (gcomp_mpi_wait_all): the six tensors' chains of 10 ms latencies overlap instead of
+ * adding up, so every candidate's step is shorter than one exchange at a time - by at
+ * least the two longest chains' worth for the compressed ones.  Anything but 0 or 1 is
+ * refused. */
+static void test_bandwidth_concurrent(void) {
+    double serial[8], together[8];
+    size_t K = 0, K2 = 0;
+    predict_with("adapt:bandwidth;interval=1;measure=1;concurrent=0", NULL, 0, serial, &K);
+    predict_with("adapt:bandwidth;interval=1;measure=1", NULL, 0, together, &K2);
+    CHECK_EQ_INT(K, K2);
+    for (size_t j = 0; j < K && j < 8; j++)
+        CHECK_MSG(together[j] < serial[j] - 0.04, "candidate %zu: %g together, %g serial", j,
+                  together[j], serial[j]);
+    gcomp_adapt *a = NULL;
+    gcomp_error e = {0};
+    CHECK(make(&a, "adapt:bandwidth;concurrent=2", 0, &e) == GCOMP_E_SPEC && !a);
+    CHECK_MSG(strstr(e.message, "concurrent=2"), "%s", e.message);
 }
 
 /* The caller's exchange groups (DDP's buckets) reach the predictions.  On 4 ranks a small
@@ -1510,6 +1536,7 @@ int main(void) {
     test_measure_spacing();
     test_bandwidth();
     test_bandwidth_exchanges();
+    test_bandwidth_concurrent();
     test_bandwidth_band();
     test_probe_spacing();
     test_accuracy();
