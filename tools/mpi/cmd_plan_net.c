@@ -35,6 +35,23 @@ static int cmp_d(const void *a, const void *b) {
     return (x > y) - (x < y);
 }
 
+/* A one-way send of `bytes` from rank 0 to rank 1, acknowledged by a zero-byte reply:
+ * its time less the two latencies (>= 0), on every rank after a barrier. */
+static double one_way(int rank, char *buf, size_t bytes, int tag, double alpha) {
+    char word[1];
+    MPI_Barrier(MPI_COMM_WORLD);
+    double t0 = MPI_Wtime();
+    if (rank == 0) {
+        MPI_Send(buf, (int)bytes, MPI_BYTE, 1, tag, MPI_COMM_WORLD);
+        MPI_Recv(word, 0, MPI_BYTE, 1, tag, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+    } else if (rank == 1) {
+        MPI_Recv(buf, (int)bytes, MPI_BYTE, 0, tag, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+        MPI_Send(word, 0, MPI_BYTE, 0, tag, MPI_COMM_WORLD);
+    }
+    double t = MPI_Wtime() - t0 - 2 * alpha;
+    return t > 0 ? t : 0;
+}
+
 int plan_calibrate_net(gcomp_cost_calibration *cal, int *rank_out, int *size_out);
 
 int plan_calibrate_net(gcomp_cost_calibration *cal, int *rank_out, int *size_out) {
@@ -86,35 +103,17 @@ int plan_calibrate_net(gcomp_cost_calibration *cal, int *rank_out, int *size_out
     qsort(lat, 200, sizeof lat[0], cmp_d);
     double alpha = lat[100];
     for (int i = 0; i < 4; i++) { /* the first is a warm-up (connection, slow start) */
-        MPI_Barrier(MPI_COMM_WORLD);
-        double t0 = MPI_Wtime();
-        if (rank == 0) {
-            MPI_Send(buf, (int)big, MPI_BYTE, 1, 12, MPI_COMM_WORLD);
-            MPI_Recv(word, 0, MPI_BYTE, 1, 12, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
-        } else if (rank == 1) {
-            MPI_Recv(buf, (int)big, MPI_BYTE, 0, 12, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
-            MPI_Send(word, 0, MPI_BYTE, 0, 12, MPI_COMM_WORLD);
-        }
-        double t = MPI_Wtime() - t0 - 2 * alpha;
+        double t = one_way(rank, buf, big, 12, alpha);
         if (i > 0) bw[i - 1] = (double)big / (t > 0 ? t : 1e-9);
     }
     qsort(bw, 3, sizeof bw[0], cmp_d);
     const size_t mid = (size_t)1 << 20;
     double burst[3];
     for (int i = 0; i < 3; i++) {
-        MPI_Barrier(MPI_COMM_WORLD);
         struct timespec idle = {0, 300000000L};
-        nanosleep(&idle, NULL);
-        double t0 = MPI_Wtime();
-        if (rank == 0) {
-            MPI_Send(buf, (int)mid, MPI_BYTE, 1, 13, MPI_COMM_WORLD);
-            MPI_Recv(word, 0, MPI_BYTE, 1, 13, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
-        } else if (rank == 1) {
-            MPI_Recv(buf, (int)mid, MPI_BYTE, 0, 13, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
-            MPI_Send(word, 0, MPI_BYTE, 0, 13, MPI_COMM_WORLD);
-        }
-        double t = MPI_Wtime() - t0 - 2 * alpha;
-        burst[i] = (double)mid - bw[1] * (t > 0 ? t : 0);
+        MPI_Barrier(MPI_COMM_WORLD);
+        nanosleep(&idle, NULL); /* every rank: the links idle, the buckets refill */
+        burst[i] = (double)mid - bw[1] * one_way(rank, buf, mid, 13, alpha);
     }
     qsort(burst, 3, sizeof burst[0], cmp_d);
     if (burst[1] < 0.1 * (double)mid) burst[1] = 0;
