@@ -837,9 +837,8 @@ int cmd_plan(int argc, char **argv) {
         printf("plan: model %s (%zu tensors), link %.4g Mbit/s goodput (%s), latency %.1f us, "
                "burst %.0f KiB, compute %.2f ms/step, overlap %.2f, calibration %s\n",
                o.model, nt, net.inter.bandwidth * 8 / 1e6, link_from, 1e6 * net.inter.latency,
-               net.inter.burst / 1024,
-               1e3 * (comp.forward_s + comp.backward_s + comp.optimizer_s), comp.overlap,
-               cal ? calpath : "none (1 ns/element defaults)");
+               net.inter.burst / 1024, 1e3 * (comp.forward_s + comp.backward_s + comp.optimizer_s),
+               comp.overlap, cal ? calpath : "none (1 ns/element defaults)");
     }
     bool first_json = true;
     for (int w = 0; w < o.nworkers && !rc; w++) {
