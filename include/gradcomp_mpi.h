@@ -456,6 +456,20 @@ GCOMP_API gcomp_status gcomp_mpi_wait(gcomp_mpi_bucket *b, double timeout_s, gco
 GCOMP_API gcomp_status gcomp_mpi_wait_all(gcomp_mpi_bucket *const *b, size_t n, double timeout_s,
                                           size_t *failed, gcomp_error *err);
 
+/**
+ * As gcomp_mpi_wait_all, but every bucket is waited for whatever happens to the others,
+ * and each one's outcome is reported: each[i] (n of them, required) is bucket i's status
+ * and message, GCOMP_OK and "" for one that finished (or was idle).  A bucket that fails
+ * leaves the wait; the others go on moving.  One deadline covers them all: on timeout every
+ * bucket still in flight gets GCOMP_E_TIMEOUT naming its own step, and their communicators
+ * are failed.  Returns GCOMP_OK when every bucket finished well, else the status of the
+ * lowest index that failed (*failed, may be NULL, is that index, else n), its message in
+ * err.  No bucket is left in flight, so none needs another wait: a caller that finishes
+ * many buckets and reports each one's error needs no loop around this call.
+ */
+GCOMP_API gcomp_status gcomp_mpi_wait_each(gcomp_mpi_bucket *const *b, size_t n, double timeout_s,
+                                           gcomp_error *each, size_t *failed, gcomp_error *err);
+
 /* ---- what this rank sent (for references, tests and benchmarks) ----------------------- */
 
 /**

@@ -224,6 +224,7 @@ PROTOTYPES = {
     "gcomp_mpi_test": (_I, [_P, ctypes.POINTER(_I), _EP]),
     "gcomp_mpi_wait": (_I, [_P, ctypes.c_double, _EP]),
     "gcomp_mpi_wait_all": (_I, [ctypes.POINTER(_P), _S, ctypes.c_double, _SP, _EP]),
+    "gcomp_mpi_wait_each": (_I, [ctypes.POINTER(_P), _S, ctypes.c_double, _EP, _SP, _EP]),
     "gcomp_mpi_message": (_I, [_P, _S, _S, ctypes.POINTER(_P), _SP, _SP, _SP]),
     "gcomp_mpi_message_count": (_S, [_P, _S]),
     "gcomp_mpi_owner_residual": (_I, [_P, _S, ctypes.POINTER(ctypes.POINTER(ctypes.c_float)), _SP, _SP]),
@@ -1136,7 +1137,7 @@ _OPTIMIZERS = {"sgd": OUTER_SGD, "nesterov": OUTER_NESTEROV}
 
 
 def wait_all(buckets, timeout=None):
-    """Waits for the allreduces in flight on all `buckets` at once (gcomp_mpi_wait_all):
+    """Waits for the allreduces in flight on all `buckets` at once (gcomp_mpi_wait_each):
     a bucket whose exchange takes several rounds (PowerSGD's two factors, a sparse
     allreduce) sends its next round as soon as its last one is in, instead of when a wait
     on it begins, so on a link with latency the round trips overlap.  The results are
@@ -1145,25 +1146,22 @@ def wait_all(buckets, timeout=None):
     or the error its wait would have raised (CollectiveTimeout on timeout, which fails the
     communicator; `timeout` None: the communicator's default)."""
     buckets = list(buckets)
-    errors = [None] * len(buckets)
-    rest = list(range(len(buckets)))  # not failed yet; after an error, some may be in flight
-    while rest:
-        handles = (_P * len(rest))(*[buckets[i]._handle() for i in rest])
-        failed = _S(len(rest))
+    n = len(buckets)
+    each = (_native.ErrorInfo * n)()
+    if n:
+        handles = (_P * n)(*[b._handle() for b in buckets])
         err = _native.ErrorInfo()
-        st = _lib.gcomp_mpi_wait_all(handles, len(rest), float(timeout or 0), ctypes.byref(failed),
-                                     ctypes.byref(err))
-        if st == 0:
-            break
-        if failed.value >= len(rest):  # not from one bucket (cannot be with these arguments)
+        st = _lib.gcomp_mpi_wait_each(handles, n, float(timeout or 0), each, None, ctypes.byref(err))
+        if st != 0 and all(e.status == 0 for e in each):  # not from one bucket
             _check(st, "gradcomp.mpi wait_all", err)
-        i = rest.pop(failed.value)
-        try:
-            _check(st, f"gradcomp.mpi wait of bucket {buckets[i].name}", err)
-        except _err.Error as e:
-            errors[i] = e
-    for b in buckets:
+    errors = []
+    for b, e in zip(buckets, each):
         b._inflight = None
+        try:
+            _check(e.status, f"gradcomp.mpi wait of bucket {b.name}", e)
+            errors.append(None)
+        except _err.Error as x:
+            errors.append(x)
     return errors
 
 

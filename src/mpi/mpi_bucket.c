@@ -857,44 +857,80 @@ gcomp_status gcomp_mpi_wait(gcomp_mpi_bucket *b, double timeout_s, gcomp_error *
     return gcomp_mpi_wait_all(&b, 1, timeout_s, NULL, err);
 }
 
-gcomp_status gcomp_mpi_wait_all(gcomp_mpi_bucket *const *b, size_t n, double timeout_s,
-                                size_t *failed, gcomp_error *err) {
+/* The wait of gcomp_mpi_wait_all (each == NULL: the first error ends it, *failed names its
+ * bucket) and of gcomp_mpi_wait_each (each[i] takes bucket i's outcome, a failed bucket is
+ * left out of the rest of the wait, and one deadline covers them all). */
+static gcomp_status wait_buckets(gcomp_mpi_bucket *const *b, size_t n, double timeout_s,
+                                 gcomp_error *each, size_t *failed, gcomp_error *err) {
     if (failed) *failed = n;
     if (n && !b) return gm_fail(err, GCOMP_E_ARG, "buckets must not be NULL");
     gcomp_status st = GCOMP_OK;
     size_t i, busy = 0;
     uint64_t t0 = gm_now_ns(), deadline = UINT64_MAX;
+#define OUT(i) (each ? &each[i] : err)
+#define LIVE(i) (!each || each[i].status == GCOMP_OK)
     for (i = 0; i < n; i++) {
-        if ((st = gm_bucket_usable(b[i], err)) != GCOMP_OK) goto fail;
+        if (each) each[i] = (gcomp_error){GCOMP_OK, ""};
+        if ((st = gm_bucket_usable(b[i], OUT(i))) != GCOMP_OK) {
+            if (!each) goto fail;
+            continue;
+        }
         if (b[i]->busy && !busy++) deadline = gm_deadline(b[i]->comm, timeout_s);
     }
-    if (!busy) return GCOMP_OK;
-    unsigned spins = 0;
-    for (;;) {
+    for (unsigned spins = 0; busy;) {
         /* Every bucket's next exchange goes out as soon as its last one is in, rather than
          * when the wait reaches it: their round trips overlap. */
         busy = 0;
         for (i = 0; i < n; i++) {
-            if (!b[i]->busy) continue;
-            if ((st = progress(b[i], err)) != GCOMP_OK) goto fail;
-            if (all_done(b[i])) {
-                if ((st = finish(b[i], err)) != GCOMP_OK) goto fail;
-            } else {
-                busy++;
+            if (!LIVE(i) || !b[i]->busy) continue;
+            if ((st = progress(b[i], OUT(i))) == GCOMP_OK) {
+                if (!all_done(b[i])) {
+                    busy++;
+                    continue;
+                }
+                st = finish(b[i], OUT(i));
             }
+            if (st == GCOMP_OK) continue;
+            if (!each) goto fail;
+            if (each[i].status == GCOMP_OK) /* keeps the bucket out of the rest of the wait */
+                gm_fail(&each[i], st, "%s", gcomp_status_str(st));
         }
-        if (!busy) return GCOMP_OK;
+        if (!busy) break;
         uint64_t now = gm_now_ns();
         if (now > deadline) {
-            for (i = 0; !b[i]->busy; i++) continue;
-            st = wait_timeout(b[i], now - t0, err);
-            goto fail;
+            for (i = 0; i < n; i++) {
+                if (!LIVE(i) || !b[i]->busy) continue;
+                st = wait_timeout(b[i], now - t0, OUT(i));
+                if (!each) goto fail;
+            }
+            break;
         }
         gm_backoff(&spins, now - t0);
     }
+    if (!each) return GCOMP_OK;
+    for (i = 0; i < n && each[i].status == GCOMP_OK; i++) continue;
+    if (i == n) return GCOMP_OK;
+    st = each[i].status;
+    gm_fail(err, st, "%s", each[i].message);
 fail:
     if (failed) *failed = i;
     return st;
+}
+#undef OUT
+#undef LIVE
+
+gcomp_status gcomp_mpi_wait_all(gcomp_mpi_bucket *const *b, size_t n, double timeout_s,
+                                size_t *failed, gcomp_error *err) {
+    return wait_buckets(b, n, timeout_s, NULL, failed, err);
+}
+
+gcomp_status gcomp_mpi_wait_each(gcomp_mpi_bucket *const *b, size_t n, double timeout_s,
+                                 gcomp_error *each, size_t *failed, gcomp_error *err) {
+    if (n && !each) {
+        if (failed) *failed = n;
+        return gm_fail(err, GCOMP_E_ARG, "each must not be NULL: one gcomp_error per bucket");
+    }
+    return wait_buckets(b, n, timeout_s, each, failed, err);
 }
 
 gcomp_status gcomp_mpi_allreduce(gcomp_mpi_bucket *b, float *const *data, gcomp_mpi_op op,

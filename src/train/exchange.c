@@ -30,6 +30,7 @@ struct gtrain_exchange {
     gcomp_mpi_bucket **b;
     gcomp_mpi_bucket **wait; /* the started buckets in start order, for the wait */
     size_t *wait_t;          /* their tensors */
+    gcomp_error *each;       /* the wait's outcome per bucket */
     gtrain_plan plan;
     unsigned char *started;
     double timeout_s, wait_s, msg_bytes;
@@ -60,6 +61,7 @@ void gtrain_exchange_free(gtrain_exchange *ex) {
     free(ex->b);
     free(ex->wait);
     free(ex->wait_t);
+    free(ex->each);
     free(ex->started);
     free(ex->sent_before);
     free(ex);
@@ -107,13 +109,14 @@ int gtrain_exchange_create_on(gtrain_exchange **out, const char *method, gtrain_
     ex->b = calloc(nt, sizeof *ex->b);
     ex->wait = calloc(nt, sizeof *ex->wait);
     ex->wait_t = calloc(nt, sizeof *ex->wait_t);
+    ex->each = calloc(nt, sizeof *ex->each);
     ex->started = calloc(nt, 1);
     ex->sent_before = calloc(nt, sizeof(double));
     ex->comm = comm;
     ex->nranks = gcomp_mpi_comm_size(comm);
     gcomp_error e = {0};
     int rc = 0;
-    if (!ex->b || !ex->wait || !ex->wait_t || !ex->started || !ex->sent_before) {
+    if (!ex->b || !ex->wait || !ex->wait_t || !ex->each || !ex->started || !ex->sent_before) {
         rc = efail(err, errlen, "out of memory");
         goto out;
     }
@@ -242,21 +245,12 @@ int gtrain_exchange_finish(gtrain_exchange *ex) {
         ex->wait_t[n++] = k;
     }
     /* All at once, so that each bucket's next round trip (PowerSGD's second factor) goes
-     * out as soon as its first is in.  After an error the others, in flight or not, are
-     * waited on again without the one that failed. */
-    while (n > 0) {
-        gcomp_error e = {0};
-        size_t f;
-        if (gcomp_mpi_wait_all(ex->wait, n, ex->timeout_s, &f, &e) == GCOMP_OK) break;
-        if (f >= n) { /* not from one bucket: cannot be with these arguments */
-            if (!rc) rc = xfail(ex, "wait: %s", e.message);
-            break;
-        }
-        if (!rc) rc = xfail(ex, "%s: %s", ex->t[ex->wait_t[f]].name, e.message);
-        n--;
-        memmove(ex->wait + f, ex->wait + f + 1, (n - f) * sizeof *ex->wait);
-        memmove(ex->wait_t + f, ex->wait_t + f + 1, (n - f) * sizeof *ex->wait_t);
-    }
+     * out as soon as its first is in; every bucket is finished, also after an error. */
+    gcomp_error e = {0};
+    size_t f = n;
+    if (gcomp_mpi_wait_each(ex->wait, n, ex->timeout_s, ex->each, &f, &e) != GCOMP_OK && !rc)
+        rc = f < n ? xfail(ex, "%s: %s", ex->t[ex->wait_t[f]].name, e.message)
+                   : xfail(ex, "wait: %s", e.message);
     ex->wait_s += now_s() - t0;
     if (!rc) count_messages(ex);
     return rc;

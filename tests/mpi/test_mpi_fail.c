@@ -5,6 +5,8 @@
  *   exit    rank 1 calls _exit(0) just before the second allreduce.  The others must get
  *           GCOMP_E_TIMEOUT (or GCOMP_E_MPI) within the timeout, then GCOMP_E_FAILED.
  *   stall   rank 1 sleeps through the second allreduce (then exits).  Same expectation.
+ *   each    as stall, with two buckets waited for by gcomp_mpi_wait_each: both report a
+ *           timeout, each naming its own tensor, within one timeout (one deadline for all).
  *   reset   rank 1 is late for the second allreduce; everyone times out (rank 1 too: the
  *           others gave up), all call gcomp_mpi_comm_reset, create the bucket again, load
  *           the state saved from the failed one, and the third allreduce is exact.
@@ -37,6 +39,47 @@ static gcomp_status step(gcomp_mpi_bucket *b, float *x, unsigned seed, double *t
     return st;
 }
 
+/* Mode "each": a second bucket beside `b`, rank 1 stalls, the others start both and wait
+ * for them together. */
+static int wait_each(gcomp_mpi_comm *comm, const char *spec, int strategy, gcomp_mpi_bucket *b,
+                     float *x) {
+    gcomp_mpi_tensor t = {"v", spec, N, 0, 0, strategy};
+    gcomp_mpi_bucket *b2;
+    gcomp_error err = {0}, each[2];
+    if (gcomp_mpi_bucket_create(&b2, comm, &t, 1, NULL, 10.0, &err) != GCOMP_OK)
+        return fail(err.message);
+    float *y = malloc(N * sizeof(float)), *dx = x, *dy = y;
+    test_fill(y, N, 7u + (unsigned)mc_rank);
+    MPI_Barrier(MPI_COMM_WORLD);
+    if (mc_rank == 1) {
+        sleep(3 * (unsigned)TIMEOUT + 2);
+        _exit(0);
+    }
+    if (gcomp_mpi_start(b, &dx, GCOMP_MPI_SUM, &err) != GCOMP_OK ||
+        gcomp_mpi_start(b2, &dy, GCOMP_MPI_SUM, &err) != GCOMP_OK)
+        return fail(err.message);
+    gcomp_mpi_bucket *both[2] = {b, b2};
+    size_t failed = 99;
+    double t0 = MPI_Wtime();
+    gcomp_status st = gcomp_mpi_wait_each(both, 2, TIMEOUT, each, &failed, &err);
+    double took = MPI_Wtime() - t0;
+    for (int i = 0; i < 2; i++)
+        if (each[i].status != GCOMP_E_TIMEOUT && each[i].status != GCOMP_E_MPI)
+            return fail(gcomp_status_str(each[i].status));
+    if (st != each[0].status || failed != 0 || strcmp(err.message, each[0].message) != 0)
+        return fail("the call's status is not the first bucket's");
+    if (each[0].status == GCOMP_E_TIMEOUT &&
+        (!strstr(each[0].message, "'w'") || !strstr(each[1].message, "'v'")))
+        return fail("a timeout does not name its own bucket's tensor");
+    if (took > TIMEOUT + 1.5) return fail("more than one timeout for two buckets");
+    if (gcomp_mpi_comm_status(comm, NULL) != GCOMP_E_FAILED) return fail("communicator not failed");
+    printf("SURVIVOR-OK rank %d: %s / %s after %.2f s (%s | %s)\n", mc_rank,
+           gcomp_status_str(each[0].status), gcomp_status_str(each[1].status), took,
+           each[0].message, each[1].message);
+    fflush(stdout);
+    _exit(0);
+}
+
 int main(int argc, char **argv) {
     mc_init(&argc, &argv);
     const char *mode = argc > 1 ? argv[1] : "exit";
@@ -60,6 +103,8 @@ int main(int argc, char **argv) {
     double took;
     if (step(b, x, 1, &took, &err) != GCOMP_OK) return fail(err.message);
     MPI_Barrier(MPI_COMM_WORLD); /* everyone has finished the first step */
+
+    if (!strcmp(mode, "each")) return wait_each(comm, spec, strategy, b, x);
 
     bool victim = mc_rank == 1;
     if (victim && !strcmp(mode, "exit")) _exit(0);

@@ -191,6 +191,27 @@ int main(int argc, char **argv) {
     CHECK_OK(gcomp_mpi_wait(a, 60.0, &err));
     verify(a, da, na, ra, "wait_all with an error in the other bucket");
 
+    /* gcomp_mpi_wait_each: the same error, reported against its bucket; the other is
+     * finished in the same call, and neither needs another wait */
+    gcomp_error each[2];
+    CHECK(gcomp_mpi_wait_each(ab, 2, 1.0, NULL, &failed, &err) == GCOMP_E_ARG && failed == 2);
+    fill(da, na, 6);
+    fill(db, nb, 7);
+    owner_residuals(a, na, ra);
+    if (mc_rank == 0) db[0][1] = INFINITY;
+    CHECK_OK(gcomp_mpi_start(a, da, GCOMP_MPI_SUM, &err));
+    CHECK_OK(gcomp_mpi_start(b, db, GCOMP_MPI_SUM, &err));
+    st = gcomp_mpi_wait_each(ab, 2, 60.0, each, &failed, &err);
+    CHECK_MSG(st == GCOMP_E_NONFINITE && failed == 1 && each[0].status == GCOMP_OK &&
+                  each[1].status == GCOMP_E_NONFINITE && !strcmp(err.message, each[1].message),
+              "status %d from bucket %zu, each %d %d", (int)st, failed, (int)each[0].status,
+              (int)each[1].status);
+    verify(a, da, na, ra, "wait_each with an error in the other bucket");
+    fill(db, nb, 8); /* b is idle again */
+    CHECK_OK(gcomp_mpi_start(b, db, GCOMP_MPI_SUM, &err));
+    CHECK_OK(gcomp_mpi_wait_each(ab, 2, 60.0, each, &failed, &err));
+    CHECK(failed == 2 && each[0].status == GCOMP_OK && each[1].status == GCOMP_OK);
+
     for (int k = 0; k < 4; k++) {
         gcomp_mpi_bucket_free(tw[k]);
         for (size_t i = 0; i < NT; i++) free(dt[k][i]);
