@@ -37,16 +37,12 @@
  *   rsag G e(n/G) + e(n/G) + 2G d(n/G), ps e(n) (+ d(n) when the pull is compressed).
  */
 #include "cost_internal.h"
+#include "common/mpi_wire.h"
 
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-#define RING_MIN_BYTES (256.0 * 1024)  /* src/mpi/mpi_allreduce.c: packs this big use the ring */
-#define GM_SLICE_HDR 8.0               /* src/mpi: a slice's header */
-#define PACK_SLICE_BYTES (32.0 * 1024) /* src/mpi: the pack reductions' slices, */
-#define PACK_SLICES_MAX 16.0           /* at most this many */
 
 typedef struct law_in {
     const gcomp_cost_tensor *t;
@@ -102,7 +98,9 @@ static gcomp_status estimate(const law_in *in, size_t n, size_t rows, size_t col
 static void pack_reduce(cost_tensor *ct, const law_in *in, double S, double check) {
     int G = in->G, L = log2up(G);
     if (G < 2) return;
-    double slices = S > PACK_SLICE_BYTES ? fmin(ceil(S / PACK_SLICE_BYTES), PACK_SLICES_MAX) : 1;
+    double slices = S > (double)GM_SLICE_BYTES
+                        ? fmin(ceil(S / (double)GM_SLICE_BYTES), (double)GM_SLICES_MAX)
+                        : 1;
     ct->bytes_sent += ring_bytes(S + check, G);
     add_phase(ct, PH_RING, G, L * (S + check) * (1 + 1 / slices), 2 * L, in->leaders);
 }
@@ -111,7 +109,7 @@ static void pack_reduce(cost_tensor *ct, const law_in *in, double S, double chec
 static void allreduce_values(cost_tensor *ct, const law_in *in, double S, double check) {
     int G = in->G;
     if (G < 2) return;
-    if (S >= RING_MIN_BYTES) {
+    if (S >= (double)GM_RING_MIN_BYTES) {
         ct->bytes_sent += 2.0 * (G - 1) / G * S;
         add_phase(ct, PH_RING, G, 2.0 * (G - 1) / G * S, 2.0 * (G - 1), in->leaders);
     } else {

@@ -169,7 +169,6 @@ static gcomp_status ar_decode(gcomp_mpi_bucket *b, gm_group *g) {
  * then copied around: every rank ends with the same bits.  f16/bf16 chunks are added with
  * the same cast-add-round as the MPI_Op. */
 
-#define RING_MIN_BYTES ((size_t)256 << 10)
 #define RING_TAG 7002
 
 static size_t chunk_lo(const gm_group *g, int j) {
@@ -268,7 +267,7 @@ static gcomp_status ar_reserve(gcomp_mpi_bucket *b, gm_group *g) {
     }
     if (count > INT_MAX || count * width > INT_MAX) return GCOMP_E_LIMIT;
     ag->count = count;
-    ag->ring = g->xsize > 1 && count * width >= RING_MIN_BYTES;
+    ag->ring = g->xsize > 1 && count * width >= GM_RING_MIN_BYTES;
     if (gm_reserve(&g->send, send) != GCOMP_OK ||
         gm_reserve(&g->pack, count * width + 8) != GCOMP_OK)
         return GCOMP_E_NOMEM;

@@ -28,6 +28,7 @@
 
 #include "gradcomp_mpi.h"
 #include "../common/common.h"
+#include "../common/mpi_wire.h"
 
 #include <stdbool.h>
 #include <stdint.h>
@@ -195,7 +196,6 @@ gcomp_status gm_linear_values(const void *msg, size_t len, size_t n, int vid, co
 
 /* ---- sparse-allreduce slices (docs/FORMAT.md, "MPI sparse-allreduce slice") ------------ */
 
-#define GM_SLICE_HDR 8
 enum {
     GM_SLICE_SPARSE_F32 = 0,
     GM_SLICE_DENSE_F32 = 1,
@@ -410,8 +410,6 @@ gcomp_status gm_issue_fail(gcomp_mpi_bucket *b, int rc, const char *what);
  * (GM_VID_*) summed in place in g->pack, in slices of GM_SLICE_BYTES (at most
  * GM_SLICES_MAX); g->nreq = 1 + the slices.  `what` names the pair in errors
  * ("values", "PowerSGD factors"). */
-#define GM_SLICE_BYTES ((size_t)32 << 10) /* below Open MPI's TCP eager limit (64 KiB) */
-#define GM_SLICES_MAX 16
 gcomp_status gm_start_pack_reduce(gcomp_mpi_bucket *b, gm_group *g, int vid, size_t count, int nchk,
                                   const char *what);
 /* Counts one exchange of a u64 size word per tensor with every peer (group and tensors). */
