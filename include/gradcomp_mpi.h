@@ -449,7 +449,8 @@ GCOMP_API gcomp_status gcomp_mpi_wait(gcomp_mpi_bucket *b, double timeout_s, gco
  * latency the buckets' round trips overlap.  Waiting on them one after another gives the
  * same results, later.  The first error ends the wait: *failed (may be NULL) is then the
  * index of the bucket it came from, else n.  The others are left as they are (finished
- * ones idle, the rest in flight, before that index or after it): wait on them again.  On
+ * ones idle, the rest in flight, before that index or after it): wait on them again, or
+ * use gcomp_mpi_wait_each, which finishes every bucket and reports each one's outcome.  On
  * timeout (timeout_s, else the first busy bucket's communicator's default) GCOMP_E_TIMEOUT,
  * and that communicator is failed.
  */
