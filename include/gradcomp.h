@@ -612,7 +612,8 @@ GCOMP_API gcomp_status gcomp_spec_bytes_estimate(const char *spec, size_t n, siz
  *  comm      an alpha-beta model (a message costs latency + bytes / bandwidth) of each
  *            strategy's traffic law, with the message size from gcomp_spec_bytes_estimate
  *            (this library's own formats: never re-derived here):
- *              allreduce   2(P-1)/P x the values (ring; recursive doubling below 256 KiB)
+ *              allreduce   2(P-1)/P x the values (ring from 256 KiB; below, MPI_Iallreduce:
+ *                          a binomial reduce and broadcast)
  *              powersgd    two allreduces per power iteration, of rows*r and cols*r values
  *              allgather   (P-1) x one message: grows with P
  *              sparse      2(P-1)/P x one message, each region's slice re-coded as
@@ -620,7 +621,7 @@ GCOMP_API gcomp_status gcomp_spec_bytes_estimate(const char *spec, size_t n, siz
  *              rsag        2(P-1)/P x the compressed tensor, chunk messages with their
  *                          headers, plus the owner's re-compression
  *              ps          push the message to S servers, pull the result (the parameter
- *                          server's law; the MPI layer has no ps strategy yet)
+ *                          server's law: GCOMP_MPI_PS with a gcomp_mpi_ps)
  *              hierarchical  a dense float32 binomial-tree reduce and broadcast inside each
  *                          node on the intra-node link, the strategy between node leaders
  *  exposed   the part of the communication not hidden behind the backward pass: each
