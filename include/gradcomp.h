@@ -921,10 +921,10 @@ GCOMP_API gcomp_status gcomp_cost_eval(const gcomp_cost_model *m, const gcomp_co
  * method) is no faster than `base` (e.g. dense f32 ring allreduce) for the same tensors;
  * `tensor` = (size_t)-1 compares whole steps, otherwise that tensor alone (its codec and
  * communication, no compute, and no shaper's burst: the link's `burst` counts for whole
- * steps only, which have idle time to refill it).  The two models must have the same tensor count and
- * workers.  Searched by bisection on log(bandwidth) over [1e5, 1e13] bytes/s with the
- * rest of `net` held fixed.  *bandwidth receives the speed; 0 when `m` is slower at every
- * speed in that range, INFINITY when it is faster at every speed.
+ * steps only, which have idle time to refill it).  The two models must have the same
+ * tensor count and workers.  Searched by bisection on log(bandwidth) over [1e5, 1e13]
+ * bytes/s with the rest of `net` held fixed.  *bandwidth receives the speed; 0 when `m`
+ * is slower at every speed in that range, INFINITY when it is faster at every speed.
  * Returns GCOMP_OK or GCOMP_E_ARG.
  */
 GCOMP_API gcomp_status gcomp_cost_break_even(const gcomp_cost_model *m,
