@@ -240,7 +240,7 @@ def _with_hook_defaults(method):
     another (the controller's default, 1, is gradcomp's own buckets finished together)."""
     head, _, rest = method.partition(";")
     keys = [kv.partition("=")[0].strip() for kv in rest.split(";")] if rest else []
-    if "bandwidth" not in head.partition(":")[2].split("+"):
+    if "bandwidth" not in [c.strip() for c in head.partition(":")[2].split("+")]:
         return method
     if "overlap" not in keys:
         method += f";overlap={_HOOK_OVERLAP}"
@@ -392,7 +392,9 @@ class GradcompState:
             if name.startswith("module."):
                 name = name[len("module."):]
             self._names[id(p)] = name
-            tensors.append((name, tuple(p.shape)))
+            # DDP never buckets a frozen parameter: managed, it would never be observed
+            if p.requires_grad:
+                tensors.append((name, tuple(p.shape)))
         if isinstance(self.policy, AdaptivePolicy) and self.policy.adapt is None:
             world = dist.get_world_size(self.process_group) if dist.is_initialized() else 1
             self.policy.start(tensors, world)

@@ -648,6 +648,14 @@ static gcomp_status resolve_schedule(gcomp_adapt *a, gcomp_error *err) {
 /* The block of tensor t a measurement compresses: whole rows of a matrix (so PowerSGD sees
  * a matrix of the same width), a run of a vector; all of it when it has at most `sample`
  * elements. */
+/* Every tensor's row is unknown (NaN) until a measuring step observes it, and again once
+ * the statistics have taken it: a tensor the caller did not observe (never bucketed, or
+ * refused as non-finite) reports NaN, never an earlier measurement or uninitialised
+ * memory. */
+static void forget_measurements(gcomp_adapt *a) {
+    for (size_t q = 0; q < a->nm * a->K * 4; q++) a->meas[q] = NAN;
+}
+
 static void sample_shape(const gcomp_adapt *a, gcomp__adapt_tensor *t) {
     t->sample_rows = t->rows;
     t->sample_n = t->n;
@@ -798,6 +806,7 @@ gcomp_status gcomp_adapt_create(gcomp_adapt **out, const char *method,
     }
     a->scratch_n = maxn;
     for (size_t j = 0; j < a->K; j++) a->pred[j] = NAN;
+    forget_measurements(a);
 
     /* The fingerprint: controllers, items, ladder, tensors. */
     uint64_t h = 0xcbf29ce484222325ull;
@@ -1000,8 +1009,8 @@ gcomp_status gcomp_adapt_observe(gcomp_adapt *a, size_t i, const float *grad,
     gcomp_status st = GCOMP_OK;
     for (size_t j = 0; j < a->K && st == GCOMP_OK; j++) {
         st = measure_one(a, a->ladder[j], t, a->xbuf, row + 4 * j);
-        if (st != GCOMP_OK)
-            for (size_t q = 0; q < 4; q++) row[4 * j + q] = NAN;
+        if (st != GCOMP_OK) /* this candidate and the ones not measured after it */
+            for (size_t q = 4 * j; q < 4 * a->K; q++) row[q] = NAN;
     }
     a->mtime_step += 1e-9 * (double)(gcomp__now_ns() - t0);
     return st;
@@ -1189,6 +1198,7 @@ gcomp_status gcomp_adapt_stats(gcomp_adapt *a, double *out, size_t cap, size_t *
         norm[m] = s;
     }
     for (size_t q = 0; q < 4 * a->nm * a->K; q++) meas[q] = a->measured ? a->meas[q] : NAN;
+    forget_measurements(a);
     a->fwd = a->bwd = a->opt = 0;
     a->ncompute = 0;
     a->link_bw = a->link_lat = a->ptime = 0;

@@ -104,14 +104,17 @@ static gcomp_status bw_create(gcomp_adapt *a, void **out, gcomp_error *err) {
     return GCOMP_OK;
 }
 
-/* The candidates' measured rates, per element over all managed tensors. */
+/* The candidates' measured rates, per element over the managed tensors measured (a tensor
+ * that was not, NaN on some rank, counts neither its time nor its elements). */
 static void take_rates(gcomp_adapt *a, bw_state *s, const gcomp__adapt_in *in) {
     if (!in->measured || !in->enc_s) return;
     for (size_t j = 0; j < a->K; j++) {
         double e = 0, d = 0, n = 0;
         for (size_t m = 0; m < a->nm; m++) {
-            e += in->enc_s[m * a->K + j];
-            d += in->dec_s[m * a->K + j];
+            double em = in->enc_s[m * a->K + j], dm = in->dec_s[m * a->K + j];
+            if (!isfinite(em) || !isfinite(dm)) continue;
+            e += em;
+            d += dm;
             n += (double)a->t[a->mt[m]].n;
         }
         if (isfinite(e) && isfinite(d) && n > 0) {

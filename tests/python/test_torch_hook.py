@@ -416,6 +416,22 @@ def test_adaptive_policy_refuses_a_ladder_across_the_momentum():
                    min_elements=16).start([("w", (16, 8))], 2)
 
 
+def test_adaptive_hook_leaves_frozen_parameters_out():
+    # DDP never buckets a parameter that needs no gradient: the controllers must not manage
+    # it, or their measurements would wait for it forever (and report what was never measured)
+    torch = pytest.importorskip("torch")
+    import gradcomp.torch as gt
+    model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Linear(64, 32))
+    model[0].weight.requires_grad_(False)
+    _, state = gt.hook("adapt:norm;base=topk:density=0.05,feedback=ef", model=model, total_steps=10)
+    pol = state.policy
+    assert pol.index("0.weight") is None
+    assert pol.index("1.weight") is not None and pol.index("0.bias") is not None
+    # and the hook's bandwidth defaults see a controller name written with spaces
+    assert gt._with_hook_defaults("adapt: layers + bandwidth") == \
+        "adapt: layers + bandwidth;overlap=0.5;concurrent=0"
+
+
 def test_adaptive_policy_pickles_its_controllers():
     import numpy as np
     from gradcomp.torch import AdaptivePolicy

@@ -538,6 +538,40 @@ static void errors_with_residual(const char *method, bool residual, double *err,
     gcomp_adapt_free(a);
 }
 
+/* A managed tensor the caller did not observe in a measuring step (the DDP hook never sees
+ * a parameter DDP does not bucket; an observe refused as non-finite) reports NaN, not what
+ * its row held before: neither memory never written nor an earlier measurement. */
+static void test_unobserved_reports_nan(void) {
+    static const gcomp_tensor_desc T[] = {{"a", 128 * 128, 128, 128}, {"b", 128 * 128, 128, 128}};
+    gcomp_adapt *a;
+    gcomp_error e = {0};
+    CHECK_OK(gcomp_adapt_create(&a, "adapt:layers;base=topk:density=0.01;interval=1;measure=1", T,
+                                2, NULL, &e));
+    if (!a) return;
+    unsigned long long seed = 5;
+    float *g = malloc(T[0].n * sizeof(float));
+    for (size_t k = 0; k < T[0].n; k++) g[k] = test_gauss(&seed);
+    CHECK_EQ_INT((int)a->nm, 2);
+    size_t cap = gcomp_adapt_stats_size(a), len, K = a->K;
+    double *buf = malloc(cap * sizeof(double));
+    const double *meas = buf + GCOMP__ADAPT_STATS_FIXED + a->nm;
+    for (int round = 0; round < 2; round++) {
+        CHECK(gcomp_adapt_measuring(a));
+        CHECK_OK(gcomp_adapt_observe(a, 0, g, NULL));
+        if (round == 0) CHECK_OK(gcomp_adapt_observe(a, 1, g, NULL)); /* b: only the first */
+        gcomp_adapt_end_step(a, NULL);
+        CHECK_OK(gcomp_adapt_stats(a, buf, cap, &len));
+        for (size_t q = 0; q < 4 * K; q++) {
+            CHECK_MSG(isfinite(meas[q]), "round %d: a's measurement %zu is %g", round, q, meas[q]);
+            CHECK_MSG(round == 0 ? isfinite(meas[4 * K + q]) : isnan(meas[4 * K + q]),
+                      "round %d: b's measurement %zu is %g", round, q, meas[4 * K + q]);
+        }
+    }
+    free(buf);
+    free(g);
+    gcomp_adapt_free(a);
+}
+
 /* A candidate is measured in its steady state, as its bytes are: DGC's warm-up on a fresh
  * scratch compressor (epoch 0) sent warmup_start for every density, so all candidates
  * lighter than it measured the same error and the DP starved the big layers. */
@@ -1531,6 +1565,7 @@ int main(void) {
     test_layers_margin();
     test_layers_measured();
     test_measure_steady_state();
+    test_unobserved_reports_nan();
     test_layers_error_on();
     test_measure_sample();
     test_measure_spacing();
