@@ -573,12 +573,51 @@ static void apply_plan(gcomp_adapt *a, const gcomp__adapt_plan *p, size_t *chang
     a->report.error_uniform = p->error_uniform;
 }
 
+/* Every controller's state through its save (c->w NULL: only counts c->at); at[k] (may be
+ * NULL) receives where controller k's section starts. */
+static void save_controllers(const gcomp_adapt *a, gcomp__adapt_cursor *c, size_t *at) {
+    for (size_t k = 0; k < a->nctl; k++) {
+        if (at) at[k] = c->at;
+        if (a->ctl[k]->save) a->ctl[k]->save(a, a->ctl_state[k], c);
+    }
+}
+
+/* Runs the controllers in their order and applies their plan.  A controller that runs out
+ * of memory ends the decision: every controller's state, and the predictions, are put back
+ * as they were (saved first, loaded back), so the decision is taken whole or not at all on
+ * this rank. */
 static gcomp_status run_controllers(gcomp_adapt *a, const gcomp__adapt_in *in, size_t *changed) {
     gcomp__adapt_plan p = {0};
+    gcomp__adapt_cursor c = {0};
+    size_t at[sizeof a->ctl / sizeof a->ctl[0]];
+    save_controllers(a, &c, NULL);
+    size_t preds = a->K * sizeof(double);
+    uint8_t *snap = gcomp__alloc(c.at + preds);
     p.level = gcomp__calloc((a->nm + 1) * sizeof(int));
-    if (!p.level) return GCOMP_E_NOMEM;
+    if (!p.level || !snap) {
+        gcomp__free(p.level);
+        gcomp__free(snap);
+        return GCOMP_E_NOMEM;
+    }
+    c = (gcomp__adapt_cursor){snap, NULL, 0};
+    save_controllers(a, &c, at);
+    memcpy(snap + c.at, a->pred, preds);
     gcomp__adapt_plan_uniform(a, &p, a->base);
-    for (size_t k = 0; k < a->nctl; k++) a->ctl[k]->decide(a, a->ctl_state[k], in, &p);
+    gcomp_status st = GCOMP_OK;
+    for (size_t k = 0; k < a->nctl && st == GCOMP_OK; k++)
+        st = a->ctl[k]->decide(a, a->ctl_state[k], in, &p);
+    if (st != GCOMP_OK) {
+        for (size_t k = 0; k < a->nctl; k++) {
+            if (!a->ctl[k]->save || !a->ctl[k]->load) continue;
+            gcomp__adapt_cursor e = {.r = snap + at[k]};
+            a->ctl[k]->load(a, a->ctl_state[k], &e, true, NULL);
+        }
+        memcpy(a->pred, snap + c.at, preds);
+        gcomp__free(p.level);
+        gcomp__free(snap);
+        return st;
+    }
+    gcomp__free(snap);
     for (size_t m = 0; m < a->nm; m++) {
         if (p.level[m] < 0) p.level[m] = 0;
         if (p.level[m] >= (int)a->K) p.level[m] = (int)a->K - 1;

@@ -179,8 +179,8 @@ static gcomp_status acc_load(const gcomp_adapt *a, void *p, gcomp__adapt_cursor 
     return GCOMP_OK;
 }
 
-static void acc_decide(gcomp_adapt *a, void *p, const gcomp__adapt_in *in,
-                       gcomp__adapt_plan *plan) {
+static gcomp_status acc_decide(gcomp_adapt *a, void *p, const gcomp__adapt_in *in,
+                               gcomp__adapt_plan *plan) {
     acc_state *s = p;
     if (!in->initial && in->has_metric) {
         double prog = isfinite(in->progress) ? fmin(fmax(in->progress, 0), 1) : 1;
@@ -208,6 +208,7 @@ static void acc_decide(gcomp_adapt *a, void *p, const gcomp__adapt_in *in,
     if (lvl > (int)a->K - 1) lvl = (int)a->K - 1;
     s->offset = lvl - plan->uniform; /* anti-windup */
     gcomp__adapt_plan_uniform(a, plan, lvl);
+    return GCOMP_OK;
 }
 
 const gcomp__adapt_ctl gcomp__adapt_accuracy = {

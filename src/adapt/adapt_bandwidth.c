@@ -181,10 +181,11 @@ static void exchange_buckets(const gcomp_adapt *a, gcomp_cost_tensor *ct) {
         ct[i].bucket = fusable(a, &ct[i], i, false) ? a->exchange[i] : 0;
 }
 
-/* Predicted step of uniform level L; +inf when the model refuses. */
-static double predict(gcomp_adapt *a, bw_state *s, gcomp_cost_calibration *cal,
-                      const gcomp_cost_net *net, const gcomp_cost_compute *cc, size_t L,
-                      gcomp_cost_tensor *ct) {
+/* *T: the predicted step of uniform level L; +inf when the model refuses it.  Returns
+ * GCOMP_OK, or GCOMP_E_NOMEM. */
+static gcomp_status predict(gcomp_adapt *a, bw_state *s, gcomp_cost_calibration *cal,
+                            const gcomp_cost_net *net, const gcomp_cost_compute *cc, size_t L,
+                            gcomp_cost_tensor *ct, double *T) {
     for (size_t i = 0; i < a->nt; i++) {
         const gcomp__adapt_tensor *t = &a->t[i];
         ct[i] = (gcomp_cost_tensor){.name = t->name,
@@ -198,15 +199,16 @@ static double predict(gcomp_adapt *a, bw_state *s, gcomp_cost_calibration *cal,
     exchange_buckets(a, ct);
     gcomp_cost_model *cm = NULL;
     gcomp_cost_result r;
-    double T = INFINITY;
+    *T = INFINITY;
     gcomp_status st = gcomp_cost_model_create(&cm, ct, a->nt, a->workers, a->nodes, cal, NULL);
     if (st == GCOMP_E_ARG && a->exchange) { /* a group the model cannot fuse: per tensor */
         for (size_t i = 0; i < a->nt; i++) ct[i].bucket = 0;
         st = gcomp_cost_model_create(&cm, ct, a->nt, a->workers, a->nodes, cal, NULL);
     }
-    if (st == GCOMP_OK && gcomp_cost_eval(cm, net, cc, &r, NULL) == GCOMP_OK) T = r.step_s;
+    if (st == GCOMP_E_NOMEM) return st;
+    if (st == GCOMP_OK && gcomp_cost_eval(cm, net, cc, &r, NULL) == GCOMP_OK) *T = r.step_s;
     gcomp_cost_model_free(cm);
-    return T;
+    return GCOMP_OK;
 }
 
 static void bw_save(const gcomp_adapt *a, const void *p, gcomp__adapt_cursor *c) {
@@ -240,12 +242,13 @@ static gcomp_status bw_load(const gcomp_adapt *a, void *p, gcomp__adapt_cursor *
     return GCOMP_OK;
 }
 
-static void bw_decide(gcomp_adapt *a, void *p, const gcomp__adapt_in *in, gcomp__adapt_plan *plan) {
+static gcomp_status bw_decide(gcomp_adapt *a, void *p, const gcomp__adapt_in *in,
+                              gcomp__adapt_plan *plan) {
     bw_state *s = p;
     take_rates(a, s, in);
     if (in->initial || !(in->bandwidth > 0) || a->nm == 0) {
         gcomp__adapt_plan_uniform(a, plan, s->chosen);
-        return;
+        return GCOMP_OK;
     }
     gcomp_cost_net net;
     gcomp_cost_net_default(&net);
@@ -259,24 +262,28 @@ static void bw_decide(gcomp_adapt *a, void *p, const gcomp__adapt_in *in, gcomp_
     gcomp_cost_calibration *cal = NULL;
     gcomp_cost_tensor *ct = gcomp__alloc(a->nt * sizeof *ct);
     double *T = gcomp__alloc(2 * a->K * sizeof(double)); /* predictions, then scores */
-    bool ok = ct && T && gcomp_cost_calibration_create(&cal) == GCOMP_OK;
-    if (ok && a->cal) {
-        for (size_t i = 0; i < gcomp_cost_calibration_codecs(a->cal); i++)
-            gcomp_cost_calibration_add_codec(cal, gcomp_cost_calibration_codec(a->cal, i), NULL);
-    }
-    for (size_t j = 0; ok && j < a->K; j++) {
+    /* Out of memory ends the decision (the engine restores the state); a rate the
+     * calibration refuses is left out, the same on every rank (the rates are all ranks'). */
+    gcomp_status st = ct && T ? gcomp_cost_calibration_create(&cal) : GCOMP_E_NOMEM;
+    for (size_t i = 0; st == GCOMP_OK && a->cal && i < gcomp_cost_calibration_codecs(a->cal); i++)
+        if (gcomp_cost_calibration_add_codec(cal, gcomp_cost_calibration_codec(a->cal, i), NULL) ==
+            GCOMP_E_NOMEM)
+            st = GCOMP_E_NOMEM;
+    for (size_t j = 0; st == GCOMP_OK && j < a->K; j++) {
         if (!isfinite(s->enc_pe[j])) continue;
         gcomp_cost_codec_rate r = {0};
         snprintf(r.spec, sizeof r.spec, "%s", a->ladder[j]);
         r.encode_per_elem = s->enc_pe[j];
         r.decode_per_elem = s->dec_pe[j];
-        gcomp_cost_calibration_add_codec(cal, &r, NULL);
+        if (gcomp_cost_calibration_add_codec(cal, &r, NULL) == GCOMP_E_NOMEM) st = GCOMP_E_NOMEM;
     }
+    for (size_t L = 0; st == GCOMP_OK && L < a->K; L++)
+        st = predict(a, s, cal, &net, &cc, L, ct, &T[L]);
+    bool ok = st == GCOMP_OK;
     int target = s->chosen;
     double best = INFINITY, *score = T ? T + a->K : NULL;
     if (ok) {
         for (size_t L = 0; L < a->K; L++) {
-            T[L] = predict(a, s, cal, &net, &cc, L, ct);
             a->pred[L] = T[L]; /* gcomp_adapt_predicted: why it chose what it chose */
             score[L] = T[L] * pow(1 + s->penalty, (double)L - (double)a->base);
             best = score[L] < best ? score[L] : best;
@@ -310,6 +317,7 @@ static void bw_decide(gcomp_adapt *a, void *p, const gcomp__adapt_in *in, gcomp_
     gcomp_cost_calibration_free(cal);
     gcomp__free(ct);
     gcomp__free(T);
+    return st;
 }
 
 const gcomp__adapt_ctl gcomp__adapt_bandwidth = {

@@ -202,8 +202,11 @@ struct gcomp__adapt_ctl {
     void (*save)(const gcomp_adapt *a, const void *state, gcomp__adapt_cursor *c);
     gcomp_status (*load)(const gcomp_adapt *a, void *state, gcomp__adapt_cursor *c, bool apply,
                          gcomp_error *err);
-    /* Transforms the plan; may update its state (decisions only). */
-    void (*decide)(gcomp_adapt *a, void *state, const gcomp__adapt_in *in, gcomp__adapt_plan *plan);
+    /* Transforms the plan; may update its state (decisions only).  Returns GCOMP_OK, or
+     * GCOMP_E_NOMEM: the engine then puts every controller's state back as it was before
+     * the decision (from their save and load), so no rank takes half a decision. */
+    gcomp_status (*decide)(gcomp_adapt *a, void *state, const gcomp__adapt_in *in,
+                           gcomp__adapt_plan *plan);
 };
 
 extern const gcomp__adapt_ctl gcomp__adapt_bandwidth;

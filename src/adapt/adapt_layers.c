@@ -126,8 +126,8 @@ static gcomp_status layers_load(const gcomp_adapt *a, void *p, gcomp__adapt_curs
     return GCOMP_OK;
 }
 
-static void layers_decide(gcomp_adapt *a, void *p, const gcomp__adapt_in *in,
-                          gcomp__adapt_plan *plan) {
+static gcomp_status layers_decide(gcomp_adapt *a, void *p, const gcomp__adapt_in *in,
+                                  gcomp__adapt_plan *plan) {
     layers_state *s = p;
     const size_t nm = a->nm, K = a->K;
     if (in->measured && in->err2) {
@@ -139,7 +139,7 @@ static void layers_decide(gcomp_adapt *a, void *p, const gcomp__adapt_in *in,
         }
     }
     double B = s->fixed_budget > 0 ? s->fixed_budget : plan->budget;
-    if (!s->has_err || nm == 0 || !(B > 0)) return;
+    if (!s->has_err || nm == 0 || !(B > 0)) return GCOMP_OK;
     plan->error_uniform = 0;
     for (size_t m = 0; m < nm; m++) plan->error_uniform += s->err[m * K + (size_t)plan->uniform];
     size_t U = 4096 > 64 * nm ? 4096 : 64 * nm, cap = U + nm;
@@ -147,11 +147,11 @@ static void layers_decide(gcomp_adapt *a, void *p, const gcomp__adapt_in *in,
     double *D = gcomp__alloc(2 * (cap + 1) * sizeof(double));
     unsigned char *choice = gcomp__alloc(nm * (cap + 1));
     size_t *cost = gcomp__alloc(nm * K * sizeof(size_t));
-    if (!D || !choice || !cost) { /* keep the uniform plan */
+    if (!D || !choice || !cost) {
         gcomp__free(D);
         gcomp__free(choice);
         gcomp__free(cost);
-        return;
+        return GCOMP_E_NOMEM;
     }
     for (size_t q = 0; q < nm * K; q++) {
         double c = ceil(a->bytes[q] / unit - 1e-9);
@@ -211,6 +211,7 @@ static void layers_decide(gcomp_adapt *a, void *p, const gcomp__adapt_in *in,
     gcomp__free(D);
     gcomp__free(choice);
     gcomp__free(cost);
+    return GCOMP_OK;
 }
 
 const gcomp__adapt_ctl gcomp__adapt_layers = {

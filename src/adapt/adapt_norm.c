@@ -104,8 +104,8 @@ static gcomp_status norm_load(const gcomp_adapt *a, void *p, gcomp__adapt_cursor
     return GCOMP_OK;
 }
 
-static void norm_decide(gcomp_adapt *a, void *p, const gcomp__adapt_in *in,
-                        gcomp__adapt_plan *plan) {
+static gcomp_status norm_decide(gcomp_adapt *a, void *p, const gcomp__adapt_in *in,
+                                gcomp__adapt_plan *plan) {
     norm_state *s = p;
     /* The rate fell by lr_drop or more since the last decision: the next interval is
      * critical for every tensor (Accordion's rule at a decay).  The tolerance keeps an exact
@@ -127,6 +127,7 @@ static void norm_decide(gcomp_adapt *a, void *p, const gcomp__adapt_in *in,
             plan->critical++;
         }
     }
+    return GCOMP_OK;
 }
 
 const gcomp__adapt_ctl gcomp__adapt_norm = {

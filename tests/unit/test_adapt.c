@@ -901,6 +901,75 @@ static void predict_with(const char *method, const unsigned *groups, size_t run_
     gcomp_adapt_free(a);
 }
 
+/* One measured step of `a` (the same gradients, compute and link every time); its
+ * statistics into buf when buf is not NULL, the measured codec times set to 10 us. */
+static void measured_step(gcomp_adapt *a, const float *g, double *buf, size_t *len) {
+    for (size_t i = 0; i < NMLP; i++) CHECK_OK(gcomp_adapt_observe(a, i, g, NULL));
+    gcomp_adapt_observe_compute(a, 0.002, 0.004, 0.001);
+    gcomp_adapt_observe_link(a, 1e7, 1e-3);
+    gcomp_adapt_end_step(a, NULL);
+    size_t cap = gcomp_adapt_stats_size(a);
+    double *mine = buf ? buf : malloc(cap * sizeof(double));
+    CHECK_OK(gcomp_adapt_stats(a, mine, cap, len));
+    double *meas = mine + GCOMP__ADAPT_STATS_FIXED + a->nm;
+    for (size_t q = 0; q < a->nm * a->K; q++) meas[4 * q + 2] = meas[4 * q + 3] = 1e-5;
+    if (!buf) free(mine);
+}
+
+/* Out of memory at any allocation of a decision: GCOMP_E_NOMEM and nothing changes (the
+ * state saved before is the state after, controllers' memory and predictions included),
+ * and the decision taken once memory is back is the one a twin that never failed takes,
+ * twice in a row: no rank takes half a decision.  (Before, the bandwidth controller kept
+ * its level and the layer DP its plan without a word: the rank that ran out went on with
+ * another decision than its peers'.) */
+static void test_decide_out_of_memory(void) {
+    const char *method = "adapt:bandwidth+layers;interval=1;measure=1";
+    gcomp_adapt *a = NULL, *b = NULL;
+    gcomp_error e = {0};
+    CHECK_OK(make(&a, method, 0, &e));
+    CHECK_OK(make(&b, method, 0, &e));
+    float *g = malloc(256 * 256 * sizeof(float));
+    if (!a || !b || !g) return;
+    for (size_t k = 0; k < 256 * 256; k++) g[k] = (float)((k * 2654435761u) % 1000) - 500;
+    size_t cap = gcomp_adapt_state_bound(a), l0, l1, len;
+    uint8_t *s0 = malloc(cap), *s1 = malloc(cap);
+    double *buf = malloc(gcomp_adapt_stats_size(a) * sizeof(double));
+    int failed = 0;
+    for (int round = 0; round < 2; round++) {
+        measured_step(a, g, buf, &len);
+        measured_step(b, g, NULL, &len);
+        for (size_t n = 0;; n++) {
+            CHECK_OK(gcomp_adapt_save_state(a, s0, cap, &l0));
+            gcomp__alloc_fail_after = n;
+            gcomp_status st = gcomp_adapt_decide(a, buf, len, 1, NULL, &e);
+            gcomp__alloc_fail_after = (size_t)-1;
+            if (st == GCOMP_OK) break;
+            CHECK_MSG(st == GCOMP_E_NOMEM, "allocation %zu: status %d", n, (int)st);
+            CHECK_OK(gcomp_adapt_save_state(a, s1, cap, &l1));
+            CHECK_MSG(l0 == l1 && !memcmp(s0, s1, l0),
+                      "round %d, allocation %zu: a failed decision changed the state", round, n);
+            failed++;
+            if (n > 10000) break;
+        }
+        CHECK_OK(gcomp_adapt_decide(b, buf, len, 1, NULL, &e));
+        for (size_t i = 0; i < NMLP; i++)
+            CHECK_MSG(gcomp_adapt_level(a, i) == gcomp_adapt_level(b, i),
+                      "round %d: tensor %zu at level %d, its twin at %d", round, i,
+                      gcomp_adapt_level(a, i), gcomp_adapt_level(b, i));
+        for (size_t j = 0; j < a->K; j++)
+            CHECK_MSG(gcomp_adapt_predicted(a, j) == gcomp_adapt_predicted(b, j),
+                      "round %d: candidate %zu predicted %g, by its twin %g", round, j,
+                      gcomp_adapt_predicted(a, j), gcomp_adapt_predicted(b, j));
+    }
+    CHECK_MSG(failed >= 6, "only %d allocations in two decisions", failed);
+    free(buf);
+    free(s0);
+    free(s1);
+    free(g);
+    gcomp_adapt_free(a);
+    gcomp_adapt_free(b);
+}
+
 static void predict_grouped(const unsigned *groups, size_t run_bytes, double *pred, size_t *K) {
     predict_with("adapt:bandwidth;interval=1;measure=1;concurrent=0", groups, run_bytes, pred, K);
 }
@@ -1566,6 +1635,7 @@ int main(void) {
     test_layers_measured();
     test_measure_steady_state();
     test_unobserved_reports_nan();
+    test_decide_out_of_memory();
     test_layers_error_on();
     test_measure_sample();
     test_measure_spacing();
