@@ -619,6 +619,7 @@ class GradcompState:
             "probe_bytes": self.probe_bytes,
             "step": self.step,
             "adapt_due": self._adapt_due,
+            "groups": self._groups,
             "epoch": self.epoch,
             "stats": dict(self.stats),
             "order": order,
@@ -638,6 +639,14 @@ class GradcompState:
         self.epoch = d["epoch"]
         self.stats = dict(d["stats"])
         self._init_runtime()
+        # DDP's buckets as the controllers last had them: a decision due at the first step
+        # after the restore prices them, as the uninterrupted run would have (set_exchanges
+        # comes only at the end of that step)
+        groups = d.get("groups")
+        ad = getattr(self.policy, "adapt", None)
+        if groups is not None and ad is not None:
+            ad.set_exchanges(groups)
+            self._layout = self._groups = list(groups)
         self._entries = {}
         self._order = []
         self._saved = dict(d["entries"])

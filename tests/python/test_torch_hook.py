@@ -432,6 +432,24 @@ def test_adaptive_hook_leaves_frozen_parameters_out():
         "adapt: layers + bandwidth;overlap=0.5;concurrent=0"
 
 
+def test_hook_state_keeps_ddp_buckets_across_a_restore():
+    # The controllers price DDP's buckets (set_exchanges at the end of a step); a state
+    # restored with a decision due takes it at the first step's first bucket, before that
+    # step's layout is known: the restored controllers must have the buckets already (they
+    # enter the configuration fingerprint, the first two numbers of the statistics).
+    torch = pytest.importorskip("torch")
+    import gradcomp.torch as gt
+    model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Linear(64, 32))
+    _, state = gt.hook("adapt:bandwidth;interval=2", model=model, total_steps=100)
+    ad = state.policy.adapt
+    groups = [1, 1, 2, 2]
+    ad.set_exchanges(groups)
+    state._layout = state._groups = groups
+    back = pickle.loads(pickle.dumps(state))
+    assert back._groups == groups
+    assert list(back.policy.adapt.stats()[1:3]) == list(ad.stats()[1:3])
+
+
 def test_adaptive_policy_pickles_its_controllers():
     import numpy as np
     from gradcomp.torch import AdaptivePolicy
