@@ -770,7 +770,7 @@ gcomp_status gcomp_adapt_create(gcomp_adapt **out, const char *method,
     }
     for (size_t i = 0; i < count; i++) {
         const gcomp_tensor_desc *d = &tensors[i];
-        if (d->n == 0 || ((d->rows || d->cols) && d->rows * d->cols != d->n)) {
+        if (d->n == 0 || !gcomp__shape_holds(d->n, d->rows, d->cols)) {
             st = gcomp__fail(err, GCOMP_E_ARG, "adapt: tensor %zu ('%s'): bad size or shape", i,
                              d->name ? d->name : "");
             goto fail;

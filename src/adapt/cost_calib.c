@@ -541,7 +541,7 @@ void gcomp__cost_fit(size_t n, double t, size_t n2, double t2, double *fixed, do
 gcomp_status gcomp_cost_calibrate_codec(const char *spec, size_t n, size_t rows, size_t cols,
                                         unsigned runs, gcomp_cost_codec_rate *out,
                                         gcomp_error *err) {
-    if (!spec || !out || n < 8 || runs < 1 || runs > 1000 || ((rows || cols) && rows * cols != n))
+    if (!spec || !out || n < 8 || runs < 1 || runs > 1000 || !gcomp__shape_holds(n, rows, cols))
         return gcomp__fail(err, GCOMP_E_ARG,
                            "calibration: needs a spec, n >= 8, runs 1..1000 and a shape that "
                            "holds n");

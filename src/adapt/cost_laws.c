@@ -322,7 +322,7 @@ static gcomp_status build_tensor(cost_tensor *ct, const gcomp_cost_tensor *t, si
         return gcomp__fail(err, GCOMP_E_ARG, "cost model: tensor '%s': NULL spec", ct->name);
     if (t->n == 0)
         return gcomp__fail(err, GCOMP_E_ARG, "cost model: tensor '%s' has 0 elements", ct->name);
-    if ((t->rows || t->cols) && (t->rows == 0 || t->cols == 0 || t->rows * t->cols != t->n))
+    if (!gcomp__shape_holds(t->n, t->rows, t->cols))
         return gcomp__fail(err, GCOMP_E_ARG,
                            "cost model: tensor '%s': shape %zux%zu does not hold %zu elements",
                            ct->name, t->rows, t->cols, t->n);

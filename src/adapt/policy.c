@@ -249,8 +249,7 @@ gcomp_status gcomp_policy_choose(const gcomp_policy *p, const gcomp_tensor_desc 
     memset(out, 0, sizeof *out);
     const char *name = t->name ? t->name : "";
     if (t->n == 0) return gcomp__fail(err, GCOMP_E_ARG, "policy: tensor '%s' has 0 elements", name);
-    if ((t->rows || t->cols) &&
-        (t->rows == 0 || t->cols == 0 || t->rows * t->cols != t->n || t->rows > t->n))
+    if (!gcomp__shape_holds(t->n, t->rows, t->cols))
         return gcomp__fail(err, GCOMP_E_ARG,
                            "policy: tensor '%s': shape %zux%zu does not hold %zu "
                            "elements",

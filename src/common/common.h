@@ -20,6 +20,7 @@
 
 #include "gradcomp.h"
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
@@ -54,6 +55,14 @@ void gcomp__buf_free(gcomp__buf *b);
 uint64_t gcomp__now_ns(void);
 
 /* ---- little-endian I/O ------------------------------------------------------------------ */
+
+/* Whether a rows x cols shape holds n elements (0 x 0: a vector, no shape).  By division:
+ * rows * cols can wrap in size_t, and a wrapped product that equals n let a 2 x (2^63 + 5)
+ * shape through for n = 10, whose codecs then sized their buffers by the huge side. */
+static inline bool gcomp__shape_holds(size_t n, size_t rows, size_t cols) {
+    if (!rows && !cols) return true;
+    return rows && cols && n % rows == 0 && n / rows == cols;
+}
 
 static inline void gcomp__put16(uint8_t *p, uint16_t v) {
     memcpy(p, &v, 2);

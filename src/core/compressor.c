@@ -41,7 +41,7 @@ gcomp_status gcomp__compressor_build(gcomp_compressor **out, const gcomp__spec *
     if (n == 0) return gcomp__fail(err, GCOMP_E_ARG, "tensor size n must be > 0");
     if (n > UINT32_MAX)
         return gcomp__fail(err, GCOMP_E_LIMIT, "tensor of %zu elements: at most 2^32-1", n);
-    if ((rows || cols) && (rows == 0 || cols == 0 || rows * cols != n || rows > n))
+    if (!gcomp__shape_holds(n, rows, cols))
         return gcomp__fail(err, GCOMP_E_ARG, "shape %zux%zu does not hold %zu elements", rows, cols,
                            n);
     gcomp_compressor *c = gcomp__calloc(sizeof *c);

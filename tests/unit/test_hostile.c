@@ -10,7 +10,11 @@
  *   - state blobs with a valid CRC but an impossible tensor (rows * cols != n, n = 0, a NUL
  *     in the spec, an infinite epoch) are GCOMP_E_STATE, not create's GCOMP_E_ARG, and a
  *     blob too short for the n it claims is refused before anything of n's size is
- *     allocated.
+ *     allocated;
+ *   - a shape whose rows * cols wraps around to n in size_t (2 x (2^63 + 5) for n = 10) is
+ *     GCOMP_E_ARG at create, in the policy and in the cost model: it was accepted, and the
+ *     cols codec and PowerSGD then sized their buffers by the wrapped side and wrote past
+ *     them at the first encode.
  * The repro messages of the decode fuzzers are checked by tests/fuzz/repro_check.c.
  */
 #include "check.h"
@@ -173,10 +177,40 @@ static void test_state_blobs(void) {
     gcomp_compressor_free(c);
 }
 
+static void test_wrapped_shape(void) {
+    const size_t n = 10, rows = 2, cols = ((size_t)1 << 63) + 5; /* rows * cols wraps to 10 */
+    const size_t n2 = 12, rows2 = 4, cols2 = ((size_t)1 << 62) + 3;
+    CHECK(rows * cols == n && rows2 * cols2 == n2); /* the wrap itself */
+    gcomp_compressor *c = (gcomp_compressor *)1;
+    gcomp_error e = {0};
+    CHECK_EQ_INT(gcomp_compressor_create(&c, "cols:density=0.5", n, rows, cols, &e), GCOMP_E_ARG);
+    CHECK(c == NULL);
+    CHECK_EQ_INT(gcomp_compressor_create(&c, "powersgd:rank=1", n2, rows2, cols2, &e), GCOMP_E_ARG);
+    CHECK_MSG(strstr(e.message, "does not hold"), "%s", e.message);
+    CHECK(c == NULL);
+    /* the real shapes of those sizes still go */
+    CHECK_OK(gcomp_compressor_create(&c, "cols:density=0.5", n, 2, 5, &e));
+    gcomp_compressor_free(c);
+    gcomp_tensor_desc t = {"w", n2, rows2, cols2};
+    gcomp_policy *p = NULL;
+    CHECK_OK(gcomp_policy_create(&p, "spec=powersgd:rank=1;min_elements=1", &e));
+    if (p) {
+        gcomp_layer_plan ch;
+        CHECK_EQ_INT(gcomp_policy_choose(p, &t, &ch, &e), GCOMP_E_ARG);
+        gcomp_policy_free(p);
+    }
+    gcomp_cost_tensor ct = {
+        .name = "w", .spec = "powersgd:rank=1", .n = n2, .rows = rows2, .cols = cols2};
+    gcomp_cost_model *m = NULL;
+    CHECK_EQ_INT(gcomp_cost_model_create(&m, &ct, 1, 2, 1, NULL, &e), GCOMP_E_ARG);
+    CHECK(m == NULL);
+}
+
 int main(void) {
     test_scale();
     test_seeded_validate();
     test_powersgd_overflow();
     test_state_blobs();
+    test_wrapped_shape();
     return CHECK_DONE();
 }
