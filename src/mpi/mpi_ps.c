@@ -95,6 +95,9 @@ gcomp_status gm_ps_open(const uint8_t *f, size_t cap, bool reply, size_t max_m, 
     if (gcomp__crc32c(0, f, t) != gcomp__get32(f + t)) return GCOMP_E_CHECKSUM;
     if ((reply && (f[6] || f[7])) || h->kind < PS_PUSH || h->kind > PS_PULL || (h->flags & ~1u))
         return GCOMP_E_CORRUPT;
+    /* A failure marker names a failure: one of status 0 would pass as a frame that carries
+     * nothing and fails nothing (a pusher left out of a sum, a reply with no values). */
+    if ((h->marker & GM_MARK) && gm_marker_status(h->marker) == GCOMP_OK) return GCOMP_E_CORRUPT;
     return GCOMP_OK;
 }
 
@@ -962,6 +965,7 @@ static gcomp_status ps_encode(gcomp_mpi_bucket *b, gm_group *g) {
                     ps->lr,
                     ps->session};
         if (pg->tamper == 5 && s == 0) h.round += 7;
+        if (pg->tamper == 6 && s == 0) h.marker = GM_MARK; /* a marker of no failure */
         gm_ps_put_hdr(f, false, &h);
         gm_ps_seal(f, pg->cnt[s]);
         if (pg->tamper == 4 && s == 0) f[20] ^= 1;

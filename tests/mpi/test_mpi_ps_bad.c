@@ -8,6 +8,8 @@
  *   3 a message of another spec (dense, valid)  GCOMP_E_MISMATCH (wrong fingerprint)
  *   4 a frame header byte                       GCOMP_E_CHECKSUM
  *   5 the round                                 GCOMP_E_MISMATCH
+ *   6 a failure marker of status 0 (no failure) GCOMP_E_CORRUPT (it was taken as a push
+ *     that carries nothing: the pusher left out of the sum, the round applied)
  * sync (server-side SGD): every worker gets that status for the round; the weights and
  * the update count on the server are those of before (kv.pull), and the next clean round
  * works and gives the weights a replay expects.  async: only worker 0 gets it; the others'
@@ -23,8 +25,10 @@
 GCOMP_API gcomp_status gcomp__mpi_ps_test_tamper(gcomp_mpi_bucket *b, int what,
                                                  const char *foreign);
 
-static const gcomp_status want[6] = {GCOMP_OK,         GCOMP_E_CHECKSUM, GCOMP_E_MISMATCH,
-                                     GCOMP_E_MISMATCH, GCOMP_E_CHECKSUM, GCOMP_E_MISMATCH};
+#define TAMPERS 6
+static const gcomp_status want[TAMPERS + 1] = {GCOMP_OK,         GCOMP_E_CHECKSUM, GCOMP_E_MISMATCH,
+                                               GCOMP_E_MISMATCH, GCOMP_E_CHECKSUM, GCOMP_E_MISMATCH,
+                                               GCOMP_E_CORRUPT};
 
 static gcomp_mpi_bucket *make(ps_env *E, gcomp_mpi_ps **ps, int mode) {
     gcomp_mpi_ps_options o;
@@ -52,8 +56,8 @@ static void sync_case(ps_env *E) {
         ps_serve_ok(ps, TIMEOUT, "sync");
         gcomp_mpi_ps_stats s;
         gcomp_mpi_ps_stats_get(ps, -1, &s);
-        /* five void rounds of W pushes, the NaN init, W pulls before any init */
-        CHECK_MSG(s.refused == 6u * (unsigned)E->W + 1u, "sync: %llu pushes refused",
+        /* TAMPERS void rounds of W pushes, the NaN init, W pulls before any init */
+        CHECK_MSG(s.refused == (TAMPERS + 1u) * (unsigned)E->W + 1u, "sync: %llu pushes refused",
                   (unsigned long long)s.refused);
     } else {
         gcomp_error err = {0};
@@ -78,7 +82,7 @@ static void sync_case(ps_env *E) {
             CHECK(!memcmp(pb[0], x, N * sizeof(float)));
             CHECK_OK(gcomp_mpi_ps_init(b, d, TIMEOUT, &err));
         }
-        for (int what = 1; what <= 5; what++) {
+        for (int what = 1; what <= TAMPERS; what++) {
             CHECK_OK(gcomp_mpi_ps_pull(b, pb, TIMEOUT, &err));
             uint64_t v0 = gcomp_mpi_ps_version(b, 0);
             if (E->widx == 0) CHECK_OK(gcomp__mpi_ps_test_tamper(b, what, "topk:density=0.001"));
@@ -115,7 +119,8 @@ static void async_case(ps_env *E) {
         ps_serve_ok(ps, TIMEOUT, "async");
         gcomp_mpi_ps_stats s;
         gcomp_mpi_ps_stats_get(ps, -1, &s);
-        CHECK_MSG(s.refused == 5 && s.applied == 5u * (unsigned)(E->W - 1) + 2u * (unsigned)E->W,
+        CHECK_MSG(s.refused == TAMPERS &&
+                      s.applied == TAMPERS * (unsigned)(E->W - 1) + 2u * (unsigned)E->W,
                   "async: %llu refused, %llu applied", (unsigned long long)s.refused,
                   (unsigned long long)s.applied);
     } else {
@@ -123,7 +128,7 @@ static void async_case(ps_env *E) {
         float *x = malloc(N * sizeof(float)), *d[1] = {x};
         test_fill(x, N, 1);
         CHECK_OK(gcomp_mpi_ps_init(b, d, TIMEOUT, &err));
-        for (int what = 1; what <= 5; what++) {
+        for (int what = 1; what <= TAMPERS; what++) {
             if (E->widx == 0) CHECK_OK(gcomp__mpi_ps_test_tamper(b, what, "topk:density=0.001"));
             test_fill(x, N, 30ull + (unsigned)what);
             gcomp_status st = gcomp_mpi_allreduce(b, d, GCOMP_MPI_AVERAGE, TIMEOUT, &err);
