@@ -12,7 +12,9 @@
  *     its codec's own residual (PowerSGD: E = h), else, for a spec that keeps nothing
  *     (feedback=none, e.g. dense `none`), into the next message: the next encode
  *     compresses g + h ("switching to dense flushes the residual").
- *   momentum (GCOMP_SPEC_MOMENTUM on both: dgc -> dgc) is kept.  Across the boundary the
+ *   momentum (GCOMP_SPEC_MOMENTUM on both: dgc -> dgc) is kept under the same m; under
+ *   another m the tail u still owes, m u / (1 - m) of update, joins h and u starts from 0
+ *   (kept as it was, 0.9 -> 0.5 would have owed u instead of 9 u).  Across the boundary the
  *   held-back vector changes units.  DGC's v is update (it is applied once, by plain
  *   SGD, when sent); another spec's residual is gradient, which the caller's momentum
  *   optimizer (momentum m, the same as DGC's) amplifies by 1/(1 - m) once sent.  So
@@ -80,6 +82,11 @@ gcomp_status gcomp_compressor_retune(gcomp_compressor *c, const char *spec, gcom
         const float m = nf->momentum(nc, NULL);
         if (m < 1)
             for (size_t i = 0; i < n; i++) held[i] /= 1 - m;
+    } else if (om && nm) { /* momentum -> another momentum: the old tail joins the velocity */
+        const float *u;
+        const float m = of->momentum(c, &u);
+        if (m < 1 && m != nf->momentum(nc, NULL))
+            for (size_t i = 0; i < n; i++) held[i] += m / (1 - m) * u[i];
     }
     for (size_t i = 0; i < n && !any; i++) any = held[i] != 0.0f;
     nc->step = c->step; /* before absorb: PowerSGD draws new warm-start columns from it */

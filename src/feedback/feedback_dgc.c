@@ -331,9 +331,11 @@ static const float *dgc_residual(const gcomp_compressor *c) {
 static void dgc_absorb(gcomp_compressor *c, const float *held, const gcomp_compressor *from) {
     dgc_state *s = c->fb_state;
     for (size_t i = 0; i < c->n; i++) s->v[i] += held[i];
+    /* The momentum u goes on under the same m.  Under another m its tail, m u / (1 - m) of
+     * update still owed, is already in `held` (retune.c), and u starts from 0. */
     if (from->spec.feedback == &gcomp__feedback_dgc) {
         const dgc_state *f = from->fb_state;
-        memcpy(s->u, f->u, c->n * sizeof(float));
+        if (f->m == s->m || f->m >= 1) memcpy(s->u, f->u, c->n * sizeof(float));
     }
 }
 

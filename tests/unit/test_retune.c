@@ -289,6 +289,19 @@ static void test_momentum_boundary(void) {
     c->spec.feedback->momentum(c, &up);
     for (size_t i = 0; i < N; i++) worst = fmax(worst, fabs(up[i]));
     CHECK_MSG(worst < 1e-4, "ef -> dgc: v off e / (1 - m), or u not 0, by %g", worst);
+    /* DGC under another momentum: u's tail, m u / (1 - m) still owed, joins v and u starts
+     * from 0 (u kept as it was, 0.9 -> 0.5 would owe 1 u instead of 9 u; 0.9 -> 0 none) */
+    run(c, 3, &seed, sg, sd);
+    memcpy(v, gcomp_compressor_residual(c), sizeof v);
+    c->spec.feedback->momentum(c, &up);
+    memcpy(u, up, sizeof u);
+    CHECK_OK(gcomp_compressor_retune(c, "dgc:density=0.01,momentum=0.5", NULL));
+    v2 = gcomp_compressor_residual(c);
+    CHECK(c->spec.feedback->momentum(c, &up) == 0.5f);
+    worst = 0;
+    for (size_t i = 0; i < N; i++)
+        worst = fmax(worst, fabs(v2[i] - (v[i] + m / (1 - m) * u[i])) + fabs(up[i]));
+    CHECK_MSG(worst < 1e-3, "dgc 0.9 -> dgc 0.5: v off v + 9 u, or u not 0, by %g", worst);
     gcomp_compressor_free(c);
 }
 
