@@ -266,6 +266,10 @@ class _DistributedMixin:
         self._gc_passes = int(backward_passes_per_step)
         self._gc_delay = [self._gc_passes] * len(plan)
         self._gc_fired = 0  # hook calls since the last synchronize
+        # whether this step's synchronize() ran (reset by step() and by a backward): what
+        # makes it idempotent, the same on every rank (a rank that ran no backward still
+        # takes part in the exchange)
+        self._gc_synced = False
         self._gc_inflight = []
         self._gc_should_sync = True
         self._gc_epoch = None
@@ -505,6 +509,7 @@ class _DistributedMixin:
                 "backward_passes_per_step to accumulate more passes locally")
         self._gc_delay[i] -= 1
         self._gc_fired += 1
+        self._gc_synced = False
         if self._gc_delay[i] == 0:
             b = e.bucket
             b.pending -= 1
@@ -576,12 +581,18 @@ class _DistributedMixin:
         that never arrived count as zeros), waits for all, and leaves each p.grad holding
         the average over ranks.  Called by step(); call it yourself to clip or inspect
         the averaged gradients, then step() inside skip_synchronize().  Idempotent until
-        the next backward.  Raises the exchange's error on every rank (the pending ones are
+        the next backward or step().  A rank whose backward did not run takes part with
+        zeros.  Raises the exchange's error on every rank (the pending ones are
         still waited for, so the next step starts clean).  With an adaptive method it also
         ends the controllers' step (a failed exchange does not count)."""
         self._gc_check_open()
-        if self._gc_fired == 0 and not any(b.started for b in self._gc_buckets):
+        # Not "nothing fired here": a rank whose backward never ran (no batch, a skipped
+        # loss) would return at once while the others wait, and start its next backward's
+        # exchange against their pending one, silently a step apart.  Like Horovod it takes
+        # part with zeros.
+        if self._gc_synced:
             return
+        self._gc_synced = True
         t0 = time.perf_counter_ns()
         codec0 = self._gc_codec_ns() if self._gc_adapt is not None else 0
         for b in self._gc_buckets:
@@ -799,6 +810,7 @@ class _DistributedMixin:
                 loss = closure()
         if self._gc_should_sync:
             self.synchronize()
+        self._gc_synced = False  # the next step exchanges again, backward or not
         t0 = time.perf_counter()
         super().step()
         if self._gc_tails:

@@ -337,6 +337,30 @@ def test_unused_parameter_gets_zeros():
     opt.close()
 
 
+def test_a_rank_without_backward_takes_part_with_zeros():
+    # A rank whose backward did not run this step (no batch, a skipped loss) still calls
+    # step(): it takes part in the exchange with zeros, as in Horovod, which is what a zero
+    # loss's backward sends (the twin).  It used to return at once while the others waited,
+    # then start its next backward's exchange against their pending one: a step apart.
+    model, twin = make_model(), make_model()
+    opt = wrap(model, "topk:density=0.05,feedback=ef")
+    ref = wrap(twin, "topk:density=0.05,feedback=ef")
+    for s, (x, y) in enumerate(batches(4)):
+        skip = s == 1 and RANK == SIZE - 1
+        opt.zero_grad()
+        if not skip:
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+        ref.zero_grad()
+        loss = torch.nn.functional.cross_entropy(twin(x), y)
+        (loss * 0 if skip else loss).backward()
+        ref.step()
+    assert same_everywhere(digest(model))
+    assert digest(model) == digest(twin)
+    opt.close()
+    ref.close()
+
+
 def test_warmup_without_an_epoch_raises_on_every_rank():
     # A DGC warm-up follows the epoch the caller gives; never given one, it would stay at its
     # first density for good: the first step refuses, by name, before any exchange starts.
