@@ -251,6 +251,11 @@ class _DistributedMixin:
         self._gc_pairs = pairs  # id(param) -> (group with momentum, group without)
         self._gc_tails = {}  # id(param) -> [param, released momentum buffer, steps left]
         self._gc_order = {id(e.param): n for n, e in enumerate(plan)}
+        # Parameters the exchange leaves out (frozen when it was built, or empty): one that
+        # gets a gradient later would be stepped with this rank's own, unaveraged
+        self._gc_unplanned = [(gi, pi, p) for gi, g in enumerate(optimizer.param_groups)
+                              for pi, p in enumerate(g["params"])
+                              if id(p) not in self._gc_order and p.numel() > 0]
         self._gc_probe = probe_bytes
         self._gc_adapt_step = 0  # steps the controllers have counted
         self._gc_due = False  # a decision is due after this step's optimizer step
@@ -603,6 +608,8 @@ class _DistributedMixin:
         for b, err in zip(waiting, _gm.wait_all([b.mpi for b in waiting], self._gc_timeout)):
             b.error = err
         first = next((b.error for b in self._gc_buckets if b.error is not None), None)
+        if first is None:
+            first = self._gc_unplanned_error()
         self._gc_wait_ns += time.perf_counter_ns() - t0
         self._gc_inflight = []
         for b in self._gc_buckets:
@@ -620,6 +627,17 @@ class _DistributedMixin:
             self._gc_end_step(t0, codec0)
             if observe_error is not None:
                 raise observe_error
+
+    def _gc_unplanned_error(self):
+        for gi, pi, p in self._gc_unplanned:
+            if p.grad is not None and p.requires_grad:
+                return _err.ArgumentError(
+                    f"gradcomp: param_groups[{gi}]['params'][{pi}] (shape {tuple(p.shape)}) needed no "
+                    "gradient when the DistributedOptimizer was built and has one now: its gradient "
+                    "would be this rank's own, never averaged.  Build the DistributedOptimizer again "
+                    "after unfreezing",
+                    status=_err.E_ARG, status_name="GCOMP_E_ARG")
+        return None
 
     # -- adaptive methods --
     def _gc_codec_ns(self):

@@ -361,6 +361,22 @@ def test_a_rank_without_backward_takes_part_with_zeros():
     ref.close()
 
 
+def test_a_parameter_unfrozen_later_is_refused_on_every_rank():
+    # Frozen when the optimizer was built, a parameter has no bucket; unfrozen later, its
+    # gradient would be each rank's own and the replicas would drift apart without a word.
+    model = make_model()
+    model[0].weight.requires_grad_(False)
+    opt = wrap(model, "topk:density=0.05,feedback=ef")
+    train(model, opt, 1)  # frozen: fine
+    model[0].weight.requires_grad_(True)
+    x, y = next(batches(1, start=1))
+    opt.zero_grad()
+    torch.nn.functional.cross_entropy(model(x), y).backward()
+    with pytest.raises(gradcomp.ArgumentError, match=r"needed no gradient.*Build the DistributedOptimizer again"):
+        opt.step()
+    opt.close()
+
+
 def test_warmup_without_an_epoch_raises_on_every_rank():
     # A DGC warm-up follows the epoch the caller gives; never given one, it would stay at its
     # first density for good: the first step refuses, by name, before any exchange starts.
