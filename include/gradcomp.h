@@ -469,7 +469,8 @@ GCOMP_API const float *gcomp_compressor_residual(const gcomp_compressor *c);
  * Returns GCOMP_OK; GCOMP_E_ARG; the spec's status (GCOMP_E_SPEC, GCOMP_E_UNKNOWN_CODEC,
  * GCOMP_E_LIMIT); GCOMP_E_PROTOCOL (a PowerSGD step in flight); GCOMP_E_UNSUPPORTED
  * (PowerSGD for a tensor it always sends dense cannot keep a nonzero held-back vector);
- * GCOMP_E_NOMEM.  On any error `c` is unchanged.
+ * GCOMP_E_NONFINITE (what is held back overflows float in the new spec's units: into DGC
+ * it is divided by 1 - momentum); GCOMP_E_NOMEM.  On any error `c` is unchanged.
  */
 GCOMP_API gcomp_status gcomp_compressor_retune(gcomp_compressor *c, const char *spec,
                                                gcomp_error *err);

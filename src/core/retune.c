@@ -44,6 +44,8 @@
  */
 #include "core/internal.h"
 
+#include <math.h>
+
 gcomp_status gcomp_compressor_retune(gcomp_compressor *c, const char *spec, gcomp_error *err) {
     if (!c || !spec) return gcomp__fail(err, GCOMP_E_ARG, "retune: compressor and spec needed");
     if (c->codec->busy && c->codec->busy(c))
@@ -88,7 +90,19 @@ gcomp_status gcomp_compressor_retune(gcomp_compressor *c, const char *spec, gcom
         if (m < 1 && m != nf->momentum(nc, NULL))
             for (size_t i = 0; i < n; i++) held[i] += m / (1 - m) * u[i];
     }
-    for (size_t i = 0; i < n && !any; i++) any = held[i] != 0.0f;
+    bool finite = true;
+    for (size_t i = 0; i < n; i++) {
+        any |= held[i] != 0.0f;
+        finite &= isfinite(held[i]) != 0;
+    }
+    if (!finite) { /* in the new units it overflows float: kept, it would be Inf for good */
+        gcomp__fail(err, GCOMP_E_NONFINITE,
+                    "retune: what '%s' holds back overflows float as '%s' holds it",
+                    c->spec.canonical, nc->spec.canonical);
+        gcomp__free(held);
+        gcomp_compressor_free(nc);
+        return GCOMP_E_NONFINITE;
+    }
     nc->step = c->step; /* before absorb: PowerSGD draws new warm-start columns from it */
     nc->epoch = c->epoch;
     nc->stats = c->stats;

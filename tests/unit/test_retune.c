@@ -228,6 +228,43 @@ static void test_failures(void) {
     /* without a carry the blob is version 1, as before retunes existed */
     CHECK_OK(gcomp_state_save(c, blob, gcomp_state_bound(c), &blen));
     CHECK_EQ_INT(blob[4], 1);
+    /* a carry where the spec keeps what it holds back (here: error feedback) cannot come
+     * from a retune: a version-2 blob of it is refused, CRC or not */
+    {
+        gcomp_compressor *ef;
+        CHECK_OK(
+            gcomp_compressor_create(&ef, "topk:density=0.02,feedback=ef", N, ROWS, COLS, NULL));
+        size_t l = gcomp_state_bound(ef), lv = l + 4 + 4 * N;
+        uint8_t *v2 = calloc(1, lv);
+        CHECK_OK(gcomp_state_save(ef, v2, l, &l));
+        lv = l + 4 + 4 * N;
+        gcomp__put32(v2 + 4, 2);
+        gcomp__put32(v2 + 8, (uint32_t)lv);
+        gcomp__put32(v2 + l - 4, 4 * N); /* the carry's length where the CRC was, zeros */
+        memset(v2 + l, 0, 4 * N);
+        gcomp__put32(v2 + lv - 4, gcomp__crc32c(0, v2, lv - 4));
+        CHECK_EQ_INT(gcomp_state_load(ef, v2, lv), GCOMP_E_STATE);
+        free(v2);
+        gcomp_compressor_free(ef);
+    }
+    /* what is held back, in the new spec's units, must be a float: a residual near FLT_MAX
+     * becomes 10x that as DGC's velocity at m = 0.9; refused, nothing changes */
+    {
+        gcomp_compressor *ef;
+        CHECK_OK(
+            gcomp_compressor_create(&ef, "topk:density=0.02,feedback=ef", N, ROWS, COLS, NULL));
+        static float big[N];
+        for (size_t i = 0; i < N; i++) big[i] = (i % 2 ? 1 : -1) * 1e38f;
+        CHECK_OK(gcomp_encode(ef, big, msg, cap, &len));
+        char before[GCOMP__SPEC_MAX];
+        snprintf(before, sizeof before, "%s", gcomp_compressor_spec(ef));
+        memcpy(res, gcomp_compressor_residual(ef), sizeof res);
+        CHECK_EQ_INT(gcomp_compressor_retune(ef, "dgc:density=0.02,momentum=0.9", &e),
+                     GCOMP_E_NONFINITE);
+        CHECK_MSG(strstr(e.message, "overflows"), "%s", e.message);
+        CHECK(same_state(ef, before, res));
+        gcomp_compressor_free(ef);
+    }
     gcomp_compressor_free(twin);
     free(blob);
     free(m1);
