@@ -968,6 +968,17 @@ class _DistributedMixin:
         self._gc_check_open()
         sd = dict(state_dict)
         g = sd.pop("gradcomp", None)
+        # What torch checks of its own part, checked before any of gradcomp's is loaded, so
+        # that a refusal there changes nothing either.  (An adaptive method moves parameters
+        # between its groups, which the load moves back: only their count is fixed.)
+        mine, theirs = self.param_groups, sd.get("param_groups")
+        if not isinstance(theirs, (list, tuple)) or len(theirs) != len(mine):
+            raise ValueError("gradcomp: load_state_dict: the state has "
+                             f"{len(theirs) if isinstance(theirs, (list, tuple)) else 'no'} parameter groups, "
+                             f"this optimizer {len(mine)}; nothing was loaded")
+        if self._gc_adapt is None and any(len(a["params"]) != len(b.get("params", ())) for a, b in zip(mine, theirs)):
+            raise ValueError("gradcomp: load_state_dict: a parameter group of the state has another size than "
+                             "this optimizer's; nothing was loaded")
         if g is not None:
             self._gc_load(g)
         super().load_state_dict(sd)
@@ -1008,6 +1019,8 @@ class _DistributedMixin:
         if (ps is not None) != ("ps" in g):
             fail("saved with a parameter server, loaded without one" if "ps" in g else
                  "saved without a parameter server, loaded with one", _err.MismatchError, _err.E_MISMATCH)
+        if ps is not None and len(g["ps"]) != len(self._gc_buckets):
+            fail(f"{len(g['ps'])} parameter-server states for {len(self._gc_buckets)} buckets")
         # Adaptive methods: first the specs saved (a bucket loads a state only with the specs
         # it was saved with); then each bucket's compressors, then (strategy="ps") what its
         # server keeps beyond them.  On any error, the specs and what was loaded already are

@@ -210,6 +210,14 @@ def test_state_dict_resumes_bit_for_bit(name):
     other["gradcomp"]["rank"] = (RANK + 1) % SIZE
     with pytest.raises(gradcomp.MismatchError):
         lopt.load_state_dict(other)
+    # a state whose torch part torch would refuse changes nothing of gradcomp's either (it
+    # used to load the buckets' part first, then fail in torch's)
+    before = lopt.state_dict()["gradcomp"]["buckets"]
+    other = torch.load(io.BytesIO(blob))["opt"]
+    other["param_groups"] = other["param_groups"] + [dict(other["param_groups"][0])]
+    with pytest.raises(ValueError, match="nothing was loaded"):
+        lopt.load_state_dict(other)
+    assert lopt.state_dict()["gradcomp"]["buckets"] == before
     lopt.close()
 
 
