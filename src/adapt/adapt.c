@@ -684,9 +684,6 @@ static gcomp_status resolve_schedule(gcomp_adapt *a, gcomp_error *err) {
     return GCOMP_OK;
 }
 
-/* The block of tensor t a measurement compresses: whole rows of a matrix (so PowerSGD sees
- * a matrix of the same width), a run of a vector; all of it when it has at most `sample`
- * elements. */
 /* Every tensor's row is unknown (NaN) until a measuring step observes it, and again once
  * the statistics have taken it: a tensor the caller did not observe (never bucketed, or
  * refused as non-finite) reports NaN, never an earlier measurement or uninitialised
@@ -695,6 +692,9 @@ static void forget_measurements(gcomp_adapt *a) {
     for (size_t q = 0; q < a->nm * a->K * 4; q++) a->meas[q] = NAN;
 }
 
+/* The block of tensor t a measurement compresses: whole rows of a matrix (so PowerSGD sees
+ * a matrix of the same width), a run of a vector; all of it when it has at most `sample`
+ * elements. */
 static void sample_shape(const gcomp_adapt *a, gcomp__adapt_tensor *t) {
     t->sample_rows = t->rows;
     t->sample_n = t->n;
