@@ -105,7 +105,7 @@ static gcomp_status bw_create(gcomp_adapt *a, void **out, gcomp_error *err) {
 }
 
 /* The candidates' measured rates, per element over the managed tensors measured (a tensor
- * that was not, NaN on some rank, counts neither its time nor its elements). */
+ * no rank measured, NaN, counts neither its time nor its elements). */
 static void take_rates(gcomp_adapt *a, bw_state *s, const gcomp__adapt_in *in) {
     if (!in->measured || !in->enc_s) return;
     for (size_t j = 0; j < a->K; j++) {
