@@ -915,8 +915,9 @@ GCOMP_API size_t gcomp_mpi_ps_state_size(const gcomp_mpi_bucket *b);
 /**
  * Writes what this rank keeps for b's tensors as a server, beyond compressors (weights,
  * momentum, last sums, update counts, optimizers: docs/FORMAT.md "MPI parameter-server
- * state") into dst.  Local; not while serving.  Returns GCOMP_OK, GCOMP_E_ARG,
- * GCOMP_E_DST_SIZE, GCOMP_E_PROTOCOL (serving, or the bucket in flight).
+ * state"), or as a worker (the update count of its last reply per part, which its next
+ * async push's staleness counts from) into dst.  Local; not while serving.  Returns GCOMP_OK,
+ * GCOMP_E_ARG, GCOMP_E_DST_SIZE, GCOMP_E_PROTOCOL (serving, or the bucket in flight).
  */
 GCOMP_API gcomp_status gcomp_mpi_ps_save_state(const gcomp_mpi_bucket *b, void *dst, size_t cap,
                                                size_t *len, gcomp_error *err);

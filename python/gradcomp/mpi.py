@@ -1912,8 +1912,9 @@ class ParameterServer(_core._Closable):
     def save_state(self, bucket=None):
         """What this rank keeps as a server for a bucket's keys beyond its compressors
         (weights, momentum, last sums, update counts, per-key optimizers;
-        gcomp_mpi_ps_save_state: versioned, CRC-checked, local), as bytes; a worker's is a
-        small header.  bucket=None: a list with one blob per open bucket of this server, in
+        gcomp_mpi_ps_save_state: versioned, CRC-checked, local), as bytes; a worker's is small:
+        the update count of its last reply per part, which its next async push's staleness
+        counts from.  bucket=None: a list with one blob per open bucket of this server, in
         creation order.  The compressors (worker residuals, the servers' pull residuals)
         are in each bucket's own Bucket.state_bytes(): save both.  Not while serving or
         with an exchange in flight (ProtocolError): servers save between sessions."""

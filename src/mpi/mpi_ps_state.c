@@ -5,7 +5,7 @@
  * servers' pull residuals) are in the bucket's own state blob (mpi_state.c, slots 2p and
  * 2p + 1), so a PS job checkpoints with both calls and a collective job with one.
  *
- * Layout (docs/FORMAT.md, "MPI parameter-server state"), little-endian, version 1:
+ * Layout (docs/FORMAT.md, "MPI parameter-server state"), little-endian, version 2:
  *   0   "GCps"; u32 version; u64 total length
  *   16  u32 communicator size, rank, servers S, this rank's server index (~0: a worker)
  *   32  u32 mode | update << 8; u32 T tensors; u64 part_bytes
@@ -13,8 +13,12 @@
  *       parts kept here; then K part records: u32 part, u32 flags (bit 0 initialised,
  *       bit 1 momentum follows), u64 offset, u64 n, u64 updates, f32 lr, momentum,
  *       weight decay, rescale, u32 nesterov, u32 reserved 0, then n f32 stored values and,
- *       with bit 1, n f32 momentum
+ *       with bit 1, n f32 momentum; on a worker (K = 0) instead, since version 2, `parts`
+ *       u64: the update count of its last reply for each part
  *   end u32 CRC-32C of every byte before it
+ * A worker's update counts are what the staleness of its next async push is counted from:
+ * a version-1 blob lacks them, so after loading one each worker's first push counts from 0
+ * (with max_staleness, it is dropped as stale; pull once after loading such a blob).
  * One CRC over everything: the blob is read once on load anyway (every value is checked
  * finite before anything is copied), unlike the bucket blob, whose compressor states
  * carry CRCs of their own.
@@ -24,7 +28,7 @@
 #include <math.h>
 
 #define PSS_MAGIC "GCps"
-#define PSS_VERSION 1u
+#define PSS_VERSION 2u
 #define PSS_HDR 48
 #define PSS_REC 32
 #define PSS_PART 56
@@ -37,12 +41,18 @@ static size_t part_bytes(const ps_part *p) {
     return PSS_PART + 4 * p->n + (p->mom.p ? 4 * p->n : 0);
 }
 
+/* A worker's part versions follow its tensor's record (version 2 on). */
+static size_t versions_bytes(const ps_tensor *pt) {
+    return pt && !pt->server ? 8 * pt->nparts : 0;
+}
+
 size_t gcomp_mpi_ps_state_size(const gcomp_mpi_bucket *b) {
     if (!b || !b->opt.ps) return 0;
     size_t total = PSS_HDR + 4;
     for (size_t i = 0; i < b->nt; i++) {
         total += PSS_REC;
         const ps_tensor *pt = b->t[i].priv;
+        total += versions_bytes(pt);
         for (size_t j = 0; pt && j < pt->nparts; j++)
             if (owned(pt, &pt->part[j])) total += part_bytes(&pt->part[j]);
     }
@@ -103,6 +113,8 @@ gcomp_status gcomp_mpi_ps_save_state(const gcomp_mpi_bucket *b, void *dst, size_
         put_record(b, i, q);
         q += PSS_REC;
         const ps_tensor *pt = b->t[i].priv;
+        for (size_t j = 0; versions_bytes(pt) && j < pt->nparts; j++, q += 8)
+            gcomp__put64(q, pt->part[j].version);
         for (size_t j = 0; pt && j < pt->nparts; j++) {
             const ps_part *x = &pt->part[j];
             if (!owned(pt, x)) continue;
@@ -182,6 +194,9 @@ gcomp_status gcomp_mpi_ps_load_state(gcomp_mpi_bucket *b, const void *src, size_
                            "from the saved one",
                            b->t[i].name, i);
         off += PSS_REC;
+        size_t vb = version >= 2 ? versions_bytes(pt) : 0;
+        if (end - off < vb) return gm_fail(err, GCOMP_E_STATE, "ps state: tensor %zu cut", i);
+        off += vb;
         for (size_t j = 0; pt && j < pt->nparts; j++) {
             const ps_part *x = &pt->part[j];
             if (!owned(pt, x)) continue;
@@ -212,6 +227,9 @@ gcomp_status gcomp_mpi_ps_load_state(gcomp_mpi_bucket *b, const void *src, size_
     for (size_t i = 0; i < b->nt; i++) {
         ps_tensor *pt = b->t[i].priv;
         off += PSS_REC;
+        if (version >= 2)
+            for (size_t j = 0; versions_bytes(pt) && j < pt->nparts; j++, off += 8)
+                pt->part[j].version = gcomp__get64(p + off);
         for (size_t j = 0; pt && j < pt->nparts; j++) {
             ps_part *x = &pt->part[j];
             if (!owned(pt, x)) continue;

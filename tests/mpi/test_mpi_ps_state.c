@@ -9,6 +9,11 @@
  * bits, step by step.
  *   update   sync, server-side SGD with momentum, twobit pushes (worker residuals)
  *   bytepss  sync aggregate, compressed pulls (pull=same: the servers' own residuals)
+ *   async    dist_async with max_staleness = W - 1, the workers pushing in turn (so the
+ *            order, and the bits, are the same in every run): a push's staleness is then
+ *            W - 1 in every run, also the first after loading, which counts from the
+ *            update count of the worker's last reply; a worker blob without it (version
+ *            1) made that first push stale and dropped (no server may drop any push here)
  * And the blob is untrusted: a flipped byte is GCOMP_E_CHECKSUM, a short one
  * GCOMP_E_TRUNCATED, another magic GCOMP_E_BAD_MAGIC, another rank's GCOMP_E_MISMATCH, and
  * none of them changes the state (the next step still matches the reference).
@@ -21,14 +26,19 @@
 static const size_t sizes[] = {700, 2500};
 #define NT 2
 
-static gcomp_mpi_bucket *make(ps_env *E, gcomp_mpi_ps **ps, bool update) {
+enum { UPDATE, BYTEPSS, ASYNC };
+static const char *const cfg_name[] = {"update", "bytepss", "async"};
+
+static gcomp_mpi_bucket *make(ps_env *E, gcomp_mpi_ps **ps, int cfg) {
     gcomp_mpi_ps_options o;
     gcomp_mpi_ps_options_default(&o);
     o.servers = E->S;
     o.part_bytes = 4096;
-    o.update = update;
+    o.update = cfg == UPDATE;
+    o.mode = cfg == ASYNC ? GCOMP_MPI_PS_ASYNC : GCOMP_MPI_PS_SYNC;
+    o.max_staleness = cfg == ASYNC ? (uint64_t)(E->W - 1) : 0;
     o.optimizer = (gcomp_mpi_ps_optimizer){0.05f, 0.9f, 1e-3f, 1.0f, 0};
-    o.pull = update ? NULL : "same";
+    o.pull = cfg == BYTEPSS ? "same" : NULL;
     gcomp_error err = {0};
     *ps = NULL;
     CHECK_MSG(gcomp_mpi_ps_create(ps, E->world, &o, 30.0, &err) == GCOMP_OK, "%s", err.message);
@@ -43,11 +53,16 @@ static gcomp_mpi_bucket *make(ps_env *E, gcomp_mpi_ps **ps, bool update) {
     return b;
 }
 
-/* Runs steps [s0, s1) as one session; workers keep each step's results in out (if given). */
-static void session(ps_env *E, gcomp_mpi_ps *ps, gcomp_mpi_bucket *b, int s0, int s1, float **out) {
+/* Runs steps [s0, s1) as one session; workers keep each step's results in out (if given).
+ * in_turn: one worker's exchange after another's, in worker order (async: the order the
+ * server applies them in).  A server returns its count of dropped pushes. */
+static uint64_t session(ps_env *E, gcomp_mpi_ps *ps, gcomp_mpi_bucket *b, int s0, int s1,
+                        float **out, bool in_turn) {
     if (E->server) {
         ps_serve_ok(ps, TIMEOUT, "state");
-        return;
+        gcomp_mpi_ps_stats st;
+        CHECK(gcomp_mpi_ps_stats_get(ps, -1, &st) == GCOMP_OK);
+        return st.dropped;
     }
     gcomp_error err = {0};
     float *x[NT];
@@ -56,14 +71,57 @@ static void session(ps_env *E, gcomp_mpi_ps *ps, gcomp_mpi_bucket *b, int s0, in
         for (int k = 0; k < NT; k++)
             test_fill(x[k], sizes[k],
                       500ull * (unsigned)s + 10ull * (unsigned)k + (unsigned)E->widx);
-        CHECK_MSG(gcomp_mpi_allreduce(b, x, GCOMP_MPI_AVERAGE, TIMEOUT, &err) == GCOMP_OK, "%s",
-                  err.message);
+        for (int w = 0; w < (in_turn ? E->W : 1); w++) {
+            if (!in_turn || w == E->widx)
+                CHECK_MSG(gcomp_mpi_allreduce(b, x, GCOMP_MPI_AVERAGE, TIMEOUT, &err) == GCOMP_OK,
+                          "%s", err.message);
+            if (in_turn) MPI_Barrier(E->wcomm);
+        }
         if (out)
             for (int k = 0; k < NT; k++)
                 memcpy(out[(s - s0) * NT + k], x[k], sizes[k] * sizeof(float));
     }
     ps_shutdown_ok(ps, "state");
     for (int k = 0; k < NT; k++) free(x[k]);
+    return 0;
+}
+
+static uint32_t crc32c(const uint8_t *p, size_t n) {
+    uint32_t c = ~0u;
+    for (size_t i = 0; i < n; i++) {
+        c ^= p[i];
+        for (int k = 0; k < 8; k++) c = c >> 1 ^ (0x82f63b78u & -(c & 1u));
+    }
+    return ~c;
+}
+
+static uint32_t get32(const uint8_t *p) {
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+
+static void put32(uint8_t *p, uint32_t v) {
+    for (int k = 0; k < 4; k++) p[k] = (uint8_t)(v >> 8 * k);
+}
+
+/* A worker's version-2 blob as version 1 wrote it: without the part versions that follow
+ * each tensor's record (docs/FORMAT.md); *len1 its length. */
+static uint8_t *worker_blob_v1(const uint8_t *v2, size_t len2, size_t *len1) {
+    uint8_t *v1 = malloc(len2);
+    size_t in = 48, out = 48;
+    memcpy(v1, v2, 48);
+    for (int i = 0; i < NT; i++) {
+        uint32_t parts = get32(v2 + in + 24);
+        CHECK(get32(v2 + in + 28) == 0); /* a worker keeps no parts */
+        memcpy(v1 + out, v2 + in, 32);
+        in += 32 + 8 * (size_t)parts;
+        out += 32;
+    }
+    CHECK(in + 4 == len2);
+    put32(v1 + 4, 1);
+    put32(v1 + 8, (uint32_t)(out + 4)); /* u64 total length: small, high word stays 0 */
+    put32(v1 + out, crc32c(v1, out));
+    *len1 = out + 4;
+    return v1;
 }
 
 static uint8_t *save_bucket(gcomp_mpi_bucket *b, size_t *len) {
@@ -83,8 +141,9 @@ static uint8_t *save_ps(gcomp_mpi_bucket *b, size_t *len) {
     return p;
 }
 
-static void run(ps_env *E, bool update) {
-    const char *name = update ? "update" : "bytepss";
+static void run(ps_env *E, int cfg) {
+    const char *name = cfg_name[cfg];
+    bool in_turn = cfg == ASYNC;
     float *ref[M * NT], *got[M * NT];
     for (int s = 0; s < M; s++)
         for (int k = 0; k < NT; k++) {
@@ -92,9 +151,9 @@ static void run(ps_env *E, bool update) {
             got[s * NT + k] = malloc(sizes[k] * sizeof(float));
         }
     gcomp_mpi_ps *ps;
-    gcomp_mpi_bucket *b = make(E, &ps, update);
+    gcomp_mpi_bucket *b = make(E, &ps, cfg);
     gcomp_error err = {0};
-    if (update && !E->server) {
+    if (cfg != BYTEPSS && !E->server) {
         float *w[NT];
         for (int k = 0; k < NT; k++) {
             w[k] = malloc(sizes[k] * sizeof(float));
@@ -103,10 +162,12 @@ static void run(ps_env *E, bool update) {
         CHECK_OK(gcomp_mpi_ps_init(b, w, TIMEOUT, &err));
         for (int k = 0; k < NT; k++) free(w[k]);
     }
-    session(E, ps, b, 0, K, NULL);
+    session(E, ps, b, 0, K, NULL, in_turn);
     size_t blen = 0, plen = 0;
     uint8_t *bb = save_bucket(b, &blen), *pb = save_ps(b, &plen);
-    session(E, ps, b, K, K + M, ref);
+    uint64_t dropped = session(E, ps, b, K, K + M, ref, in_turn); /* both sessions' */
+    CHECK_MSG(dropped == 0, "%s: %llu pushes dropped as stale without a checkpoint", name,
+              (unsigned long long)dropped);
     /* Another rank's blob (the server's, at the last worker; a worker's, at the server). */
     int peer = mc_rank == mc_size - 1 ? 0 : mc_size - 1;
     bool swap = mc_rank == 0 || mc_rank == mc_size - 1;
@@ -124,7 +185,7 @@ static void run(ps_env *E, bool update) {
     gcomp_mpi_bucket_free(b);
     gcomp_mpi_ps_free(ps);
 
-    b = make(E, &ps, update);
+    b = make(E, &ps, cfg);
     /* Untrusted blobs first: each refused with its status, nothing changed. */
     uint8_t *bad = malloc(plen);
     memcpy(bad, pb, plen);
@@ -139,6 +200,14 @@ static void run(ps_env *E, bool update) {
     if (swap)
         CHECK_MSG(gcomp_mpi_ps_load_state(b, other, olen, &err) == GCOMP_E_MISMATCH, "%s: %s", name,
                   err.message);
+    if (cfg == ASYNC && !E->server) { /* a version-1 worker blob still loads: no versions */
+        size_t l1 = 0;
+        uint8_t *v1 = worker_blob_v1(pb, plen, &l1);
+        CHECK_MSG(gcomp_mpi_ps_load_state(b, v1, l1, &err) == GCOMP_OK, "%s: version 1: %s", name,
+                  err.message);
+        CHECK(gcomp_mpi_ps_version(b, 0) == 0 && gcomp_mpi_ps_version(b, 1) == 0);
+        free(v1);
+    }
     CHECK_MSG(gcomp_mpi_bucket_load_state(b, bb, blen, &err) == GCOMP_OK, "%s: %s", name,
               err.message);
     CHECK_MSG(gcomp_mpi_ps_load_state(b, pb, plen, &err) == GCOMP_OK, "%s: %s", name, err.message);
@@ -150,7 +219,9 @@ static void run(ps_env *E, bool update) {
         free(again);
         free(bagain);
     }
-    session(E, ps, b, K, K + M, got);
+    dropped = session(E, ps, b, K, K + M, got, in_turn);
+    CHECK_MSG(dropped == 0, "%s: %llu pushes dropped as stale after loading", name,
+              (unsigned long long)dropped);
     if (!E->server)
         for (int s = 0; s < M; s++)
             for (int k = 0; k < NT; k++)
@@ -173,8 +244,9 @@ int main(int argc, char **argv) {
     mc_init(&argc, &argv);
     ps_env E;
     ps_env_init(&E, mc_size >= 5 ? 2 : 1, 0, TIMEOUT);
-    run(&E, true);
-    run(&E, false);
+    run(&E, UPDATE);
+    run(&E, BYTEPSS);
+    run(&E, ASYNC);
     ps_env_free(&E);
     return mc_done("test_mpi_ps_state");
 }
