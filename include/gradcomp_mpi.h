@@ -494,7 +494,9 @@ GCOMP_API size_t gcomp_mpi_message_count(const gcomp_mpi_bucket *b, size_t i);
 
 /**
  * The owner-side error-feedback residual of tensor i on this rank (sparse and rsag;
- * hierarchical: node leaders only): *count floats describing elements
+ * hierarchical: node leaders only; ps with compressed pulls: a server's pull residual of
+ * the one part of the tensor it keeps, NULL when it keeps several): *count floats
+ * describing elements
  * [*offset, *offset + *count) of the tensor.  *res is NULL (count 0) when this rank owns
  * nothing of the tensor, its strategy keeps no owner residual, or its codec is no
  * contraction (gcomp_mpi_owner_spec says feedback=none).  Valid until the next start.
@@ -781,7 +783,8 @@ GCOMP_API int gcomp_mpi_ps_servers(const gcomp_mpi_ps *ps);
  * must have been created before.  `timeout_s` (<= 0: the communicator's default) bounds a
  * sync round (from its first push to its last), the silence of the whole job (no message
  * from any worker), and in async mode the silence of one worker (it is then lost).
- * Returns GCOMP_OK; GCOMP_E_ARG (NULL, a worker rank); GCOMP_E_PROTOCOL (already serving);
+ * Returns GCOMP_OK; GCOMP_E_ARG (NULL, a worker rank, a server that owns no part of any
+ * bucket: nothing would reach it); GCOMP_E_PROTOCOL (already serving);
  * GCOMP_E_TIMEOUT (sync: a worker did not push; the communicator is then failed);
  * GCOMP_E_MPI; GCOMP_E_FAILED; GCOMP_E_NOMEM.  A refused push is not an error of serve:
  * it is answered and counted (gcomp_mpi_ps_stats.refused).

@@ -646,10 +646,17 @@ static void ps_owner(const gm_tensor *t, gm_owner_view *v) {
     const ps_tensor *pt = t->priv;
     if (!pt || !pt->pspec[0]) return;
     v->spec = pt->pspec;
-    if (pt->nparts == 1 && pt->part[0].pull) {
-        v->c = pt->part[0].pull;
-        v->offset = 0;
-        v->count = t->n;
+    /* One range per view: a server that keeps the pull residual of exactly one part. */
+    const ps_part *one = NULL;
+    for (size_t j = 0; j < pt->nparts; j++)
+        if (pt->part[j].pull) {
+            if (one) return;
+            one = &pt->part[j];
+        }
+    if (one) {
+        v->c = one->pull;
+        v->offset = one->off;
+        v->count = one->n;
     }
 }
 

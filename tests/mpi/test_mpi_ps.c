@@ -276,6 +276,7 @@ static void pull_case(const char *spec) {
     gcomp_mpi_ps_options_default(&o);
     o.servers = E.S;
     o.pull = "same";
+    if (E.S > 1) o.part_bytes = 2048; /* a part per server: a server without one is refused */
     gcomp_mpi_ps *ps = make_ps(E.world, &o);
     gcomp_mpi_tensor t = {"p", spec, N, 0, 0, GCOMP_MPI_PS};
     gcomp_mpi_bucket_options bo;
@@ -285,8 +286,12 @@ static void pull_case(const char *spec) {
     gcomp_error err = {0};
     CHECK_MSG(gcomp_mpi_bucket_create(&b, E.world, &t, 1, &bo, TIMEOUT, &err) == GCOMP_OK, "%s",
               err.message);
-    gcomp_mpi_tensor ta = {"p", spec, N, 0, 0, GCOMP_MPI_ALLGATHER};
-    if (!E.server) CHECK_OK(gcomp_mpi_bucket_create(&ab, E.wc, &ta, 1, NULL, TIMEOUT, &err));
+    /* The reference: the same parts as tensors of their own, compressed alike. */
+    size_t np = gcomp_mpi_ps_part_count(b, 0);
+    CHECK(np == (size_t)E.S);
+    gcomp_mpi_tensor ta[2] = {{"p0", spec, N / np, 0, 0, GCOMP_MPI_ALLGATHER},
+                              {"p1", spec, N / np, 0, 0, GCOMP_MPI_ALLGATHER}};
+    if (!E.server) CHECK_OK(gcomp_mpi_bucket_create(&ab, E.wc, ta, np, NULL, TIMEOUT, &err));
     float *res0 = calloc(N, sizeof(float)), *res1 = calloc(N, sizeof(float));
     float *x = malloc(N * sizeof(float)), *y = malloc(N * sizeof(float));
     for (int step = 0; step < 3; step++) {
@@ -296,26 +301,32 @@ static void pull_case(const char *spec) {
             const float *r = NULL;
             size_t off = 0, cnt = 0;
             gcomp_mpi_owner_residual(b, 0, &r, &off, &cnt);
-            int has = r != NULL;
-            MPI_Send(&has, 1, MPI_INT, 0, 9, MPI_COMM_WORLD);
-            if (has) MPI_Send(r, N, MPI_FLOAT, 0, 10, MPI_COMM_WORLD);
+            int has[3] = {r != NULL, (int)off, (int)cnt};
+            MPI_Send(has, 3, MPI_INT, 0, 9, MPI_COMM_WORLD);
+            if (has[0]) MPI_Send(r, (int)cnt, MPI_FLOAT, 0, 10, MPI_COMM_WORLD);
             continue;
         }
         test_fill(x, N, 99ull * (unsigned)step + (unsigned)E.widx);
         memcpy(y, x, sizeof(float) * N);
-        float *px[1] = {x}, *py[1] = {y};
+        float *px[2] = {x, x + N / np}, *py[1] = {y};
         CHECK_OK(gcomp_mpi_allreduce(ab, px, GCOMP_MPI_AVERAGE, TIMEOUT, &err));
         CHECK_MSG(gcomp_mpi_allreduce(b, py, GCOMP_MPI_AVERAGE, TIMEOUT, &err) == GCOMP_OK, "%s",
                   err.message);
         ps_shutdown_ok(ps, "pull");
         if (E.widx == 0) {
             memcpy(res0, res1, sizeof(float) * N);
+            int covered = 0;
             for (int s = 0; s < E.S; s++) {
-                int has = 0;
-                MPI_Recv(&has, 1, MPI_INT, E.W + s, 9, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
-                if (has)
-                    MPI_Recv(res1, N, MPI_FLOAT, E.W + s, 10, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+                int has[3] = {0, 0, 0};
+                MPI_Recv(has, 3, MPI_INT, E.W + s, 9, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+                if (!has[0]) continue; /* a pull codec without feedback keeps none */
+                CHECK(has[1] >= 0 && has[2] > 0 && has[1] + has[2] <= N);
+                MPI_Recv(res1 + has[1], has[2], MPI_FLOAT, E.W + s, 10, MPI_COMM_WORLD,
+                         MPI_STATUS_IGNORE);
+                covered += has[2];
             }
+            CHECK_MSG(covered == 0 || covered == N, "%s: the servers' residuals cover %d of %d",
+                      spec, covered, N);
             /* e = sum + r0; pulled = C(e); r1 = e - pulled */
             double worst = 0, moved = 0;
             for (int i = 0; i < N; i++) {

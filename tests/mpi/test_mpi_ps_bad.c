@@ -16,6 +16,10 @@
  * pushes are applied; the update count grows by exactly the clean pushes.  Also an init
  * with a NaN value: refused everywhere, nothing stored (a pull then says GCOMP_E_PROTOCOL);
  * then a pull made while the reply to the next init is already on its way to that worker.
+ * And a server that owns no part (two servers, one part): its serve refuses at once with
+ * GCOMP_E_ARG, naming the cause, where it used to wait for pushes that never come and
+ * report a dead job (sync: GCOMP_E_TIMEOUT) after healthy training; the other server and
+ * the workers go on.
  */
 #include "test_mpi_ps_common.h"
 
@@ -175,6 +179,50 @@ static void retune_case(ps_env *E) {
     gcomp_mpi_ps_free(ps);
 }
 
+static void empty_server_case(ps_env *E) {
+    gcomp_mpi_ps_options o;
+    gcomp_mpi_ps_options_default(&o);
+    o.servers = 2; /* the last two ranks */
+    gcomp_error err = {0};
+    gcomp_mpi_ps *ps = NULL;
+    CHECK_MSG(gcomp_mpi_ps_create(&ps, E->world, &o, 30.0, &err) == GCOMP_OK, "%s", err.message);
+    gcomp_mpi_tensor t = {"w", "topk:density=0.1,feedback=ef", 100, 0, 0, GCOMP_MPI_PS};
+    gcomp_mpi_bucket_options bo;
+    gcomp_mpi_bucket_options_default(&bo);
+    bo.ps = ps;
+    gcomp_mpi_bucket *b = NULL;
+    CHECK_MSG(gcomp_mpi_bucket_create(&b, E->world, &t, 1, &bo, TIMEOUT, &err) == GCOMP_OK, "%s",
+              err.message);
+    size_t off = 0, n = 0;
+    int srv = -1;
+    CHECK(gcomp_mpi_ps_part_count(b, 0) == 1 &&
+          gcomp_mpi_ps_part(b, 0, 0, &off, &n, &srv) == GCOMP_OK);
+    int owner = gcomp_mpi_ps_server_rank(ps, srv), me = gcomp_mpi_ps_is_server(ps);
+    if (me && mc_rank != owner) {
+        double t0 = MPI_Wtime();
+        CHECK_MSG(gcomp_mpi_ps_serve(ps, 1.0, &err) == GCOMP_E_ARG &&
+                      strstr(err.message, "owns no part"),
+                  "empty server: %s", err.message);
+        CHECK(MPI_Wtime() - t0 < 0.5); /* at once, not after the timeout */
+    } else if (me) {
+        ps_serve_ok(ps, 1.0, "empty server: the owner");
+    } else {
+        float x[100], *d[1] = {x};
+        for (int i = 0; i < 100; i++) x[i] = (float)i;
+        for (int step = 0; step < 5; step++) {
+            if (step > 0) { /* 1.6 s of training, no gap as long as the 1 s timeout */
+                double t0 = MPI_Wtime();
+                while (MPI_Wtime() - t0 < 0.4) continue;
+            }
+            CHECK_MSG(gcomp_mpi_allreduce(b, d, GCOMP_MPI_AVERAGE, TIMEOUT, &err) == GCOMP_OK,
+                      "empty server: step %d: %s", step, err.message);
+        }
+        ps_shutdown_ok(ps, "empty server");
+    }
+    gcomp_mpi_bucket_free(b);
+    gcomp_mpi_ps_free(ps);
+}
+
 int main(int argc, char **argv) {
     mc_init(&argc, &argv);
     ps_env E;
@@ -182,6 +230,7 @@ int main(int argc, char **argv) {
     sync_case(&E);
     async_case(&E);
     retune_case(&E);
+    empty_server_case(&E);
     ps_env_free(&E);
     return mc_done("test_mpi_ps_bad");
 }
