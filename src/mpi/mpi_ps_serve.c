@@ -558,13 +558,16 @@ static gcomp_status ctrl_request(srv *v, ps_group *pg, int src, size_t len) {
     if (kind == PS_PULL && !marker) ps->stats.pulls++;
     /* Inits are answered from a buffer and slots of their own: a worker takes an init's
      * reply only in its own init call, which may come after pulls and pushes of its own
-     * that must not wait for it.  Every send from the buffer must have left first. */
-    bool init = kind == PS_INIT;
+     * that must not wait for it.  Every send from the buffer must have left first.  An
+     * async pull is answered from the puller's own reply buffer, so it waits for nobody
+     * else's reply to leave: one worker slow to take its reply slows only itself. */
+    bool init = kind == PS_INIT, own = v->async && !init;
     for (int k = 0; k < pg->npush; k++) {
+        if (own && k != q) continue;
         st = free_slot(v, pg, k, init);
         if (st != GCOMP_OK) return st;
     }
-    uint8_t *buf = init ? pg->init_reply.p : pg->reply.p;
+    uint8_t *buf = init ? pg->init_reply.p : own ? pg->slot[q].out.p : pg->reply.p;
     size_t n = build_reply(v, pg, buf, kind, marker, 0, false);
     /* An init answers every pusher (each waits in gcomp_mpi_ps_init); a refused init only
      * the one that sent it when it is not pusher 0. */

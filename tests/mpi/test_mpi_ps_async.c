@@ -13,6 +13,11 @@
  * worker: >= SLOW_MS / 2 per step): the measurement can tell the modes apart, so the
  * async verdict is not an accident of the load.  Medians, not means: a loaded machine
  * (these tests share 2 cores with everything else) delays single steps, not the median.
+ *
+ *   pull      the slow worker starts a push and naps NAP_MS without touching MPI, so the
+ *             server's reply to it (the weights, past the eager limit) cannot leave; the
+ *             others then pull: each pull must come back within a quarter of the nap
+ *             (it waited for that reply to leave, a whole nap, until 2026-12-01).
  */
 #define _POSIX_C_SOURCE 200809L
 #include "test_mpi_ps_common.h"
@@ -126,6 +131,59 @@ static void run(ps_env *E, int mode, const char *name) {
     gcomp_mpi_ps_free(ps);
 }
 
+#define NAP_MS 2000
+
+static void pull_case(ps_env *E) {
+    gcomp_mpi_ps_options o;
+    gcomp_mpi_ps_options_default(&o);
+    o.mode = GCOMP_MPI_PS_ASYNC;
+    gcomp_mpi_ps *ps = NULL;
+    gcomp_error err = {0};
+    CHECK_OK(gcomp_mpi_ps_create(&ps, E->world, &o, 30.0, &err));
+    /* a push of a few hundred bytes, a reply of 80 kB */
+    gcomp_mpi_tensor t = {"w", "topk:density=0.001,feedback=ef", N, 0, 0, GCOMP_MPI_PS};
+    gcomp_mpi_bucket_options bo;
+    gcomp_mpi_bucket_options_default(&bo);
+    bo.ps = ps;
+    gcomp_mpi_bucket *b = NULL;
+    CHECK_MSG(gcomp_mpi_bucket_create(&b, E->world, &t, 1, &bo, 60.0, &err) == GCOMP_OK, "%s",
+              err.message);
+    if (E->server) {
+        ps_serve_ok(ps, 60.0, "pull");
+    } else {
+        bool slow = E->widx == E->W - 1;
+        float *x = malloc(N * sizeof(float)), *d[1] = {x};
+        test_fill(x, N, 7);
+        CHECK_OK(gcomp_mpi_ps_init(b, d, 60.0, &err));
+        MPI_Barrier(E->wcomm);
+        double worst = 0;
+        if (slow) {
+            CHECK_OK(gcomp_mpi_start(b, d, GCOMP_MPI_AVERAGE, &err));
+            nap_ms(NAP_MS);
+            CHECK_MSG(gcomp_mpi_wait(b, 60.0, &err) == GCOMP_OK, "pull: the slow push: %s",
+                      err.message);
+        } else {
+            nap_ms(NAP_MS / 4); /* the slow worker's push is in, its reply on its way */
+            for (int k = 0; k < 3; k++) {
+                double a = MPI_Wtime();
+                CHECK_MSG(gcomp_mpi_ps_pull(b, d, 60.0, &err) == GCOMP_OK, "pull: %s", err.message);
+                double dt = MPI_Wtime() - a;
+                worst = dt > worst ? dt : worst;
+            }
+        }
+        double all = 0;
+        MPI_Allreduce(&worst, &all, 1, MPI_DOUBLE, MPI_MAX, E->wcomm);
+        if (E->widx == 0)
+            printf("pull: slowest pull %.1f ms beside a %d ms nap\n", 1e3 * all, NAP_MS);
+        CHECK_MSG(all < NAP_MS / 4e3, "pull: a pull waited %.0f ms for the slow worker's reply",
+                  1e3 * all);
+        ps_shutdown_ok(ps, "pull");
+        free(x);
+    }
+    gcomp_mpi_bucket_free(b);
+    gcomp_mpi_ps_free(ps);
+}
+
 int main(int argc, char **argv) {
     mc_init(&argc, &argv);
     ps_env E;
@@ -137,6 +195,7 @@ int main(int argc, char **argv) {
     }
     run(&E, GCOMP_MPI_PS_ASYNC, "async");
     run(&E, GCOMP_MPI_PS_SYNC, "sync");
+    pull_case(&E);
     ps_env_free(&E);
     return mc_done("test_mpi_ps_async");
 }
