@@ -695,16 +695,17 @@ GCOMP_API void gcomp_mpi_stats_reset(gcomp_mpi_bucket *b);
  * sync: a worker that dies or stalls leaves its servers' round incomplete: the surviving
  * workers get GCOMP_E_TIMEOUT from their wait and the servers from serve, within the
  * timeout.  async: a worker that sends nothing for serve's timeout (and has not shut down)
- * is declared lost; the servers go on serving the others, the count of lost workers comes
- * with every later reply (gcomp_mpi_ps_stats.workers_lost) and serve returns GCOMP_OK when
- * every other worker has shut down.  A push from a lost worker is refused (GCOMP_E_FAILED
- * there).  A push that is not what the server expects - an unknown or foreign part id,
- * another spec's fingerprint, a corrupt frame or message, a round or settings that differ
- * from the other workers' - is refused with that status (GCOMP_E_MISMATCH, GCOMP_E_CHECKSUM,
- * GCOMP_E_CORRUPT, ...) and nothing of it is applied: the server's weights, sums and
- * residuals stay as they were.  In sync mode every worker of the round gets the status
- * (the round is void); in async mode the worker that sent it.  A worker's own failure (a
- * NaN gradient) travels in its push the same way.
+ * is declared lost, and one that never pushes to this server (a hierarchical non-leader)
+ * when it has not shut down a timeout after every worker that pushes settled; the servers go on
+ * serving the others, the count of lost workers comes with every later reply
+ * (gcomp_mpi_ps_stats.workers_lost) and serve returns GCOMP_OK when every other worker has shut
+ * down.  A push from a lost worker is refused (GCOMP_E_FAILED there).  A push that is not what the
+ * server expects - an unknown or foreign part id, another spec's fingerprint, a corrupt frame or
+ * message, a round or settings that differ from the other workers' - is refused with that status
+ * (GCOMP_E_MISMATCH, GCOMP_E_CHECKSUM, GCOMP_E_CORRUPT, ...) and nothing of it is applied: the
+ * server's weights, sums and residuals stay as they were.  In sync mode every worker of the round
+ * gets the status (the round is void); in async mode the worker that sent it.  A worker's own
+ * failure (a NaN gradient) travels in its push the same way.
  *
  * Checkpoints.  The compressors (worker residuals, the servers' pull residuals) are in
  * the bucket's state blob as for every strategy (gcomp_mpi_bucket_save_state; slots 2p and

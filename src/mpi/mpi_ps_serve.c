@@ -118,7 +118,8 @@ typedef struct srv {
     uint64_t *stopbuf;
     uint64_t *heard; /* per worker: last message */
     bool *stopped, *lost;
-    bool *judged; /* per worker: it pushes (its silence means it is gone) */
+    bool *judged;     /* per worker: it pushes (its silence means it is gone) */
+    uint64_t rest_t0; /* async: when every worker that pushes had settled (0: not yet) */
     bool has_hier, async;
     int waiting; /* pushes received and not yet applied */
     uint32_t nlost;
@@ -926,8 +927,21 @@ gcomp_status gm_ps_serve(gcomp_mpi_ps *ps, double timeout_s, gcomp_error *err) {
             break;
         }
         if (v.async) {
+            /* A worker that never pushes here (a hierarchical non-leader) cannot be judged by
+             * its silence.  Once every worker that pushes has settled, each of the others
+             * has one more timeout to shut down: a dead one cannot hold serve for ever. */
+            if (!v.rest_t0) {
+                bool any = false, all = true;
+                for (int w = 0; w < ps->W; w++)
+                    if (v.judged[w]) {
+                        any = true;
+                        all &= settled(&v, w);
+                    }
+                if (any && all) v.rest_t0 = now;
+            }
             for (int w = 0; w < ps->W; w++)
-                if (v.judged[w] && !v.stopped[w] && !v.lost[w] && now - v.heard[w] > v.timeout_ns)
+                if (v.judged[w] ? !v.stopped[w] && !v.lost[w] && now - v.heard[w] > v.timeout_ns
+                                : v.rest_t0 && !settled(&v, w) && now - v.rest_t0 > v.timeout_ns)
                     lose(&v, w);
         } else {
             for (size_t k = 0; k < ps->ngroups && st == GCOMP_OK; k++) {

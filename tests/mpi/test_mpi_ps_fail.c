@@ -11,6 +11,11 @@
  *               replies say so (gcomp_mpi_ps_stats.workers_lost == 1); they finish their
  *               steps and shut down, and serve returns GCOMP_OK with one worker lost.
  *   async-stall the victim sleeps past the timeout instead: the same for the others.
+ *   async-nonleader  5 ranks in nodes of 2 ({0,1} {2,3} {4}: the server), the key
+ *               hierarchical, so ranks 1 and 3 never push: after the last step rank 1 exits
+ *               without shutting down while its leader shuts down cleanly.  serve must
+ *               return GCOMP_OK with one worker lost within a few timeouts (it waited for
+ *               ever before 2026-12-01: the hard time limit of run_fail.sh).
  * Survivors print "SURVIVOR-OK" and leave with _exit(0) (MPI_Finalize may wait for the
  * dead); run_fail.sh counts them under a hard time limit.
  */
@@ -36,9 +41,55 @@ static void ok(const char *what) {
     _exit(0);
 }
 
+static int nonleader_case(void) {
+    if (mc_size != 5) return fail("async-nonleader needs 5 ranks");
+    ps_env E;
+    ps_env_init(&E, 1, 2, TIMEOUT);
+    gcomp_mpi_ps_options o;
+    gcomp_mpi_ps_options_default(&o);
+    o.mode = GCOMP_MPI_PS_ASYNC;
+    gcomp_mpi_ps *ps = NULL;
+    gcomp_error err = {0};
+    if (gcomp_mpi_ps_create(&ps, E.world, &o, 10.0, &err) != GCOMP_OK) return fail(err.message);
+    gcomp_mpi_tensor t = {"w", "topk:density=0.05,feedback=ef",      N, 0,
+                          0,   GCOMP_MPI_PS | GCOMP_MPI_HIERARCHICAL};
+    gcomp_mpi_bucket_options bo;
+    gcomp_mpi_bucket_options_default(&bo);
+    bo.ps = ps;
+    gcomp_mpi_bucket *b = NULL;
+    if (gcomp_mpi_bucket_create(&b, E.world, &t, 1, &bo, 10.0, &err) != GCOMP_OK)
+        return fail(err.message);
+    MPI_Barrier(MPI_COMM_WORLD);
+    if (E.server) {
+        double t0 = MPI_Wtime();
+        gcomp_status st = gcomp_mpi_ps_serve(ps, TIMEOUT, &err);
+        gcomp_mpi_ps_stats s;
+        gcomp_mpi_ps_stats_get(ps, -1, &s);
+        char msg[400];
+        snprintf(msg, sizeof msg, "serve: %s after %.1f s (%s); %u lost, %llu applied",
+                 gcomp_status_str(st), MPI_Wtime() - t0, err.message, s.workers_lost,
+                 (unsigned long long)s.applied);
+        if (st != GCOMP_OK || s.workers_lost != 1) return fail(msg);
+        ok(msg);
+    }
+    float *x = malloc(N * sizeof(float)), *d[1] = {x};
+    test_fill(x, N, 3);
+    if (gcomp_mpi_ps_init(b, d, 10.0, &err) != GCOMP_OK) return fail(err.message);
+    for (int step = 0; step < VICTIM_STEPS; step++) {
+        test_fill(x, N, 100ull * (unsigned)step + (unsigned)E.widx);
+        if (gcomp_mpi_allreduce(b, d, GCOMP_MPI_AVERAGE, TIMEOUT, &err) != GCOMP_OK)
+            return fail(err.message);
+    }
+    if (E.widx == 1) _exit(0); /* a non-leader, gone before its shutdown */
+    if (gcomp_mpi_ps_shutdown(ps, TIMEOUT, &err) != GCOMP_OK) return fail(err.message);
+    ok("async-nonleader: shut down");
+    return 0;
+}
+
 int main(int argc, char **argv) {
     mc_init(&argc, &argv);
     const char *mode = argc > 1 ? argv[1] : "sync-exit";
+    if (!strcmp(mode, "async-nonleader")) return nonleader_case();
     bool async = !strncmp(mode, "async", 5), stall = strstr(mode, "stall") != NULL;
     if (mc_size < 3) return fail("needs 3 ranks or more");
     ps_env E;
