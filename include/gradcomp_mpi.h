@@ -496,10 +496,10 @@ GCOMP_API size_t gcomp_mpi_message_count(const gcomp_mpi_bucket *b, size_t i);
  * The owner-side error-feedback residual of tensor i on this rank (sparse and rsag;
  * hierarchical: node leaders only; ps with compressed pulls: a server's pull residual of
  * the one part of the tensor it keeps, NULL when it keeps several): *count floats
- * describing elements
- * [*offset, *offset + *count) of the tensor.  *res is NULL (count 0) when this rank owns
- * nothing of the tensor, its strategy keeps no owner residual, or its codec is no
- * contraction (gcomp_mpi_owner_spec says feedback=none).  Valid until the next start.
+ * describing elements [*offset, *offset + *count) of the tensor.  *res is NULL (count 0)
+ * when this rank owns nothing of the tensor, its strategy keeps no owner residual, or its
+ * codec is no contraction (gcomp_mpi_owner_spec says feedback=none).  Valid until the next
+ * start.
  * Returns GCOMP_OK or GCOMP_E_ARG.
  */
 GCOMP_API gcomp_status gcomp_mpi_owner_residual(const gcomp_mpi_bucket *b, size_t i,
@@ -696,16 +696,17 @@ GCOMP_API void gcomp_mpi_stats_reset(gcomp_mpi_bucket *b);
  * workers get GCOMP_E_TIMEOUT from their wait and the servers from serve, within the
  * timeout.  async: a worker that sends nothing for serve's timeout (and has not shut down)
  * is declared lost, and one that never pushes to this server (a hierarchical non-leader)
- * when it has not shut down a timeout after every worker that pushes settled; the servers go on
- * serving the others, the count of lost workers comes with every later reply
- * (gcomp_mpi_ps_stats.workers_lost) and serve returns GCOMP_OK when every other worker has shut
- * down.  A push from a lost worker is refused (GCOMP_E_FAILED there).  A push that is not what the
- * server expects - an unknown or foreign part id, another spec's fingerprint, a corrupt frame or
- * message, a round or settings that differ from the other workers' - is refused with that status
- * (GCOMP_E_MISMATCH, GCOMP_E_CHECKSUM, GCOMP_E_CORRUPT, ...) and nothing of it is applied: the
- * server's weights, sums and residuals stay as they were.  In sync mode every worker of the round
- * gets the status (the round is void); in async mode the worker that sent it.  A worker's own
- * failure (a NaN gradient) travels in its push the same way.
+ * when it has not shut down a timeout after every worker that pushes settled; the servers
+ * go on serving the others, the count of lost workers comes with every later reply
+ * (gcomp_mpi_ps_stats.workers_lost) and serve returns GCOMP_OK when every other worker has
+ * shut down.  A push from a lost worker is refused (GCOMP_E_FAILED there).  A push that is
+ * not what the server expects - an unknown or foreign part id, another spec's fingerprint,
+ * a corrupt frame or message, a round or settings that differ from the other workers' - is
+ * refused with that status (GCOMP_E_MISMATCH, GCOMP_E_CHECKSUM, GCOMP_E_CORRUPT, ...) and
+ * nothing of it is applied: the server's weights, sums and residuals stay as they were.  In
+ * sync mode every worker of the round gets the status (the round is void); in async mode
+ * the worker that sent it.  A worker's own failure (a NaN gradient) travels in its push the
+ * same way.
  *
  * Checkpoints.  The compressors (worker residuals, the servers' pull residuals) are in
  * the bucket's state blob as for every strategy (gcomp_mpi_bucket_save_state; slots 2p and
@@ -920,8 +921,9 @@ GCOMP_API size_t gcomp_mpi_ps_state_size(const gcomp_mpi_bucket *b);
  * Writes what this rank keeps for b's tensors as a server, beyond compressors (weights,
  * momentum, last sums, update counts, optimizers: docs/FORMAT.md "MPI parameter-server
  * state"), or as a worker (the update count of its last reply per part, which its next
- * async push's staleness counts from) into dst.  Local; not while serving.  Returns GCOMP_OK,
- * GCOMP_E_ARG, GCOMP_E_DST_SIZE, GCOMP_E_PROTOCOL (serving, or the bucket in flight).
+ * async push's staleness counts from) into dst.  Local; not while serving.  Returns
+ * GCOMP_OK, GCOMP_E_ARG, GCOMP_E_DST_SIZE, GCOMP_E_PROTOCOL (serving, or the bucket in
+ * flight).
  */
 GCOMP_API gcomp_status gcomp_mpi_ps_save_state(const gcomp_mpi_bucket *b, void *dst, size_t cap,
                                                size_t *len, gcomp_error *err);
