@@ -786,7 +786,8 @@ GCOMP_API int gcomp_mpi_ps_servers(const gcomp_mpi_ps *ps);
  * sync round (from its first push to its last), the silence of the whole job (no message
  * from any worker), and in async mode the silence of one worker (it is then lost).
  * Returns GCOMP_OK; GCOMP_E_ARG (NULL, a worker rank, a server that owns no part of any
- * bucket: nothing would reach it); GCOMP_E_PROTOCOL (already serving);
+ * bucket: nothing would reach it, and the object can then only be freed); GCOMP_E_PROTOCOL
+ * (already serving);
  * GCOMP_E_TIMEOUT (sync: a worker did not push; the communicator is then failed);
  * GCOMP_E_MPI; GCOMP_E_FAILED; GCOMP_E_NOMEM.  A refused push is not an error of serve:
  * it is answered and counted (gcomp_mpi_ps_stats.refused).

@@ -640,13 +640,12 @@ static gcomp_compressor *ps_state_slot(const gm_tensor *t, int k) {
     return k % 2 ? p->pull : p->c;
 }
 
-/* The owner side (gcomp_mpi_owner_spec / _residual): the server's pull compressor of a
- * one-part key. */
+/* The owner side (gcomp_mpi_owner_spec / _residual): the pull spec, and the server's pull
+ * compressor when it keeps exactly one part of the key (one range per view). */
 static void ps_owner(const gm_tensor *t, gm_owner_view *v) {
     const ps_tensor *pt = t->priv;
     if (!pt || !pt->pspec[0]) return;
     v->spec = pt->pspec;
-    /* One range per view: a server that keeps the pull residual of exactly one part. */
     const ps_part *one = NULL;
     for (size_t j = 0; j < pt->nparts; j++)
         if (pt->part[j].pull) {

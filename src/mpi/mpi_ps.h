@@ -208,6 +208,7 @@ struct gcomp_mpi_ps {
     size_t nkeys; /* live ps tensors set up on this rank */
     float lr;     /* set_lr (NaN: the servers') */
     bool serving;
+    bool refused_serve; /* serve refused once (no part here): the object is for freeing only */
 
     gcomp_mpi_ps_stats stats;
     gcomp_mpi_ps_stats *peer; /* P */

@@ -993,14 +993,22 @@ gcomp_status gcomp_mpi_ps_serve(gcomp_mpi_ps *ps, double timeout_s, gcomp_error 
     if (ps->serving) return gm_fail(err, GCOMP_E_PROTOCOL, "already serving");
     /* With no part here no push or request would come, only the shutdown words: a sync
      * server would take healthy training for a silent job and time out, an async one could
-     * not tell a dead worker from a busy one.  A set-up error, said at once. */
-    if (ps->ngroups == 0)
+     * not tell a dead worker from a busy one.  A set-up error, said at once.  It sticks:
+     * this session's shutdown words are never taken, so a later serve (after a bucket gave
+     * this server a part) would run a session behind the workers. */
+    if (ps->refused_serve)
+        return gm_fail(err, GCOMP_E_ARG,
+                       "parameter server: this server refused to serve before (it owned no "
+                       "part): free it and create the server objects again");
+    if (ps->ngroups == 0) {
+        ps->refused_serve = true;
         return gm_fail(err, GCOMP_E_ARG,
                        "parameter server: server %d of %d (rank %d) owns no part of any bucket, "
                        "so nothing but the workers' shutdown would reach it: use at most as "
                        "many servers as the buckets have parts (fewer servers, or a smaller "
                        "part_bytes; gcomp_mpi_ps_part reports the placement)",
                        ps->me_srv, ps->S, ps->rank);
+    }
     ps->serving = true;
     st = gm_ps_serve(ps, timeout_s, err);
     ps->serving = false;

@@ -17,8 +17,9 @@
  *       u64: the update count of its last reply for each part
  *   end u32 CRC-32C of every byte before it
  * A worker's update counts are what the staleness of its next async push is counted from:
- * a version-1 blob lacks them, so after loading one each worker's first push counts from 0
- * (with max_staleness, it is dropped as stale; pull once after loading such a blob).
+ * a version-1 blob lacks them, so loading one sets them to 0 and each worker's first push
+ * counts from there (with max_staleness, it is dropped as stale; pull once after loading
+ * such a blob).
  * One CRC over everything: the blob is read once on load anyway (every value is checked
  * finite before anything is copied), unlike the bucket blob, whose compressor states
  * carry CRCs of their own.
@@ -227,9 +228,10 @@ gcomp_status gcomp_mpi_ps_load_state(gcomp_mpi_bucket *b, const void *src, size_
     for (size_t i = 0; i < b->nt; i++) {
         ps_tensor *pt = b->t[i].priv;
         off += PSS_REC;
-        if (version >= 2)
-            for (size_t j = 0; versions_bytes(pt) && j < pt->nparts; j++, off += 8)
-                pt->part[j].version = gcomp__get64(p + off);
+        for (size_t j = 0; versions_bytes(pt) && j < pt->nparts; j++) {
+            pt->part[j].version = version >= 2 ? gcomp__get64(p + off) : 0;
+            off += version >= 2 ? 8 : 0;
+        }
         for (size_t j = 0; pt && j < pt->nparts; j++) {
             ps_part *x = &pt->part[j];
             if (!owned(pt, x)) continue;

@@ -18,8 +18,8 @@
  * then a pull made while the reply to the next init is already on its way to that worker.
  * And a server that owns no part (two servers, one part): its serve refuses at once with
  * GCOMP_E_ARG, naming the cause, where it used to wait for pushes that never come and
- * report a dead job (sync: GCOMP_E_TIMEOUT) after healthy training; the other server and
- * the workers go on.
+ * report a dead job (sync: GCOMP_E_TIMEOUT) after healthy training, and again at a second
+ * call; the other server and the workers go on.
  */
 #include "test_mpi_ps_common.h"
 
@@ -200,19 +200,22 @@ static void empty_server_case(ps_env *E) {
     int owner = gcomp_mpi_ps_server_rank(ps, srv), me = gcomp_mpi_ps_is_server(ps);
     if (me && mc_rank != owner) {
         double t0 = MPI_Wtime();
-        CHECK_MSG(gcomp_mpi_ps_serve(ps, 1.0, &err) == GCOMP_E_ARG &&
+        CHECK_MSG(gcomp_mpi_ps_serve(ps, 2.0, &err) == GCOMP_E_ARG &&
                       strstr(err.message, "owns no part"),
                   "empty server: %s", err.message);
-        CHECK(MPI_Wtime() - t0 < 0.5); /* at once, not after the timeout */
+        CHECK(MPI_Wtime() - t0 < 1.0); /* at once, not after the timeout */
+        CHECK_MSG(gcomp_mpi_ps_serve(ps, 2.0, &err) == GCOMP_E_ARG &&
+                      strstr(err.message, "refused to serve before"),
+                  "empty server, again: %s", err.message);
     } else if (me) {
-        ps_serve_ok(ps, 1.0, "empty server: the owner");
+        ps_serve_ok(ps, 2.0, "empty server: the owner");
     } else {
         float x[100], *d[1] = {x};
         for (int i = 0; i < 100; i++) x[i] = (float)i;
         for (int step = 0; step < 5; step++) {
-            if (step > 0) { /* 1.6 s of training, no gap as long as the 1 s timeout */
+            if (step > 0) { /* 2.4 s of training, no gap near the 2 s timeout */
                 double t0 = MPI_Wtime();
-                while (MPI_Wtime() - t0 < 0.4) continue;
+                while (MPI_Wtime() - t0 < 0.6) continue;
             }
             CHECK_MSG(gcomp_mpi_allreduce(b, d, GCOMP_MPI_AVERAGE, TIMEOUT, &err) == GCOMP_OK,
                       "empty server: step %d: %s", step, err.message);

@@ -200,12 +200,16 @@ static void run(ps_env *E, int cfg) {
     if (swap)
         CHECK_MSG(gcomp_mpi_ps_load_state(b, other, olen, &err) == GCOMP_E_MISMATCH, "%s: %s", name,
                   err.message);
-    if (cfg == ASYNC && !E->server) { /* a version-1 worker blob still loads: no versions */
+    if (cfg == ASYNC && !E->server) { /* a version-1 worker blob still loads: versions 0 */
         size_t l1 = 0;
         uint8_t *v1 = worker_blob_v1(pb, plen, &l1);
+        CHECK_MSG(gcomp_mpi_ps_load_state(b, pb, plen, &err) == GCOMP_OK, "%s: %s", name,
+                  err.message);
+        CHECK(gcomp_mpi_ps_version(b, 0) > 0 && gcomp_mpi_ps_version(b, 1) > 0);
         CHECK_MSG(gcomp_mpi_ps_load_state(b, v1, l1, &err) == GCOMP_OK, "%s: version 1: %s", name,
                   err.message);
-        CHECK(gcomp_mpi_ps_version(b, 0) == 0 && gcomp_mpi_ps_version(b, 1) == 0);
+        CHECK_MSG(gcomp_mpi_ps_version(b, 0) == 0 && gcomp_mpi_ps_version(b, 1) == 0,
+                  "%s: version 1 left the versions of the blob before", name);
         free(v1);
     }
     CHECK_MSG(gcomp_mpi_bucket_load_state(b, bb, blen, &err) == GCOMP_OK, "%s: %s", name,
