@@ -33,9 +33,12 @@ check:
 	$(MAKE) sanitize
 	$(MAKE) fuzz
 
-# The unit, CLI and fuzz-replay tests again under AddressSanitizer + UBSan.
+# The unit, CLI and fuzz-replay tests again under AddressSanitizer + UBSan, at -O1 (as
+# AddressSanitizer's authors advise: at -O0 these tests took 2.1x as long, 252 s against
+# 119 s; a planted overflow is caught at either level).  Debug keeps the assertions.
 sanitize:
-	cmake -S . -B $(BUILD)-asan -DCMAKE_BUILD_TYPE=Debug -DGCOMP_SANITIZE=ON >/dev/null
+	cmake -S . -B $(BUILD)-asan -DCMAKE_BUILD_TYPE=Debug -DCMAKE_C_FLAGS_DEBUG="-g -O1" \
+	    -DGCOMP_SANITIZE=ON >/dev/null
 	cmake --build $(BUILD)-asan -j$(JOBS)
 	cd $(BUILD)-asan && ASAN_OPTIONS=detect_leaks=1 ctest --output-on-failure -L 'unit|cli|fuzz'
 
