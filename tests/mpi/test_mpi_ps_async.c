@@ -44,6 +44,22 @@ static void nap_ms(int ms) {
     nanosleep(&ts, NULL);
 }
 
+/* The server object and a bucket of one parameter-server tensor of `spec`. */
+static gcomp_mpi_bucket *setup(ps_env *E, const gcomp_mpi_ps_options *o, const char *spec,
+                               gcomp_mpi_ps **ps) {
+    gcomp_error err = {0};
+    *ps = NULL;
+    CHECK_OK(gcomp_mpi_ps_create(ps, E->world, o, 30.0, &err));
+    gcomp_mpi_tensor t = {"w", spec, N, 0, 0, GCOMP_MPI_PS};
+    gcomp_mpi_bucket_options bo;
+    gcomp_mpi_bucket_options_default(&bo);
+    bo.ps = *ps;
+    gcomp_mpi_bucket *b = NULL;
+    CHECK_MSG(gcomp_mpi_bucket_create(&b, E->world, &t, 1, &bo, 60.0, &err) == GCOMP_OK, "%s",
+              err.message);
+    return b;
+}
+
 /* Returns (on fast workers) the median step time of phase 1 and phase 2, and when the fast
  * worker finished phase 2 relative to the slow one (via rank 0). */
 static void run(ps_env *E, int mode, const char *name) {
@@ -52,16 +68,9 @@ static void run(ps_env *E, int mode, const char *name) {
     o.mode = mode;
     o.update = 1;
     o.optimizer.lr = 0.01f;
-    gcomp_mpi_ps *ps = NULL;
+    gcomp_mpi_ps *ps;
+    gcomp_mpi_bucket *b = setup(E, &o, "twobit:threshold=0.5", &ps);
     gcomp_error err = {0};
-    CHECK_OK(gcomp_mpi_ps_create(&ps, E->world, &o, 30.0, &err));
-    gcomp_mpi_tensor t = {"w", "twobit:threshold=0.5", N, 0, 0, GCOMP_MPI_PS};
-    gcomp_mpi_bucket_options bo;
-    gcomp_mpi_bucket_options_default(&bo);
-    bo.ps = ps;
-    gcomp_mpi_bucket *b = NULL;
-    CHECK_MSG(gcomp_mpi_bucket_create(&b, E->world, &t, 1, &bo, 60.0, &err) == GCOMP_OK, "%s",
-              err.message);
     if (E->server) {
         ps_serve_ok(ps, 60.0, name);
         gcomp_mpi_ps_stats s;
@@ -137,17 +146,9 @@ static void pull_case(ps_env *E) {
     gcomp_mpi_ps_options o;
     gcomp_mpi_ps_options_default(&o);
     o.mode = GCOMP_MPI_PS_ASYNC;
-    gcomp_mpi_ps *ps = NULL;
+    gcomp_mpi_ps *ps; /* a push of a few hundred bytes, a reply of 80 kB */
+    gcomp_mpi_bucket *b = setup(E, &o, "topk:density=0.001,feedback=ef", &ps);
     gcomp_error err = {0};
-    CHECK_OK(gcomp_mpi_ps_create(&ps, E->world, &o, 30.0, &err));
-    /* a push of a few hundred bytes, a reply of 80 kB */
-    gcomp_mpi_tensor t = {"w", "topk:density=0.001,feedback=ef", N, 0, 0, GCOMP_MPI_PS};
-    gcomp_mpi_bucket_options bo;
-    gcomp_mpi_bucket_options_default(&bo);
-    bo.ps = ps;
-    gcomp_mpi_bucket *b = NULL;
-    CHECK_MSG(gcomp_mpi_bucket_create(&b, E->world, &t, 1, &bo, 60.0, &err) == GCOMP_OK, "%s",
-              err.message);
     if (E->server) {
         ps_serve_ok(ps, 60.0, "pull");
     } else {

@@ -41,6 +41,36 @@ static void ok(const char *what) {
     _exit(0);
 }
 
+/* The server object and a one-tensor bucket of strategy `strategy`, on every rank. */
+static gcomp_mpi_bucket *setup(ps_env *E, const gcomp_mpi_ps_options *o, int strategy,
+                               gcomp_mpi_ps **ps) {
+    gcomp_error err = {0};
+    *ps = NULL;
+    if (gcomp_mpi_ps_create(ps, E->world, o, 10.0, &err) != GCOMP_OK) fail(err.message);
+    gcomp_mpi_tensor t = {"w", "topk:density=0.05,feedback=ef", N, 0, 0, strategy};
+    gcomp_mpi_bucket_options bo;
+    gcomp_mpi_bucket_options_default(&bo);
+    bo.ps = *ps;
+    gcomp_mpi_bucket *b = NULL;
+    if (gcomp_mpi_bucket_create(&b, E->world, &t, 1, &bo, 10.0, &err) != GCOMP_OK)
+        fail(err.message);
+    MPI_Barrier(MPI_COMM_WORLD);
+    return b;
+}
+
+/* Serves on a server rank; its outcome and statistics in msg. */
+static gcomp_status serve(gcomp_mpi_ps *ps, char *msg, size_t cap, uint32_t *lost) {
+    gcomp_error err = {0};
+    double t0 = MPI_Wtime();
+    gcomp_status st = gcomp_mpi_ps_serve(ps, TIMEOUT, &err);
+    gcomp_mpi_ps_stats s;
+    gcomp_mpi_ps_stats_get(ps, -1, &s);
+    snprintf(msg, cap, "serve: %s after %.1f s (%s); %u lost, %llu applied", gcomp_status_str(st),
+             MPI_Wtime() - t0, err.message, s.workers_lost, (unsigned long long)s.applied);
+    *lost = s.workers_lost;
+    return st;
+}
+
 static int nonleader_case(void) {
     if (mc_size != 5) return fail("async-nonleader needs 5 ranks");
     ps_env E;
@@ -48,28 +78,14 @@ static int nonleader_case(void) {
     gcomp_mpi_ps_options o;
     gcomp_mpi_ps_options_default(&o);
     o.mode = GCOMP_MPI_PS_ASYNC;
-    gcomp_mpi_ps *ps = NULL;
+    gcomp_mpi_ps *ps;
+    gcomp_mpi_bucket *b = setup(&E, &o, GCOMP_MPI_PS | GCOMP_MPI_HIERARCHICAL, &ps);
     gcomp_error err = {0};
-    if (gcomp_mpi_ps_create(&ps, E.world, &o, 10.0, &err) != GCOMP_OK) return fail(err.message);
-    gcomp_mpi_tensor t = {"w", "topk:density=0.05,feedback=ef",      N, 0,
-                          0,   GCOMP_MPI_PS | GCOMP_MPI_HIERARCHICAL};
-    gcomp_mpi_bucket_options bo;
-    gcomp_mpi_bucket_options_default(&bo);
-    bo.ps = ps;
-    gcomp_mpi_bucket *b = NULL;
-    if (gcomp_mpi_bucket_create(&b, E.world, &t, 1, &bo, 10.0, &err) != GCOMP_OK)
-        return fail(err.message);
-    MPI_Barrier(MPI_COMM_WORLD);
     if (E.server) {
-        double t0 = MPI_Wtime();
-        gcomp_status st = gcomp_mpi_ps_serve(ps, TIMEOUT, &err);
-        gcomp_mpi_ps_stats s;
-        gcomp_mpi_ps_stats_get(ps, -1, &s);
         char msg[400];
-        snprintf(msg, sizeof msg, "serve: %s after %.1f s (%s); %u lost, %llu applied",
-                 gcomp_status_str(st), MPI_Wtime() - t0, err.message, s.workers_lost,
-                 (unsigned long long)s.applied);
-        if (st != GCOMP_OK || s.workers_lost != 1) return fail(msg);
+        uint32_t lost = 0;
+        gcomp_status st = serve(ps, msg, sizeof msg, &lost);
+        if (st != GCOMP_OK || lost != 1) return fail(msg);
         ok(msg);
     }
     float *x = malloc(N * sizeof(float)), *d[1] = {x};
@@ -98,29 +114,16 @@ int main(int argc, char **argv) {
     gcomp_mpi_ps_options_default(&o);
     o.mode = async ? GCOMP_MPI_PS_ASYNC : GCOMP_MPI_PS_SYNC;
     o.part_bytes = 8192; /* several parts, so the server has several receives per worker */
-    gcomp_mpi_ps *ps = NULL;
+    gcomp_mpi_ps *ps;
+    gcomp_mpi_bucket *b = setup(&E, &o, GCOMP_MPI_PS, &ps);
     gcomp_error err = {0};
-    if (gcomp_mpi_ps_create(&ps, E.world, &o, 10.0, &err) != GCOMP_OK) return fail(err.message);
-    gcomp_mpi_tensor t = {"w", "topk:density=0.05,feedback=ef", N, 0, 0, GCOMP_MPI_PS};
-    gcomp_mpi_bucket_options bo;
-    gcomp_mpi_bucket_options_default(&bo);
-    bo.ps = ps;
-    gcomp_mpi_bucket *b = NULL;
-    if (gcomp_mpi_bucket_create(&b, E.world, &t, 1, &bo, 10.0, &err) != GCOMP_OK)
-        return fail(err.message);
-    MPI_Barrier(MPI_COMM_WORLD);
 
     if (E.server) {
-        double t0 = MPI_Wtime();
-        gcomp_status st = gcomp_mpi_ps_serve(ps, TIMEOUT, &err);
-        gcomp_mpi_ps_stats s;
-        gcomp_mpi_ps_stats_get(ps, -1, &s);
         char msg[400];
-        snprintf(msg, sizeof msg, "serve: %s after %.1f s (%s); %u lost, %llu applied",
-                 gcomp_status_str(st), MPI_Wtime() - t0, err.message, s.workers_lost,
-                 (unsigned long long)s.applied);
+        uint32_t lost = 0;
+        gcomp_status st = serve(ps, msg, sizeof msg, &lost);
         if (async) {
-            if (st != GCOMP_OK || s.workers_lost != 1) return fail(msg);
+            if (st != GCOMP_OK || lost != 1) return fail(msg);
         } else if (st != GCOMP_E_TIMEOUT && st != GCOMP_E_MPI) {
             return fail(msg);
         }
