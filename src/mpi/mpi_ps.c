@@ -749,7 +749,8 @@ static gcomp_status reserve_server(gcomp_mpi_ps *ps, gcomp_mpi_bucket *b, gm_gro
         if (gm_reserve(&pg->slot[q].in, pg->push_cap) != GCOMP_OK ||
             (async && gm_reserve(&pg->slot[q].out, pg->reply_cap) != GCOMP_OK))
             return GCOMP_E_NOMEM;
-    if (gm_reserve(&pg->reply, pg->reply_cap) != GCOMP_OK ||
+    /* The shared reply (sync rounds and pulls); async replies leave from slot[q].out. */
+    if ((!async && gm_reserve(&pg->reply, pg->reply_cap) != GCOMP_OK) ||
         gm_reserve(&pg->init_reply, pg->ctrl_cap) != GCOMP_OK ||
         gm_reserve(&ps->ctrl, pg->ctrl_cap) != GCOMP_OK)
         return GCOMP_E_NOMEM;
