@@ -48,6 +48,10 @@ const char *cli_default_calibration(char *buf, size_t cap);
 /* Reads a calibration (*cal NULL when a default path does not exist); 0 or prints why. */
 int cli_load_calibration(const char *cmd, const char *path, bool explicit_path,
                          gcomp_cost_calibration **cal);
+/* Runs gnuplot on SCRIPT.  Returns 0, or says why it drew nothing, "gnuplot is not
+ * installed" only when the shell could not find it (else gnuplot's own message is above
+ * ours), followed by KEPT (what was written all the same), and returns 1. */
+int cli_gnuplot(const char *cmd, const char *script, const char *kept);
 /* Seconds from a monotonic clock. */
 double cli_now(void);
 /* Seeded synthetic gradient: Gaussian with a heavy tail (every 97th element x20). */

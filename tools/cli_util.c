@@ -6,11 +6,13 @@
 
 #include <ctype.h>
 #include <errno.h>
+#include <limits.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -110,6 +112,18 @@ int cli_parse_shape(const char *s, size_t *rows, size_t *cols) {
     buf[l] = 0;
     if (cli_parse_count(buf, rows) || cli_parse_count(x + 1, cols) || !*rows || !*cols) return -1;
     return 0;
+}
+
+int cli_gnuplot(const char *cmd, const char *script, const char *kept) {
+    char line[PATH_MAX + 32];
+    snprintf(line, sizeof line, "gnuplot '%s' 2>&1", script);
+    int rc = system(line);
+    if (rc == 0) return 0;
+    /* sh -c exits 127 when it cannot find the command; anything else came from gnuplot,
+     * whose message (a data range it cannot draw, say) is already on the terminal. */
+    if (rc != -1 && WIFEXITED(rc) && WEXITSTATUS(rc) == 127)
+        return cli_fail(cmd, 1, "gnuplot is not installed (apt-get install gnuplot-nox); %s", kept);
+    return cli_fail(cmd, 1, "gnuplot could not draw %s (its message is above); %s", script, kept);
 }
 
 double cli_now(void) {

@@ -1024,13 +1024,10 @@ int cmd_plan(int argc, char **argv) {
                         i + 2, labels[i]);
             fprintf(g, "\n");
             fclose(g);
-            char cmd[2 * PATH_MAX];
-            snprintf(cmd, sizeof cmd, "gnuplot '%s' 2>&1", gp);
-            if (system(cmd) != 0)
-                rc = cli_fail(CMD, 1,
-                              "gnuplot failed (apt-get install gnuplot-nox); the data is "
-                              "in %s",
-                              dat);
+            char kept[PATH_MAX + 32];
+            snprintf(kept, sizeof kept, "the data is in %s", dat);
+            if (cli_gnuplot(CMD, gp, kept))
+                rc = 1;
             else if (!o.json)
                 printf("wrote %s\n", o.plot);
         }

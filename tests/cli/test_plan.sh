@@ -111,5 +111,17 @@ expect_err "missing calibration" "nosuch.cal" "$G" plan --model m.txt --link 1gb
     { bad "two sizes in the calibration"; cat two.cal; }
 expect_err "bad size list" "--size 1M,x" "$G" plan --calibrate --size 1M,x --calibration x.cal
 expect_err "size too small" "4096..2^28" "$G" plan --calibrate --size 100 --calibration x.cal
+# --plot: a PNG through gnuplot; when gnuplot cannot draw, what it says is not "install
+# gnuplot" unless the shell could not find it (the one message there was, whatever the cause).
+expect_err "no gnuplot" "gnuplot is not installed.*the data is in nogp.png.dat" \
+    env PATH=/nonexistent "$G" plan --model m.txt --link 1gbit --compute-ms 5 $C --plot nogp.png
+if command -v gnuplot >/dev/null 2>&1; then
+  "$G" plan --model m.txt --link 1gbit --compute-ms 5 $C --plot p.png > out.txt 2> err.txt &&
+      [ -s p.png ] && ok || { bad "plan --plot"; cat err.txt; }
+  mkdir -p dir.png # the PNG's path is a directory: gnuplot runs and cannot write it
+  expect_err "gnuplot cannot draw" "gnuplot could not draw dir.png.gp (its message is above)" \
+      "$G" plan --model m.txt --link 1gbit --compute-ms 5 $C --plot dir.png
+  grep -q "not installed" err.txt && bad "cannot draw blamed on gnuplot's absence"
+fi
 echo "$pass passed, $fails failed"
 [ $fails -eq 0 ]

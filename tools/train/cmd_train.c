@@ -623,7 +623,8 @@ static void write_adaptive(const opts *o, gtrain_result *r, int nr, int P, FILE 
     if (f) fclose(f);
 }
 
-static int write_outputs(const opts *o, gtrain_result *r, int nr, double target, int P) {
+static int write_outputs(const opts *o, gtrain_result *r, int nr, double target, int P,
+                         bool *plotted) {
     make_dirs(o->out);
     char path[PATH_MAX];
     snprintf(path, sizeof path, "%s/results.json", o->out);
@@ -790,13 +791,9 @@ static int write_outputs(const opts *o, gtrain_result *r, int nr, double target,
     }
     write_adaptive(o, r, nr, P, f);
     fclose(f);
-    char cmd[PATH_MAX + 64];
-    snprintf(cmd, sizeof cmd, "gnuplot '%s/plot.gp' 2>&1", o->out);
-    int rc = system(cmd);
-    if (rc != 0)
-        fprintf(stderr,
-                "gradcomp train: gnuplot failed (apt-get install gnuplot-nox); results.json "
-                "and metrics.csv are written\n");
+    char gp[PATH_MAX];
+    snprintf(gp, sizeof gp, "%s/plot.gp", o->out);
+    *plotted = cli_gnuplot("train", gp, "results.json and metrics.csv are written") == 0;
     return 0;
 }
 
@@ -1066,14 +1063,17 @@ int cmd_train(int argc, char **argv) {
                 snprintf(why, sizeof why, "%s's final accuracy", res[d].method);
         }
         print_table(res, nr, target, why);
-        if (write_outputs(&o, res, nr, target, W) == 0)
-            printf("wrote %s/results.json, %s/metrics.csv, %s/accuracy_vs_bytes.png, "
-                   "%s/accuracy_vs_time.png%s\n",
-                   o.out, o.out, o.out, o.out,
-                   any_adaptive(res, nr)
-                       ? ", settings.csv, decisions.csv and adapt-N.png (adaptive methods)"
-                       : "");
-        else
+        bool plotted = false;
+        if (write_outputs(&o, res, nr, target, W, &plotted) == 0) {
+            const bool ad = any_adaptive(res, nr);
+            printf("wrote %s/results.json, %s/metrics.csv", o.out, o.out);
+            if (plotted)
+                printf(", %s/accuracy_vs_bytes.png, %s/accuracy_vs_time.png", o.out, o.out);
+            printf("%s\n", !ad ? ""
+                           : plotted
+                               ? ", settings.csv, decisions.csv and adapt-N.png (adaptive methods)"
+                               : ", settings.csv and decisions.csv (adaptive methods)");
+        } else
             rc = 1;
     }
     for (int i = 0; i < nr; i++) gtrain_result_free(&res[i]);
