@@ -83,6 +83,11 @@ def main():
         p.start()
     for p in ps:
         p.join()
+    # Rank 1 exits 3 on purpose; rank 0 exits 0 once it has written its result, so any
+    # other status of rank 0 (its traceback is above) must fail the test, not leave it
+    # looking for a file that was never written.
+    if ps[0].exitcode != 0:
+        sys.exit(f"rank 0 exited with status {ps[0].exitcode} before writing {a.out}.json")
 
 
 if __name__ == "__main__":
