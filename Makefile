@@ -51,7 +51,7 @@ fuzz:
 # The long run behind docs/TESTING.md's figures: FUZZ_RUNS executions per target, one
 # target at a time, niced; figures in $(BUILD)-fuzz/summary.txt.  Hours.
 fuzz-long:
-	FUZZ_RUNS=$(FUZZ_RUNS) FUZZ_NICE=10 sh tests/fuzz/run_fuzzers.sh 172800 $(BUILD)-fuzz
+	FUZZ_RUNS=$(FUZZ_RUNS) FUZZ_NICE=10 FUZZ_JOBS=1 sh tests/fuzz/run_fuzzers.sh 172800 $(BUILD)-fuzz
 
 # The unit tests under valgrind's memcheck.  valgrind cannot decode AVX-512, which the
 # default -march=native build uses on such CPUs (it stops with SIGILL), so this builds
