@@ -14,7 +14,6 @@ import argparse
 import datetime
 import json
 import os
-import socket
 import sys
 import time
 
@@ -32,10 +31,10 @@ FAIL_AT = 5
 def worker(rank, port, mode, method, out, two):
     if two:
         gt._ONE_EXCHANGE_SLACK = 0.0
-    os.environ["MASTER_ADDR"] = "127.0.0.1"
-    os.environ["MASTER_PORT"] = str(port)
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=2, timeout=datetime.timedelta(seconds=3))
+    timeout = datetime.timedelta(seconds=3)
+    store = dist.TCPStore("127.0.0.1", port, None, False, timeout=datetime.timedelta(seconds=30))
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=2, timeout=timeout)
     torch.manual_seed(0)
     model = DDP(torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 10)))
     hook, state = gt.hook(method, model=model, total_steps=40)
@@ -73,12 +72,13 @@ def main():
     ap.add_argument("--two-exchanges", action="store_true")
     ap.add_argument("--port", type=int, default=0, help="0: a free one")
     a = ap.parse_args()
-    if not a.port:
-        with socket.socket() as so:
-            so.bind(("127.0.0.1", 0))
-            a.port = so.getsockname()[1]
+    # The store lives here and holds its port from the bind to the end: a port found free
+    # and closed again before the ranks bind it can be taken by another process meanwhile.
+    store = dist.TCPStore("127.0.0.1", a.port, None, True, timeout=datetime.timedelta(seconds=30),
+                          wait_for_workers=False)
     ctx = mp.get_context("spawn")
-    ps = [ctx.Process(target=worker, args=(r, a.port, a.mode, a.method, a.out, a.two_exchanges)) for r in range(2)]
+    ps = [ctx.Process(target=worker, args=(r, store.port, a.mode, a.method, a.out, a.two_exchanges))
+          for r in range(2)]
     for p in ps:
         p.start()
     for p in ps:
