@@ -561,7 +561,8 @@ static void write_decisions(const opts *o, const gtrain_result *r, int nr) {
 }
 
 /* Per adaptive method: its settings over time (settings.csv) and a plot of each tensor's
- * message bytes against the epoch beside the test accuracy. */
+ * message bytes against the epoch beside the test accuracy.  The method, often longer than
+ * the plot is wide, has the title's second line; in the panel its curve is "adaptive". */
 static void write_adaptive(const opts *o, gtrain_result *r, int nr, int P, FILE *gp) {
     char path[PATH_MAX];
     write_decisions(o, r, nr);
@@ -583,14 +584,14 @@ static void write_adaptive(const opts *o, gtrain_result *r, int nr, int P, FILE 
         }
         /* one data file per managed tensor: a step line to the end of the run */
         double end = r[i].npoints ? r[i].points[r[i].npoints - 1].epoch : 0;
-        fprintf(
-            gp,
-            "set output '%s/adapt-%d.png'\nset multiplot layout 2,1 title 'gradcomp train: "
-            "%s, %d ranks%s%s: %s'\nunset title\nset xlabel 'epoch'\nunset logscale x\nset xrange "
-            "[0:%g]\nset ylabel 'test accuracy (%%)'\nset yrange [*:*]\nunset logscale y\n"
-            "plot '%s/curve-%d.dat' using 4:3 with linespoints title '%s'",
-            o->out, i, o->cfg.model, P, o->link ? ", link " : "", o->link ? o->link : "",
-            r[i].method, end > 0 ? end : 1, o->out, i, r[i].method);
+        fprintf(gp,
+                "set output '%s/adapt-%d.png'\nset multiplot layout 2,1 title \"gradcomp train: "
+                "%s, %d ranks%s%s\\n%s\" font ',8'\nunset title\nset xlabel 'epoch'\n"
+                "unset logscale x\nset xrange [0:%g]\nset ylabel 'test accuracy (%%)'\n"
+                "set yrange [*:*]\nunset logscale y\n"
+                "plot '%s/curve-%d.dat' using 4:3 with linespoints title 'adaptive'",
+                o->out, i, o->cfg.model, P, o->link ? ", link " : "", o->link ? o->link : "",
+                r[i].method, end > 0 ? end : 1, o->out, i);
         if (dense >= 0)
             fprintf(gp, ", '%s/curve-%d.dat' using 4:3 with linespoints title 'dense'", o->out,
                     dense);
