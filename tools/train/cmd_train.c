@@ -563,7 +563,8 @@ static void write_decisions(const opts *o, const gtrain_result *r, int nr) {
 /* Per adaptive method: its settings over time (settings.csv) and a plot of each tensor's
  * message bytes against the epoch beside the test accuracy.  The method, often longer than
  * the plot is wide, has the title's second line; in the panel its curve is "adaptive". */
-static void write_adaptive(const opts *o, gtrain_result *r, int nr, int P, FILE *gp) {
+static void write_adaptive(const opts *o, gtrain_result *r, int nr, int P, double target,
+                           FILE *gp) {
     char path[PATH_MAX];
     write_decisions(o, r, nr);
     snprintf(path, sizeof path, "%s/settings.csv", o->out);
@@ -586,19 +587,21 @@ static void write_adaptive(const opts *o, gtrain_result *r, int nr, int P, FILE 
         double end = r[i].npoints ? r[i].points[r[i].npoints - 1].epoch : 0;
         fprintf(gp,
                 "set output '%s/adapt-%d.png'\nset multiplot layout 2,1 title \"gradcomp train: "
-                "%s, %d ranks%s%s\\n%s\" font ',8'\nunset title\nset xlabel 'epoch'\n"
-                "unset logscale x\nset xrange [0:%g]\nset ylabel 'test accuracy (%%)'\n"
-                "set yrange [*:*]\nunset logscale y\n"
-                "plot '%s/curve-%d.dat' using 4:3 with linespoints title 'adaptive'",
+                "%s, %d ranks%s%s\\n%s\" font ',8'\nunset title\nunset arrow 1\nunset label 1\n"
+                "set xlabel 'epoch'\nunset logscale x\nset xrange [0:%g]\nset ylabel 'test "
+                "accuracy (%%)'\nset yrange [*:*]\nunset logscale y\nplot '%s/curve-%d.dat' using "
+                "4:3 with linespoints title 'adaptive'",
                 o->out, i, o->cfg.model, P, o->link ? ", link " : "", o->link ? o->link : "",
                 r[i].method, end > 0 ? end : 1, o->out, i);
         if (dense >= 0)
             fprintf(gp, ", '%s/curve-%d.dat' using 4:3 with linespoints title 'dense'", o->out,
                     dense);
-        /* bytes, not density: a cross-codec ladder (PowerSGD has no density) ranks by them;
-         * the target line of the panel above is on another axis */
-        fprintf(gp, "\nunset arrow 1\nunset label 1\nset ylabel 'message bytes per step'\nset "
-                    "logscale y\nplot ");
+        /* the target in the key: a label on its line would sit on the curves or the title */
+        if (isfinite(target))
+            fprintf(gp, ", %.4f with lines dashtype 2 lc rgb 'gray30' title 'target %.2f %%'",
+                    100 * target, 100 * target);
+        /* bytes, not density: a cross-codec ladder (PowerSGD has no density) ranks by them */
+        fprintf(gp, "\nset ylabel 'message bytes per step'\nset logscale y\nplot ");
         int first = 1;
         for (size_t ti = 0; ti < r[i].ntensors; ti++) {
             if (!setting_at(&r[i], ti, end)) continue;
@@ -790,7 +793,7 @@ static int write_outputs(const opts *o, gtrain_result *r, int nr, double target,
                     r[i].exchange[0] ? " [" : "", r[i].exchange, r[i].exchange[0] ? "]" : "");
         fprintf(f, "\n");
     }
-    write_adaptive(o, r, nr, P, f);
+    write_adaptive(o, r, nr, P, target, f);
     fclose(f);
     char gp[PATH_MAX];
     snprintf(gp, sizeof gp, "%s/plot.gp", o->out);
