@@ -627,6 +627,15 @@ static void write_adaptive(const opts *o, gtrain_result *r, int nr, int P, doubl
     if (f) fclose(f);
 }
 
+/* Whether any method sent a byte.  A single rank sends nothing, and a log axis of bytes has
+ * then no point to draw: gnuplot would refuse the whole script. */
+static bool sends_bytes(const gtrain_result *r, int nr) {
+    for (int i = 0; i < nr; i++)
+        for (size_t j = 0; j < r[i].npoints; j++)
+            if (r[i].points[j].bytes > 0) return true;
+    return false;
+}
+
 static int write_outputs(const opts *o, gtrain_result *r, int nr, double target, int P,
                          bool *plotted) {
     make_dirs(o->out);
@@ -778,7 +787,11 @@ static int write_outputs(const opts *o, gtrain_result *r, int nr, double target,
                 100 * target, 100 * target, 100 * target, 100 * target);
     const char *plots[2][3] = {{"accuracy_vs_bytes.png", "bytes sent per rank (log scale)", "1"},
                                {"accuracy_vs_time.png", "training time (s)", "2"}};
-    for (int k = 0; k < 2; k++) {
+    if (!sends_bytes(r, nr)) { /* nor an earlier run's plot, which would read as this one's */
+        snprintf(path, sizeof path, "%s/%s", o->out, plots[0][0]);
+        remove(path);
+    }
+    for (int k = sends_bytes(r, nr) ? 0 : 1; k < 2; k++) {
         /* Over time, the part of the curves around the target is what tells them apart. */
         if (k == 1 && isfinite(target) && target > 0.2)
             fprintf(f, "set yrange [%.0f:*]\n", 100 * target - 15);
@@ -1071,12 +1084,15 @@ int cmd_train(int argc, char **argv) {
         if (write_outputs(&o, res, nr, target, W, &plotted) == 0) {
             const bool ad = any_adaptive(res, nr);
             printf("wrote %s/results.json, %s/metrics.csv", o.out, o.out);
-            if (plotted)
-                printf(", %s/accuracy_vs_bytes.png, %s/accuracy_vs_time.png", o.out, o.out);
+            if (plotted && sends_bytes(res, nr)) printf(", %s/accuracy_vs_bytes.png", o.out);
+            if (plotted) printf(", %s/accuracy_vs_time.png", o.out);
             printf("%s\n", !ad ? ""
                            : plotted
                                ? ", settings.csv, decisions.csv and adapt-N.png (adaptive methods)"
                                : ", settings.csv and decisions.csv (adaptive methods)");
+            if (!sends_bytes(res, nr))
+                printf("no accuracy_vs_bytes.png: no method sent a byte (%d rank%s)\n", W,
+                       W == 1 ? "" : "s");
         } else
             rc = 1;
     }
