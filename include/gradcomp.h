@@ -1256,7 +1256,8 @@ GCOMP_API gcomp_status gcomp_adapt_load_state(gcomp_adapt *a, const void *src, s
  *     float *p, *q;  size_t np, nq;  unsigned rounds;
  *     gcomp_lowrank_begin(c, grad, &p, &np, &rounds);
  *     if (rounds == 0) {                         // dense step
- *         allreduce_sum(grad -> out); scale out; // the transport's own dense path
+ *         allreduce_sum(p ? p : grad -> out);    // the transport's own dense path
+ *         scale out;
  *         gcomp_lowrank_finish(c, NULL, 0.0f);   // commits the step
  *     } else {
  *         for (unsigned k = 0; k < rounds; k++) {
@@ -1285,7 +1286,11 @@ GCOMP_API gcomp_status gcomp_adapt_load_state(gcomp_adapt *a, const void *src, s
  * min_compression_rate >= rows * cols, and always for a tensor created without a shape
  * (1-D).  The compressor does not read `grad` then: the transport reduces the gradient
  * itself, then calls finish with out = NULL.  E is not touched by a dense step (it is zero
- * unless compressed steps came before; if not, it joins the next compressed step).
+ * unless compressed steps came before; if not, it joins the next compressed step).  One
+ * exception: after gcomp_compressor_retune into a spec whose every step is dense here,
+ * what the old spec held back must go out with the next step, so that step's *p is
+ * grad plus it (*p_len = n) and the transport reduces *p instead of grad; *p is NULL on
+ * every other dense step.  finish commits it as sent; abort keeps it for the next begin.
  *
  * Buffers: *p and *q point into the compressor (never free them); the caller sums them in
  * place, all ranks must end with identical sums, and they are valid until the next call on

@@ -694,7 +694,8 @@ class Compressor(_Closable):
     # -- low-rank (PowerSGD) protocol: the caller sums P and Q over ranks in place --
     #
     # One step:  p, rounds = c.lowrank_begin(grad)
-    #            rounds == 0: dense step -- reduce grad yourself, then c.lowrank_finish(None)
+    #            rounds == 0: dense step -- reduce grad yourself (or p when it is not None:
+    #            grad plus what a retune left to send), then c.lowrank_finish(None)
     #            else, `rounds` times: sum p over ranks in place; q = c.lowrank_after_p();
     #            sum q in place; (between rounds: p = c.lowrank_after_q());
     #            finally c.lowrank_finish(out, 1 / world)   (out = P^ Q^T / world)
@@ -732,12 +733,14 @@ class Compressor(_Closable):
         return np.ctypeslib.as_array((ctypes.c_float * count).from_address(addr))
 
     def lowrank_begin(self, grad):
-        """Starts a step: returns (P view or None, rounds); rounds == 0 is a dense step."""
+        """Starts a step: returns (P view or None, rounds).  rounds == 0 is a dense step,
+        whose view is None (reduce grad) or, after a retune, grad plus what the old spec held
+        back (reduce that instead)."""
         self._handle()
         _need("gcomp_lowrank_begin")
         gptr, _ = float_buffer(grad, self.n, what="gradient")
         addr, n, rounds = self._lr_begin(gptr)
-        return (self._view(addr, n) if rounds else None), rounds
+        return (self._view(addr, n) if addr else None), rounds
 
     def lowrank_after_p(self):
         """After P was summed over ranks: returns the Q buffer to sum."""

@@ -829,6 +829,8 @@ class _LowRankStep:
                 addr, n, r = e.comp._lr_begin(g.data_ptr())
                 self.begun.append(e)
                 if r == 0:  # dense step: before start_iter, or compression would not pay
+                    if addr:  # after a retune: g plus what the old spec held back goes out
+                        ctypes.memmove(g.data_ptr(), addr, 4 * n)
                     self.dense_e.append(e)
                     self.dense_g.append(g)
                     continue

@@ -419,7 +419,7 @@ gcomp_status gcomp_state_load(gcomp_compressor *c, const void *src, size_t len) 
         return GCOMP_E_MISMATCH;
     if (b.fb_len != fb_size(c) || b.cs_len != codec_size(c)) return GCOMP_E_STATE;
     /* A retune leaves a carry only in a spec that has nowhere else to keep it (retune.c) */
-    if (b.carry && (c->spec.feedback->absorb || c->codec->absorb)) return GCOMP_E_STATE;
+    if (b.carry && gcomp__keeps_held(c)) return GCOMP_E_STATE;
     float *carry = NULL, *carry_ws = NULL;
     if (b.carry) { /* checked and allocated before anything changes */
         for (size_t i = 0; i < c->n; i++)

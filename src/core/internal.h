@@ -311,11 +311,15 @@ struct gcomp__codec {
      * PowerSGD), used by retune (retune.c): `held` writes what it holds back (n floats,
      * overwriting out); `absorb` takes a replaced compressor's held-back vector into its
      * residual, and its warm start when `from` has the same codec and shape
-     * (GCOMP_E_UNSUPPORTED: it cannot keep it, e.g. a tensor it always sends dense);
-     * `busy` says a multi-phase step is in flight (retune then refuses). */
+     * (GCOMP_E_UNSUPPORTED: it cannot keep it); `busy` says a multi-phase step is in flight
+     * (retune then refuses); `dense_only` says every step is dense (PowerSGD on a vector,
+     * or where low rank does not pay): there is no residual to absorb into, so a retune
+     * leaves what was held back as the carry, which the next message sends, as for a spec
+     * without feedback. */
     void (*held)(const gcomp_compressor *c, float *out);
     gcomp_status (*absorb)(gcomp_compressor *c, const float *held, const gcomp_compressor *from);
     bool (*busy)(const gcomp_compressor *c);
+    bool (*dense_only)(const gcomp_compressor *c);
     /* Optional codec-private state (beyond feedback buffers), for save/load.  state_size
      * reads only the spec, n and the shape, never codec_state: from_state sizes a blob's
      * sections with it before anything is allocated. */
@@ -460,6 +464,13 @@ struct gcomp_compressor {
 
     gcomp_stats stats;
 };
+
+/* Whether c keeps what a retune hands it (its feedback's residual, or the codec's own, as
+ * PowerSGD's E) rather than a carry for its next message (retune.c, gcomp_state_load). */
+static inline bool gcomp__keeps_held(const gcomp_compressor *c) {
+    if (c->spec.feedback->absorb) return true;
+    return c->codec->absorb && !(c->codec->dense_only && c->codec->dense_only(c));
+}
 
 /* gcomp_compressor_create after the spec is parsed: checks n and the shape, allocates the
  * feedback and codec state.  The policy's size estimate builds one with feedback none. */

@@ -10,8 +10,9 @@
  *   floats, the gradient not yet sent - goes to
  *     the new spec's feedback (ef: e += h; dgc: v += h), else
  *     its codec's own residual (PowerSGD: E = h), else, for a spec that keeps nothing
- *     (feedback=none, e.g. dense `none`), into the next message: the next encode
- *     compresses g + h ("switching to dense flushes the residual").
+ *     (feedback=none, e.g. dense `none`, or PowerSGD where every step of the tensor is
+ *     dense), into the next message: the next encode, or PowerSGD's next dense step,
+ *     sends g + h ("switching to dense flushes the residual").
  *   momentum (GCOMP_SPEC_MOMENTUM on both: dgc -> dgc) is kept under the same m; under
  *   another m the tail u still owes, m u / (1 - m) of update, joins h and u starts from 0
  *   (kept as it was, 0.9 -> 0.5 would have owed u instead of 9 u).  Across the boundary the
@@ -109,18 +110,17 @@ gcomp_status gcomp_compressor_retune(gcomp_compressor *c, const char *spec, gcom
 
     if (nc->spec.feedback->absorb) {
         nc->spec.feedback->absorb(nc, held, c);
-    } else if (nc->codec->absorb) {
+    } else if (gcomp__keeps_held(nc)) {
         st = nc->codec->absorb(nc, held, c);
         if (st != GCOMP_OK) { /* the message names nc's spec: written before nc is freed */
-            gcomp__fail(err, st,
-                        "retune: '%s' cannot keep the %zu elements '%s' held back (a tensor "
-                        "it always sends dense); retune to a spec with feedback first",
+            gcomp__fail(err, st, "retune: '%s' cannot keep the %zu elements '%s' held back",
                         nc->spec.canonical, n, c->spec.canonical);
             gcomp__free(held);
             gcomp_compressor_free(nc);
             return st;
         }
-    } else if (any) { /* nothing to keep it in: it rides in the next message */
+    } else if (any) { /* nothing to keep it in (no residual, or every step dense): it rides
+                       * in the next message */
         nc->carry = held;
         nc->carry_ws = gcomp__alloc(n * sizeof(float));
         held = NULL;

@@ -758,6 +758,11 @@ gcomp_status gcomp_lowrank_begin(gcomp_compressor *c, const float *grad, float *
     *rounds = 0;
     uint64_t t0 = gcomp__now_ns();
     if (step_is_dense(c, s)) {
+        if (c->carry) { /* a retune's held-back vector rides in this dense step (retune.c) */
+            for (size_t i = 0; i < c->n; i++) c->carry_ws[i] = grad[i] + c->carry[i];
+            *p = c->carry_ws;
+            *p_len = c->n;
+        }
         s->phase = PH_DENSE;
         s->ns = gcomp__now_ns() - t0;
         return GCOMP_OK;
@@ -824,6 +829,11 @@ gcomp_status gcomp_lowrank_finish(gcomp_compressor *c, float *out, float scale) 
     psgd *s = c->codec_state;
     if (s->phase == PH_DENSE) {
         s->phase = PH_IDLE;
+        if (c->carry) { /* sent with this step */
+            gcomp__free(c->carry);
+            gcomp__free(c->carry_ws);
+            c->carry = c->carry_ws = NULL;
+        }
         count_step(c, c->n, 4 * (uint64_t)c->n, s->ns);
         return GCOMP_OK;
     }
@@ -892,6 +902,10 @@ static bool psgd_busy(const gcomp_compressor *c) {
  * PowerSGD predecessor of the same width hands over its warm start, its first min(r, r')
  * columns of Q, the others drawn from the shared seed as a first step draws them, so every
  * rank that retunes at the same step gets the same Q. */
+static bool psgd_dense_only(const gcomp_compressor *c) {
+    return !((const psgd *)c->codec_state)->compressible;
+}
+
 static gcomp_status psgd_absorb(gcomp_compressor *c, const float *held,
                                 const gcomp_compressor *from) {
     psgd *s = c->codec_state;
@@ -1111,6 +1125,7 @@ const gcomp__codec gcomp__codec_powersgd = {
     .state_reset = psgd_state_reset,
     .held = psgd_held,
     .absorb = psgd_absorb,
+    .dense_only = psgd_dense_only,
     .busy = psgd_busy,
     .fixed_feedback = "none",
     /* Its starting and replacement Q columns come from the shared seed; it keeps its own

@@ -93,11 +93,13 @@ static gcomp_status lr_begin(gcomp_mpi_bucket *b, gm_group *g) {
         }
         pack_values(g, p, np);
     } else {
-        /* Dense step: the compressor does not read the gradient, so check it here. */
+        /* Dense step: the gradient, or after a retune the gradient plus what the old spec
+         * held back (p).  The compressor does not check the gradient then, so it is here. */
+        const float *x = p ? p : t->io;
         float z = 0.0f;
-        for (size_t i = 0; i < t->n; i++) z += t->io[i] * 0.0f; /* NaN/Inf make z NaN */
+        for (size_t i = 0; i < t->n; i++) z += x[i] * 0.0f; /* NaN/Inf make z NaN */
         if (z != z) local_fail(b, g, GCOMP_E_NONFINITE, "dense step");
-        pack_values(g, t->io, t->n);
+        pack_values(g, x, t->n);
     }
     l->started = st == GCOMP_OK;
     /* Ranks must agree on the protocol: rounds and the size of the first buffer. */

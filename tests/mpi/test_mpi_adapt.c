@@ -1,9 +1,10 @@
 /*
  * test_mpi_adapt.c - adaptive compression across ranks:
  *  - gcomp_mpi_bucket_retune through every kind of switch (within allgather, to a dense
- *    allreduce and back, to PowerSGD and back) keeps the exchange exact: over the ranks,
- *    sum of gradients = sum of results + what the compressors hold back, after every phase,
- *    and every rank ends each step with bit-identical results;
+ *    allreduce and back, to PowerSGD, to a PowerSGD that sends dense, and back) keeps the
+ *    exchange exact: over the ranks, sum of gradients = sum of results + what the
+ *    compressors hold back, after every phase, and every rank ends each step with
+ *    bit-identical results;
  *  - controllers fed different local timings and link speeds on every rank take the same
  *    decisions (gcomp_mpi_adapt_decide), applied live;
  *  - mismatched settings are an error on every rank, never wrong numbers: a local switch
@@ -117,6 +118,16 @@ static void test_switches(gcomp_mpi_bucket *b) {
     retune(b, 0, "powersgd:rank=3");
     steps(b, 4, "powersgd");
     conservation(b, "powersgd");
+    /* at rank 30 low rank does not pay for 100 x 80: every step dense, so E rides in the
+     * next one (once refused: GCOMP_E_UNSUPPORTED, "cannot keep ... held back") */
+    retune(b, 0, "powersgd:rank=30");
+    conservation(b, "after the switch to a dense-only PowerSGD");
+    steps(b, 3, "dense-only PowerSGD");
+    conservation(b, "dense-only PowerSGD");
+    CHECK(gcomp_compressor_residual(gcomp_mpi_compressor(b, 0)) == NULL); /* flushed */
+    retune(b, 0, "powersgd:rank=3");
+    steps(b, 2, "powersgd again");
+    conservation(b, "powersgd again");
     retune(b, 0, "dgc:density=0.02,momentum=0");
     CHECK_EQ_INT(gcomp_mpi_bucket_strategy(b, 0), GCOMP_MPI_ALLGATHER);
     steps(b, 4, "dgc");

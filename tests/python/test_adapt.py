@@ -201,3 +201,30 @@ def test_step_filter_leaves_out_interruptions_not_a_new_pace():
     assert got == [False] * 7 + [True] * 3, got
     # ... and judged against the new pace from then on: 0.1 s is fine, 3 s is out.
     assert f.accept(0.1) and not f.accept(3.0)
+
+
+def test_retune_into_a_powersgd_that_sends_dense_carries_what_was_held_back():
+    # 48 x 40 at rank 12: low rank does not pay, every step is dense.  What rank 2 held back
+    # goes out with that next dense step, handed back by lowrank_begin as g + held (it was
+    # refused before: the accuracy loop stopped on its way back to a heavy rank).
+    rows, cols = 48, 40
+    rng = np.random.default_rng(4)
+    c = gradcomp.Compressor("powersgd:rank=2", rows * cols, (rows, cols))
+    out = np.zeros(rows * cols, np.float32)
+    for _ in range(3):  # one rank: the sums are the buffers themselves
+        g = rng.standard_normal(rows * cols).astype(np.float32)
+        p, rounds = c.lowrank_begin(g)
+        assert rounds == 1 and p is not None
+        c.lowrank_after_p()
+        c.lowrank_finish(out, 1.0)
+    held = c.residual.copy()
+    assert np.abs(held).max() > 0
+    c.retune("powersgd:rank=12")
+    g = rng.standard_normal(rows * cols).astype(np.float32)
+    p, rounds = c.lowrank_begin(g)
+    assert rounds == 0 and p is not None
+    np.testing.assert_array_equal(p, g + held)
+    c.lowrank_finish(None)
+    p, rounds = c.lowrank_begin(g)
+    assert rounds == 0 and p is None  # sent: the next dense step is the gradient alone
+    c.lowrank_finish(None)
