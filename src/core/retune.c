@@ -113,8 +113,8 @@ gcomp_status gcomp_compressor_retune(gcomp_compressor *c, const char *spec, gcom
     } else if (gcomp__keeps_held(nc)) {
         st = nc->codec->absorb(nc, held, c);
         if (st != GCOMP_OK) { /* the message names nc's spec: written before nc is freed */
-            gcomp__fail(err, st, "retune: '%s' cannot keep the %zu elements '%s' held back",
-                        nc->spec.canonical, n, c->spec.canonical);
+            gcomp__fail(err, st, "retune: cannot keep the %zu elements '%s' held back in '%s'", n,
+                        c->spec.canonical, nc->spec.canonical);
             gcomp__free(held);
             gcomp_compressor_free(nc);
             return st;
