@@ -102,6 +102,17 @@ static void retune(gcomp_mpi_bucket *b, size_t i, const char *spec) {
     CHECK_MSG(st == GCOMP_OK, "retune %zu to %s: %s", i, spec, e.message);
 }
 
+/* Tensor 0 to a spec that sends it dense and keeps no residual: what was held back rides
+ * in the next step, and after it nothing is. */
+static void to_dense(gcomp_mpi_bucket *b, const char *spec) {
+    retune(b, 0, spec);
+    conservation(b, spec); /* right after the switch: what is held back is the carry */
+    steps(b, 3, spec);
+    conservation(b, spec);
+    CHECK_MSG(gcomp_compressor_residual(gcomp_mpi_compressor(b, 0)) == NULL, "%s: not flushed",
+              spec);
+}
+
 static void test_switches(gcomp_mpi_bucket *b) {
     steps(b, 4, "topk 0.05");
     conservation(b, "topk 0.05");
@@ -109,22 +120,14 @@ static void test_switches(gcomp_mpi_bucket *b) {
     retune(b, 2, "topk:density=0.02,values=f16,feedback=ef");
     steps(b, 4, "topk 0.01");
     conservation(b, "topk 0.01");
-    retune(b, 0, "none"); /* to a dense allreduce: the residual rides in the next step */
+    to_dense(b, "none"); /* a dense allreduce */
     CHECK_EQ_INT(gcomp_mpi_bucket_strategy(b, 0), GCOMP_MPI_ALLREDUCE);
-    conservation(b, "after the switch to dense");
-    steps(b, 3, "dense");
-    conservation(b, "dense");
-    CHECK(gcomp_compressor_residual(gcomp_mpi_compressor(b, 0)) == NULL); /* flushed */
     retune(b, 0, "powersgd:rank=3");
     steps(b, 4, "powersgd");
     conservation(b, "powersgd");
     /* at rank 30 low rank does not pay for 100 x 80: every step dense, so E rides in the
      * next one (once refused: GCOMP_E_UNSUPPORTED, "cannot keep ... held back") */
-    retune(b, 0, "powersgd:rank=30");
-    conservation(b, "after the switch to a dense-only PowerSGD");
-    steps(b, 3, "dense-only PowerSGD");
-    conservation(b, "dense-only PowerSGD");
-    CHECK(gcomp_compressor_residual(gcomp_mpi_compressor(b, 0)) == NULL); /* flushed */
+    to_dense(b, "powersgd:rank=30");
     retune(b, 0, "powersgd:rank=3");
     steps(b, 2, "powersgd again");
     conservation(b, "powersgd again");

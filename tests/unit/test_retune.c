@@ -108,27 +108,38 @@ static void test_conservation(void) {
     free(sum_d);
 }
 
-static void test_dense_flush(void) {
-    unsigned long long seed = 5;
+/* c (top-k with error feedback, after a step) retuned to `spec`, which keeps no residual
+ * for it: the carry is what c held back, the next message is exactly g + it, and then
+ * nothing is pending. */
+static void check_flush(gcomp_compressor *c, const char *spec, unsigned long long *seed) {
     float g[N], d[N], kept[N];
-    gcomp_compressor *c;
-    CHECK_OK(gcomp_compressor_create(&c, "topk:density=0.01,feedback=ef", N, 0, 0, NULL));
-    size_t cap = gcomp_encode_bound(c), len;
+    size_t len;
     uint8_t *msg = malloc(4 * N + 256);
-    gradient(g, &seed, 1.0);
-    CHECK_OK(gcomp_encode(c, g, msg, cap, &len));
     memcpy(kept, gcomp_compressor_residual(c), sizeof kept);
-    CHECK_OK(gcomp_compressor_retune(c, "none", NULL));
+    CHECK_OK(gcomp_compressor_retune(c, spec, NULL));
     const float *carry = gcomp_compressor_residual(c);
-    CHECK(carry != NULL && !memcmp(carry, kept, sizeof kept));
-    gradient(g, &seed, 1.0);
+    CHECK_MSG(carry != NULL && !memcmp(carry, kept, sizeof kept), "%s: the carry", spec);
+    gradient(g, seed, 1.0);
     CHECK_OK(gcomp_encode(c, g, msg, gcomp_encode_bound(c), &len));
     memset(d, 0, sizeof d);
     CHECK_OK(gcomp_decode_add(msg, len, d, N, 1.0f));
     int exact = 1;
     for (size_t i = 0; i < N; i++) exact &= d[i] == g[i] + kept[i];
-    CHECK_MSG(exact, "the dense message must carry g + the old residual");
+    CHECK_MSG(exact, "%s: the next message must carry g + the old residual", spec);
     CHECK(gcomp_compressor_residual(c) == NULL); /* flushed */
+    free(msg);
+}
+
+static void test_dense_flush(void) {
+    unsigned long long seed = 5;
+    float g[N], d[N];
+    gcomp_compressor *c;
+    CHECK_OK(gcomp_compressor_create(&c, "topk:density=0.01,feedback=ef", N, 0, 0, NULL));
+    size_t len;
+    uint8_t *msg = malloc(4 * N + 256);
+    gradient(g, &seed, 1.0);
+    CHECK_OK(gcomp_encode(c, g, msg, gcomp_encode_bound(c), &len));
+    check_flush(c, "none", &seed);
     /* the next step is plain dense */
     gradient(g, &seed, 1.0);
     CHECK_OK(gcomp_encode(c, g, msg, gcomp_encode_bound(c), &len));
@@ -207,17 +218,8 @@ static void test_dense_only_powersgd(void) {
     CHECK_OK(gcomp_compressor_create(&v, "topk:density=0.1,feedback=ef", N, 0, 0, NULL));
     uint8_t *msg = malloc(4 * N + 256);
     CHECK_OK(gcomp_encode(v, g, msg, gcomp_encode_bound(v), &len));
-    memcpy(kept, gcomp_compressor_residual(v), sizeof kept);
-    CHECK_OK(gcomp_compressor_retune(v, "powersgd:rank=2", &e));
-    gradient(g, &seed, 1.0);
-    CHECK_OK(gcomp_encode(v, g, msg, gcomp_encode_bound(v), &len));
-    memset(out, 0, sizeof out);
-    CHECK_OK(gcomp_decode_add(msg, len, out, N, 1.0f));
-    int exact = 1;
-    for (size_t i = 0; i < N; i++) exact &= out[i] == g[i] + kept[i];
-    CHECK_MSG(exact, "a vector's PowerSGD message must carry g + the old residual");
-    CHECK(gcomp_compressor_residual(v) == NULL);
     free(msg);
+    check_flush(v, "powersgd:rank=2", &seed);
     gcomp_compressor_free(v);
 }
 
