@@ -898,14 +898,15 @@ static bool psgd_busy(const gcomp_compressor *c) {
     return s->phase != PH_IDLE;
 }
 
-/* The replaced compressor's held-back vector becomes E (W, with no pending factors); a
- * PowerSGD predecessor of the same width hands over its warm start, its first min(r, r')
- * columns of Q, the others drawn from the shared seed as a first step draws them, so every
- * rank that retunes at the same step gets the same Q. */
+/* Every step dense (a vector, or low rank does not pay): a retune leaves a carry instead. */
 static bool psgd_dense_only(const gcomp_compressor *c) {
     return !((const psgd *)c->codec_state)->compressible;
 }
 
+/* The replaced compressor's held-back vector becomes E (W, with no pending factors); a
+ * PowerSGD predecessor of the same width hands over its warm start, its first min(r, r')
+ * columns of Q, the others drawn from the shared seed as a first step draws them, so every
+ * rank that retunes at the same step gets the same Q. */
 static gcomp_status psgd_absorb(gcomp_compressor *c, const float *held,
                                 const gcomp_compressor *from) {
     psgd *s = c->codec_state;
