@@ -310,6 +310,44 @@ def scenario_switch(rank, method, quiet=None):
             "compute_s": state.adapt.report["compute_s"]}
 
 
+def scenario_psgdflush(rank, method):
+    """An adaptive method that moves every weight from PowerSGD rank 2 to a rank at which
+    low rank does not pay (so it sends them dense): plain SGD, and beside the DDP model a
+    copy that computes each rank's own gradient, so the test can check that nothing held
+    back is lost: sum of mean gradients = (start - end parameters) / lr + mean held back."""
+    model = DDP(make_model())
+    hook, state = gt.hook(method, model=model, total_steps=40, probe_bytes=0)
+    model.register_comm_hook(state, hook)
+    lr = 0.1
+    opt = torch.optim.SGD(model.parameters(), lr=lr)
+    ref = make_model()
+    start = flat_params(model).clone()
+    total = torch.zeros_like(start)
+    history = []
+    for x, y in batches(rank, 20):
+        ref.load_state_dict(model.module.state_dict())
+        ref.zero_grad()
+        torch.nn.functional.cross_entropy(ref(x), y).backward()
+        g = torch.cat([p.grad.reshape(-1) for p in ref.parameters()])
+        dist.all_reduce(g)
+        total += g / dist.get_world_size()
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        state.observe_compute(0.2, 0.4, 0.01)
+        state.observe_link(1e12, 1e-6)  # nearly free: the rank that sends everything wins
+        history.append(sorted({c.spec.split(",")[0] for c in state.compressors.values()}))
+    comps = state.compressors
+    held = torch.cat([torch.from_numpy(comps[n].residual) if n in comps and comps[n].residual
+                      is not None else torch.zeros(p.numel())
+                      for n, p in model.named_parameters()])
+    dist.all_reduce(held)
+    gap = total - (start - flat_params(model)) / lr - held / dist.get_world_size()
+    return {"history": history, "identical": replicas_identical(model),
+            "gap": gap.abs().max().item(), "scale": total.abs().max().item()}
+
+
 def scenario_resumeadapt(rank, method):
     """An adaptive method saved at step 10, with a decision due as the next step begins,
     and restored: the same training as without the break, bit for bit."""
@@ -377,7 +415,7 @@ SCENARIOS = {"train": scenario_train, "resume": scenario_resume, "mismatch": sce
              "mismatchprobe": scenario_mismatchprobe,
              "adaptive": scenario_adaptive, "warmup": scenario_warmup, "probe": scenario_probe,
              "switch": scenario_switch, "switchquiet": lambda r, m: scenario_switch(r, m, quiet=0),
-             "resumeadapt": scenario_resumeadapt, "autocompute": scenario_autocompute,
+             "resumeadapt": scenario_resumeadapt, "psgdflush": scenario_psgdflush, "autocompute": scenario_autocompute,
              "exchanges": scenario_exchanges, "groups": scenario_groups}
 
 

@@ -30,6 +30,10 @@ ADAPTIVE = ("adapt:bandwidth+layers+norm;base=topk:density=0.05,feedback=ef;min_
             "interval=5;measure=5;confirm=1")
 # The bandwidth controller alone, its link measured by the hook's own probe.
 PROBED = "adapt:bandwidth;min_elements=64;interval=5;measure=5;confirm=1"
+# PowerSGD rank 2, or rank 24, where low rank does not pay for these weights (dense): on a
+# nearly free link the controller takes rank 24, and what rank 2 held back must go out.
+PSGD_FLUSH = ("adapt:bandwidth;base=powersgd:rank=2;ladder=powersgd:rank=24/powersgd:rank=2;with_dense=0;"
+              "min_elements=64;interval=5;measure=5;confirm=1")
 # Top-k, or dense on a link fed as nearly free: the controller takes dense.
 SWITCH = ("adapt:bandwidth;base=topk:density=0.05,feedback=ef;ladder=dense/topk:density=0.05,feedback=ef;"
           "min_elements=64;interval=5;measure=5;confirm=1")
@@ -48,6 +52,7 @@ def runs(tmp_path_factory):
     scen.append(f"switch:{SWITCH}")
     scen.append(f"switchquiet:{SWITCH}")
     scen.append(f"resumeadapt:{SWITCH}")
+    scen.append(f"psgdflush:{PSGD_FLUSH}")
     scen.append(f"autocompute:{PROBED}")
     scen.append(f"groups:{PROBED}")
     scen.append(f"exchanges:{TOPK}")
@@ -268,6 +273,18 @@ def test_adaptive_dense_switch_is_the_same_on_every_rank(runs):
     dense_from = next(i for i, s in enumerate(sent) if all(x.startswith("none:") for x in s["specs"]))
     grew = [b["message"] > a["message"] for a, b in zip(sent, sent[1:])]
     assert 0 < dense_from < len(sent) - 3 and all(grew[:dense_from]) and not any(grew[dense_from:])
+
+
+def test_adaptive_switch_to_a_dense_powersgd_sends_what_was_held_back(runs):
+    # The retune used to be refused (nowhere to keep the residual); now the next dense step
+    # carries it, and the hook reduces that instead of the bare gradient: over the run,
+    # sum of mean gradients = what SGD applied + what is still held back.
+    r0, r1 = get(runs, f"psgdflush:{PSGD_FLUSH}")
+    assert r0["identical"] and r1["identical"] and r0["history"] == r1["history"]
+    specs = [set(h) for h in r0["history"]]
+    switched = next(i for i, h in enumerate(specs) if h == {"powersgd:rank=24"})
+    assert specs[0] == {"powersgd:rank=2"} and 0 < switched < len(specs) - 2, r0["history"]
+    assert r0["gap"] <= 1e-4 * r0["scale"], r0
 
 
 def test_adaptive_resume(runs):
