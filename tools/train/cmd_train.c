@@ -587,12 +587,12 @@ static void write_adaptive(const opts *o, gtrain_result *r, int nr, int P, doubl
         double end = r[i].npoints ? r[i].points[r[i].npoints - 1].epoch : 0;
         fprintf(gp,
                 "set output '%s/adapt-%d.png'\nset multiplot layout 2,1 title \"gradcomp train: "
-                "%s, %d ranks%s%s\\n%s\" font ',8'\nunset title\nunset arrow 1\nunset label 1\n"
+                "%s, %d rank%s%s%s\\n%s\" font ',8'\nunset title\nunset arrow 1\nunset label 1\n"
                 "set xlabel 'epoch'\nunset logscale x\nset xrange [0:%g]\nset ylabel 'test "
                 "accuracy (%%)'\nset yrange [*:*]\nunset logscale y\nplot '%s/curve-%d.dat' using "
                 "4:3 with linespoints title 'adaptive'",
-                o->out, i, o->cfg.model, P, o->link ? ", link " : "", o->link ? o->link : "",
-                r[i].method, end > 0 ? end : 1, o->out, i);
+                o->out, i, o->cfg.model, P, P == 1 ? "" : "s", o->link ? ", link " : "",
+                o->link ? o->link : "", r[i].method, end > 0 ? end : 1, o->out, i);
         if (dense >= 0)
             fprintf(gp, ", '%s/curve-%d.dat' using 4:3 with linespoints title 'dense'", o->out,
                     dense);
@@ -797,9 +797,10 @@ static int write_outputs(const opts *o, gtrain_result *r, int nr, double target,
             fprintf(f, "set yrange [%.0f:*]\n", 100 * target - 15);
         fprintf(f,
                 "set output '%s/%s'\nset xlabel '%s'\n%s\nset title 'gradcomp train: %s, %d "
-                "ranks%s%s'\nplot ",
+                "rank%s%s%s'\nplot ",
                 o->out, plots[k][0], plots[k][1], k == 0 ? "set logscale x" : "unset logscale x",
-                o->cfg.model, P, o->link ? ", link " : "", o->link ? o->link : "");
+                o->cfg.model, P, P == 1 ? "" : "s", o->link ? ", link " : "",
+                o->link ? o->link : "");
         for (int i = 0; i < nr; i++)
             fprintf(f, "%s'%s/curve-%d.dat' using %s:3 with linespoints title '%s%s%s%s'",
                     i ? ", " : "", o->out, i, plots[k][2], r[i].method,
