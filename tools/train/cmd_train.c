@@ -563,7 +563,7 @@ static void write_decisions(const opts *o, const gtrain_result *r, int nr) {
 /* Per adaptive method: its settings over time (settings.csv) and a plot of each tensor's
  * message bytes against the epoch beside the test accuracy.  The method, often longer than
  * the plot is wide, has the title's second line; in the panel its curve is "adaptive". */
-static void write_adaptive(const opts *o, gtrain_result *r, int nr, int P, double target,
+static void write_adaptive(const opts *o, gtrain_result *r, int nr, const char *head, double target,
                            FILE *gp) {
     char path[PATH_MAX];
     write_decisions(o, r, nr);
@@ -586,13 +586,12 @@ static void write_adaptive(const opts *o, gtrain_result *r, int nr, int P, doubl
         /* one data file per managed tensor: a step line to the end of the run */
         double end = r[i].npoints ? r[i].points[r[i].npoints - 1].epoch : 0;
         fprintf(gp,
-                "set output '%s/adapt-%d.png'\nset multiplot layout 2,1 title \"gradcomp train: "
-                "%s, %d rank%s%s%s\\n%s\" font ',8'\nunset title\nunset arrow 1\nunset label 1\n"
+                "set output '%s/adapt-%d.png'\nset multiplot layout 2,1 title \"%s\\n%s\" font "
+                "',8'\nunset title\nunset arrow 1\nunset label 1\n"
                 "set xlabel 'epoch'\nunset logscale x\nset xrange [0:%g]\nset ylabel 'test "
                 "accuracy (%%)'\nset yrange [*:*]\nunset logscale y\nplot '%s/curve-%d.dat' using "
                 "4:3 with linespoints title 'adaptive'",
-                o->out, i, o->cfg.model, P, P == 1 ? "" : "s", o->link ? ", link " : "",
-                o->link ? o->link : "", r[i].method, end > 0 ? end : 1, o->out, i);
+                o->out, i, head, r[i].method, end > 0 ? end : 1, o->out, i);
         if (dense >= 0)
             fprintf(gp, ", '%s/curve-%d.dat' using 4:3 with linespoints title 'dense'", o->out,
                     dense);
@@ -636,8 +635,9 @@ static bool sends_bytes(const gtrain_result *r, int nr) {
     return false;
 }
 
+/* *plotted: gnuplot drew the plots (the bytes plot only where sends_bytes). */
 static int write_outputs(const opts *o, gtrain_result *r, int nr, double target, int P,
-                         bool *plotted) {
+                         bool bytes_plot, bool *plotted) {
     make_dirs(o->out);
     char path[PATH_MAX];
     snprintf(path, sizeof path, "%s/results.json", o->out);
@@ -787,27 +787,26 @@ static int write_outputs(const opts *o, gtrain_result *r, int nr, double target,
                 100 * target, 100 * target, 100 * target, 100 * target);
     const char *plots[2][3] = {{"accuracy_vs_bytes.png", "bytes sent per rank (log scale)", "1"},
                                {"accuracy_vs_time.png", "training time (s)", "2"}};
-    if (!sends_bytes(r, nr)) { /* nor an earlier run's plot, which would read as this one's */
+    if (!bytes_plot) { /* nor an earlier run's plot, which would read as this one's */
         snprintf(path, sizeof path, "%s/%s", o->out, plots[0][0]);
         remove(path);
     }
-    for (int k = sends_bytes(r, nr) ? 0 : 1; k < 2; k++) {
+    char head[256]; /* the plots' title */
+    snprintf(head, sizeof head, "gradcomp train: %s, %d rank%s%s%s", o->cfg.model, P,
+             P == 1 ? "" : "s", o->link ? ", link " : "", o->link ? o->link : "");
+    for (int k = bytes_plot ? 0 : 1; k < 2; k++) {
         /* Over time, the part of the curves around the target is what tells them apart. */
         if (k == 1 && isfinite(target) && target > 0.2)
             fprintf(f, "set yrange [%.0f:*]\n", 100 * target - 15);
-        fprintf(f,
-                "set output '%s/%s'\nset xlabel '%s'\n%s\nset title 'gradcomp train: %s, %d "
-                "rank%s%s%s'\nplot ",
-                o->out, plots[k][0], plots[k][1], k == 0 ? "set logscale x" : "unset logscale x",
-                o->cfg.model, P, P == 1 ? "" : "s", o->link ? ", link " : "",
-                o->link ? o->link : "");
+        fprintf(f, "set output '%s/%s'\nset xlabel '%s'\n%s\nset title '%s'\nplot ", o->out,
+                plots[k][0], plots[k][1], k == 0 ? "set logscale x" : "unset logscale x", head);
         for (int i = 0; i < nr; i++)
             fprintf(f, "%s'%s/curve-%d.dat' using %s:3 with linespoints title '%s%s%s%s'",
                     i ? ", " : "", o->out, i, plots[k][2], r[i].method,
                     r[i].exchange[0] ? " [" : "", r[i].exchange, r[i].exchange[0] ? "]" : "");
         fprintf(f, "\n");
     }
-    write_adaptive(o, r, nr, P, target, f);
+    write_adaptive(o, r, nr, head, target, f);
     fclose(f);
     char gp[PATH_MAX];
     snprintf(gp, sizeof gp, "%s/plot.gp", o->out);
@@ -1082,16 +1081,17 @@ int cmd_train(int argc, char **argv) {
         }
         print_table(res, nr, target, why);
         bool plotted = false;
-        if (write_outputs(&o, res, nr, target, W, &plotted) == 0) {
+        const bool bytes_plot = sends_bytes(res, nr);
+        if (write_outputs(&o, res, nr, target, W, bytes_plot, &plotted) == 0) {
             const bool ad = any_adaptive(res, nr);
             printf("wrote %s/results.json, %s/metrics.csv", o.out, o.out);
-            if (plotted && sends_bytes(res, nr)) printf(", %s/accuracy_vs_bytes.png", o.out);
+            if (plotted && bytes_plot) printf(", %s/accuracy_vs_bytes.png", o.out);
             if (plotted) printf(", %s/accuracy_vs_time.png", o.out);
             printf("%s\n", !ad ? ""
                            : plotted
                                ? ", settings.csv, decisions.csv and adapt-N.png (adaptive methods)"
                                : ", settings.csv and decisions.csv (adaptive methods)");
-            if (!sends_bytes(res, nr))
+            if (!bytes_plot)
                 printf("no accuracy_vs_bytes.png: no method sent a byte (%d rank%s)\n", W,
                        W == 1 ? "" : "s");
         } else
