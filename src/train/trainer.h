@@ -145,6 +145,11 @@ typedef struct gtrain_result {
     size_t ndlog;
     char **ladder; /* the ladder's specs, most bytes first */
     size_t nladder;
+    /* The final model's verdict on each test sample (1: right), for the paired standard
+     * error of the difference between two methods (gtrain_paired_se); NULL in
+     * parameter-server runs. */
+    unsigned char *test_right;
+    size_t ntest;
 } gtrain_result;
 
 /* The accuracy decisions are taken on (the accuracy controller's metric and course, the
@@ -159,6 +164,12 @@ int gtrain_run(const gtrain_config *cfg, const char *method, const gtrain_data *
                const gtrain_data *test, MPI_Comm comm, gtrain_result *out, char *err,
                size_t errlen);
 void gtrain_result_free(gtrain_result *r);
+
+/* The standard error of a's final test accuracy minus b's, from the two models' verdicts on
+ * the same test samples (paired: only the samples they disagree on count), as a fraction:
+ * how far the difference would move on another test set of this size.  It is the test
+ * sample's share of the uncertainty, not the seed's.  NaN without both verdicts. */
+double gtrain_paired_se(const gtrain_result *a, const gtrain_result *b);
 
 /* The learning rate at `progress` (steps done / steps in the run, in [0, 1]): cfg->lr for
  * GTRAIN_LR_CONST; lr·(1 + cos(π·progress))/2 for GTRAIN_LR_COSINE (Loshchilov & Hutter,

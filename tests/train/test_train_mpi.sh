@@ -3,7 +3,8 @@
 # synthetic dataset: dense and compressed methods reduce the loss, the ranks' weights stay
 # bit-identical (the trainer checks a hash at every evaluation and fails otherwise), and
 # results.json has every field for every method, metrics.csv and both PNGs exist; then
-# --time-budget, an accuracy course, and the --sensitivity probe.
+# --time-budget, an accuracy course, and the --sensitivity probe. Each method has the paired
+# standard error of its difference to dense.
 set -u
 G=$1
 W=$2
@@ -35,6 +36,18 @@ for m in methods:
             print("FAIL: %s lacks %s" % (m.get("method"), f)); bad += 1
     if not m["weights_identical"]:
         print("FAIL: %s: ranks diverged" % m["method"]); bad += 1
+# The paired standard error of each method's difference to dense: none for dense itself;
+# for the others above 0 where the accuracies differ and at most 100 / sqrt(n - 1) pp (every
+# sample disagreeing; the synthetic test set has 2000).
+for m in methods:
+    se = m.get("delta_vs_dense_se_pp")
+    if m["method"] == "dense":
+        if se is not None:
+            print("FAIL: dense has a standard error against itself: %r" % se); bad += 1
+    elif se is None or not (0 <= se <= 100 / 1999 ** 0.5) or (m["delta_vs_dense_pp"] != 0) != (se > 0):
+        print("FAIL: %s: delta %r pp, standard error %r pp" % (m["method"], m["delta_vs_dense_pp"], se)); bad += 1
+if "±" not in open("train.log").read() or "no standard error" in open("train.log").read():
+    print("FAIL: the table has no standard errors (train.log)"); bad += 1
 # "SPEC;min_elements=N" is that method's own policy: fc2.weight (256x128 = 32768) goes dense there
 # and only there (the run's --min-elements is 1000).
 def groups(m):

@@ -7,7 +7,8 @@
 #  - DiLoCo (H=8, Nesterov at a small lr), SparseLoCo-like (top-k + sign + error feedback,
 #    outer SGD), and streaming (3 fragments) learn, keep the ranks' global weights
 #    identical, and send about H times fewer bytes than dense;
-#  - results.json says H, the outer optimizer and the bytes per worker;
+#  - results.json says H, the outer optimizer, the bytes per worker and the standard error
+#    against dense (from the global weights' verdicts);
 #  - bad outer-step arguments are refused with the reason.
 set -u
 G=$1
@@ -32,6 +33,13 @@ def fail(msg):
     global bad
     print("FAIL:", msg); bad += 1
 dense, replay = m["dense"], m["dense;local_steps=1;outer=sgd"]
+# the final verdicts are the global weights' (those of the last point): every outer method
+# has its standard error against dense, and the trainer found no verdict off its evaluation
+for x in r["methods"][1:]:
+    if x.get("delta_vs_dense_se_pp") is None:
+        fail("%s has no standard error against dense" % x["method"])
+if "no standard error" in open("train.log").read():
+    fail("train.log: a final model's verdicts disagree with its last evaluation")
 if dense["local_steps"] != 0 or dense["outer"] is not None:
     fail("dense says local_steps=%r outer=%r" % (dense["local_steps"], dense["outer"]))
 if replay["local_steps"] != 1 or not replay["outer"].startswith("H=1 sgd lr=1 momentum=0"):

@@ -635,6 +635,14 @@ static bool sends_bytes(const gtrain_result *r, int nr) {
     return false;
 }
 
+/* The dense run the others are compared with: the first (the collective's, where a
+ * parameter-server dense follows it); NULL without one. */
+static const gtrain_result *dense_of(const gtrain_result *r, int nr) {
+    for (int i = 0; i < nr; i++)
+        if (!strcmp(r[i].method, "dense")) return &r[i];
+    return NULL;
+}
+
 /* *plotted: gnuplot drew the plots (the bytes plot only where sends_bytes). */
 static int write_outputs(const opts *o, gtrain_result *r, int nr, double target, int P,
                          bool bytes_plot, bool *plotted) {
@@ -643,9 +651,8 @@ static int write_outputs(const opts *o, gtrain_result *r, int nr, double target,
     snprintf(path, sizeof path, "%s/results.json", o->out);
     FILE *f = fopen(path, "w");
     if (!f) return cli_fail("train", 1, "cannot write %s: %s", path, strerror(errno));
-    double dense_acc = NAN;
-    for (int i = 0; i < nr; i++)
-        if (!strcmp(r[i].method, "dense")) dense_acc = r[i].final_acc;
+    const gtrain_result *dense = dense_of(r, nr);
+    double dense_acc = dense ? dense->final_acc : NAN;
     fprintf(f, "{\"model\":");
     json_string(f, o->cfg.model);
     fprintf(f,
@@ -682,6 +689,8 @@ static int write_outputs(const opts *o, gtrain_result *r, int nr, double target,
         json_num(f, "best_accuracy", x->best_acc);
         json_num(f, "validation_accuracy", x->final_val_acc);
         json_num(f, "delta_vs_dense_pp", 100 * (x->final_acc - dense_acc));
+        json_num(f, "delta_vs_dense_se_pp",
+                 dense && dense != x ? 100 * gtrain_paired_se(x, dense) : NAN);
         json_num(f, "bytes_per_step", x->bytes_per_step);
         json_num(f, "bytes_per_worker", x->bytes_total);
         json_num(f, "dense_bytes_per_step", x->dense_bytes_per_step);
@@ -820,28 +829,39 @@ static int any_adaptive(const gtrain_result *r, int nr) {
     return 0;
 }
 
+/* s right-aligned in `width` columns, counting characters, not bytes (Δ and ± are two). */
+static void put_right(const char *s, int width) {
+    int cols = 0;
+    for (const char *c = s; *c; c++) cols += ((unsigned char)*c & 0xC0) != 0x80;
+    printf("%*s%s", cols < width ? width - cols : 0, "", s);
+}
+
 static void print_table(gtrain_result *r, int nr, double target, const char *why) {
-    double dense_acc = NAN, dense_tt = -1;
-    for (int i = 0; i < nr; i++)
-        if (!strcmp(r[i].method, "dense") && !isfinite(dense_acc)) { /* the collective's */
-            dense_acc = r[i].final_acc;
-            dense_tt = gtrain_time_to(&r[i], target);
-        }
+    const gtrain_result *dense = dense_of(r, nr);
+    double dense_acc = dense ? dense->final_acc : NAN;
+    double dense_tt = dense ? gtrain_time_to(dense, target) : -1;
+    bool any_se = false;
     bool outer = false;
     for (int i = 0; i < nr; i++) outer |= r[i].local_steps > 0;
-    printf("\n%-46s %8s %7s %12s %9s %9s %8s %8s %8s %8s %8s %16s\n", "method", "test acc",
-           "Δ dense", "bytes/step", "MB/rank", "ratio", "traffic", "step ms", "pred ms", "codec ms",
-           "comm ms", "t→target");
+    printf("\n%-46s %8s ", "method", "test acc");
+    put_right("Δ dense ±SE", 12);
+    printf(" %12s %9s %9s %8s %8s %8s %8s %8s %16s\n", "bytes/step", "MB/rank", "ratio", "traffic",
+           "step ms", "pred ms", "codec ms", "comm ms", "t→target");
     for (int i = 0; i < nr; i++) {
         double tt = gtrain_time_to(&r[i], target);
-        char tts[32], delta[16];
+        char tts[32], delta[32];
         if (tt > 0 && dense_tt > 0 && strcmp(r[i].method, "dense"))
             snprintf(tts, sizeof tts, "%.1f s (%.1fx)", tt, dense_tt / tt);
         else if (tt >= 0)
             snprintf(tts, sizeof tts, "%.1f s", tt);
         else
             snprintf(tts, sizeof tts, "never");
-        if (isfinite(dense_acc))
+        double se = dense && dense != &r[i] ? gtrain_paired_se(&r[i], dense) : NAN;
+        any_se |= isfinite(se);
+        if (isfinite(se))
+            snprintf(delta, sizeof delta, "%+.2f ±%.2f", 100 * (r[i].final_acc - dense_acc),
+                     100 * se);
+        else if (isfinite(dense_acc))
             snprintf(delta, sizeof delta, "%+.2f", 100 * (r[i].final_acc - dense_acc));
         else
             snprintf(delta, sizeof delta, "-");
@@ -852,9 +872,11 @@ static void print_table(gtrain_result *r, int nr, double target, const char *why
             snprintf(name, sizeof name, "%.30s [%s]", r[i].method, r[i].exchange);
         else
             snprintf(name, sizeof name, "%.60s", r[i].method);
-        printf("%-46.46s %7.2f%% %7s %12.0f %9.2f %8.1fx %7.1fx %8.2f %8s %8.2f %8.2f %16s%s", name,
-               100 * r[i].final_acc, delta, r[i].bytes_per_step, r[i].bytes_total / 1e6, r[i].ratio,
-               r[i].traffic_ratio, r[i].step_ms, pred, r[i].codec_ms, r[i].comm_ms, tts,
+        printf("%-46.46s %7.2f%% ", name, 100 * r[i].final_acc);
+        put_right(delta, 12);
+        printf(" %12.0f %9.2f %8.1fx %7.1fx %8.2f %8s %8.2f %8.2f %16s%s", r[i].bytes_per_step,
+               r[i].bytes_total / 1e6, r[i].ratio, r[i].traffic_ratio, r[i].step_ms, pred,
+               r[i].codec_ms, r[i].comm_ms, tts,
                !r[i].weights_identical  ? "  RANKS DIVERGED"
                : r[i].stopped_by_budget ? "  (time budget: stopped at epoch "
                                         : "");
@@ -911,6 +933,9 @@ static void print_table(gtrain_result *r, int nr, double target, const char *why
            "ratio: gradient bytes / compressed bytes over the whole run; traffic: dense f32 ring "
            "allreduce bytes / bytes sent; pred: the cost model's step time (gradcomp plan)\n",
            100 * target, why);
+    if (any_se)
+        printf("±SE: the standard error of the difference to dense from the test samples the "
+               "two models disagree on (paired; another seed moves it further)\n");
 }
 
 int cmd_train(int argc, char **argv) {
