@@ -97,37 +97,50 @@ int gtrain_evaluate_point(gtrain_model *m, const gtrain_config *cfg, const gtrai
            (cfg->val && gtrain_evaluate(m, cfg->val, comm, &p->val_acc, &p->val_loss));
 }
 
-/* The model's verdict on each of test's samples (1: it predicts the label), the set split
- * across the ranks as gtrain_evaluate splits it.  NULL (on every rank) when out of memory.
- * Collective. */
-static unsigned char *test_verdicts(gtrain_model *m, const gtrain_data *test, MPI_Comm comm) {
+/* The model's verdicts on each of set's samples, the set split across the ranks as
+ * gtrain_evaluate splits it; checked against the accuracy an evaluation of the same model
+ * reported (acc).  Empty (on every rank) when out of memory or when they disagree, which
+ * rank 0 says.  Collective. */
+static gtrain_verdicts verdicts(gtrain_model *m, const gtrain_data *set, double acc, MPI_Comm comm,
+                                const char *method, const char *what) {
     int rank, P;
     MPI_Comm_rank(comm, &rank);
     MPI_Comm_size(comm, &P);
-    size_t per = (test->n + (size_t)P - 1) / (size_t)P;
-    size_t lo = (size_t)rank * per, hi = lo + per < test->n ? lo + per : test->n;
-    unsigned char *right = test->n <= INT_MAX ? calloc(test->n ? test->n : 1, 1) : NULL;
+    size_t per = (set->n + (size_t)P - 1) / (size_t)P;
+    size_t lo = (size_t)rank * per, hi = lo + per < set->n ? lo + per : set->n;
+    gtrain_verdicts v = {set->n <= INT_MAX ? calloc(set->n ? set->n : 1, 1) : NULL, set->n};
     uint8_t *pred = malloc(hi > lo ? hi - lo : 1);
-    int bad = !right || !pred ||
-              (hi > lo && gtrain_model_predict(m, test->x + lo * test->dim, hi - lo, pred));
-    for (size_t i = lo; !bad && i < hi; i++) right[i] = pred[i - lo] == test->y[i];
+    int bad = !v.right || !pred ||
+              (hi > lo && gtrain_model_predict(m, set->x + lo * set->dim, hi - lo, pred));
+    for (size_t i = lo; !bad && i < hi; i++) v.right[i] = pred[i - lo] == set->y[i];
     free(pred);
     MPI_Allreduce(MPI_IN_PLACE, &bad, 1, MPI_INT, MPI_MAX, comm);
-    if (!bad)
-        MPI_Allreduce(MPI_IN_PLACE, right, (int)test->n, MPI_UNSIGNED_CHAR, MPI_SUM, comm);
-    else {
-        free(right);
-        right = NULL;
+    if (!bad) {
+        MPI_Allreduce(MPI_IN_PLACE, v.right, (int)v.n, MPI_UNSIGNED_CHAR, MPI_SUM, comm);
+        size_t right = 0;
+        for (size_t i = 0; i < v.n; i++) right += v.right[i];
+        if (fabs((double)right - acc * (double)v.n) > 0.5) {
+            if (rank == 0)
+                fprintf(stderr,
+                        "train: %s: the final model is right on %zu of %zu %s samples, its "
+                        "last evaluation said %.4f; no standard error for it\n",
+                        method, right, v.n, what, acc);
+            bad = 1;
+        }
     }
-    return right;
+    if (bad) {
+        free(v.right);
+        v = (gtrain_verdicts){NULL, 0};
+    }
+    return v;
 }
 
-double gtrain_paired_se(const gtrain_result *a, const gtrain_result *b) {
-    if (!a->test_right || !b->test_right || a->ntest != b->ntest || a->ntest < 2) return NAN;
-    size_t n = a->ntest, only_a = 0, only_b = 0;
+double gtrain_paired_se(const gtrain_verdicts *a, const gtrain_verdicts *b) {
+    if (!a->right || !b->right || a->n != b->n || a->n < 2) return NAN;
+    size_t n = a->n, only_a = 0, only_b = 0;
     for (size_t i = 0; i < n; i++) {
-        only_a += a->test_right[i] && !b->test_right[i];
-        only_b += b->test_right[i] && !a->test_right[i];
+        only_a += a->right[i] && !b->right[i];
+        only_b += b->right[i] && !a->right[i];
     }
     /* d_i = right_a - right_b in {-1, 0, 1}: the standard error of its mean */
     double N = (double)n, mean = ((double)only_a - (double)only_b) / N;
@@ -516,8 +529,12 @@ int gtrain_run(const gtrain_config *cfg, const char *method, const gtrain_data *
     if (rc) goto done;
 
     if (ox) gtrain_outer_eval_begin(ox); /* the model of the last point, as eval_shared */
-    out->test_right = test_verdicts(m, test, comm);
-    out->ntest = out->test_right ? test->n : 0;
+    {
+        const gtrain_point *last = &out->points[out->npoints - 1];
+        out->test_verdicts = verdicts(m, test, last->test_acc, comm, method, "test");
+        if (cfg->val)
+            out->val_verdicts = verdicts(m, cfg->val, last->val_acc, comm, method, "validation");
+    }
     if (ox) gtrain_outer_eval_end(ox);
     out->weights_identical = gtrain_same_weights(m, comm);
     {
@@ -558,20 +575,6 @@ int gtrain_run(const gtrain_config *cfg, const char *method, const gtrain_data *
     out->final_acc = last->test_acc;
     out->final_loss = last->test_loss;
     out->final_val_acc = last->val_acc;
-    if (out->test_right) { /* the verdicts are those of the last point's model */
-        size_t right = 0;
-        for (size_t i = 0; i < out->ntest; i++) right += out->test_right[i];
-        if (fabs((double)right - out->final_acc * (double)out->ntest) > 0.5) {
-            if (rank == 0)
-                fprintf(stderr,
-                        "train: %s: the final model is right on %zu of %zu test samples, its "
-                        "last evaluation said %.4f; no standard error for it\n",
-                        method, right, out->ntest, out->final_acc);
-            free(out->test_right);
-            out->test_right = NULL;
-            out->ntest = 0;
-        }
-    }
     for (size_t i = 0; i < out->npoints; i++)
         out->best_acc =
             out->points[i].test_acc > out->best_acc ? out->points[i].test_acc : out->best_acc;
@@ -623,9 +626,9 @@ void gtrain_result_free(gtrain_result *r) {
     free(r->ladder);
     r->ladder = NULL;
     r->nladder = 0;
-    free(r->test_right);
-    r->test_right = NULL;
-    r->ntest = 0;
+    free(r->test_verdicts.right);
+    free(r->val_verdicts.right);
+    r->test_verdicts = r->val_verdicts = (gtrain_verdicts){NULL, 0};
 }
 
 float gtrain_lr_at(const gtrain_config *cfg, double progress) {

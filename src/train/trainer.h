@@ -86,6 +86,12 @@ typedef struct gtrain_point {
     double val_acc, val_loss; /* on cfg->val; NaN without one */
 } gtrain_point;
 
+/* A model's verdict on each of n samples: right[i] is 1 where it predicts sample i's label. */
+typedef struct gtrain_verdicts {
+    unsigned char *right; /* NULL: none */
+    size_t n;
+} gtrain_verdicts;
+
 typedef struct gtrain_result {
     char method[256];
     char detail[512]; /* the specs actually used, e.g. "fc1.weight,fc2.weight: dgc:...; rest: none"
@@ -145,11 +151,10 @@ typedef struct gtrain_result {
     size_t ndlog;
     char **ladder; /* the ladder's specs, most bytes first */
     size_t nladder;
-    /* The final model's verdict on each test sample (1: right), for the paired standard
-     * error of the difference between two methods (gtrain_paired_se); NULL in
-     * parameter-server runs. */
-    unsigned char *test_right;
-    size_t ntest;
+    /* The final model's verdict on each sample of the test set and of the validation split
+     * (cfg->val), for the paired standard error of the difference between two methods
+     * (gtrain_paired_se); empty in parameter-server runs and without a split. */
+    gtrain_verdicts test_verdicts, val_verdicts;
 } gtrain_result;
 
 /* The accuracy decisions are taken on (the accuracy controller's metric and course, the
@@ -165,11 +170,11 @@ int gtrain_run(const gtrain_config *cfg, const char *method, const gtrain_data *
                size_t errlen);
 void gtrain_result_free(gtrain_result *r);
 
-/* The standard error of a's final test accuracy minus b's, from the two models' verdicts on
- * the same test samples (paired: only the samples they disagree on count), as a fraction:
- * how far the difference would move on another test set of this size.  It is the test
- * sample's share of the uncertainty, not the seed's.  NaN without both verdicts. */
-double gtrain_paired_se(const gtrain_result *a, const gtrain_result *b);
+/* The standard error of a's accuracy minus b's, from the two models' verdicts on the same
+ * samples (paired: only the samples they disagree on count), as a fraction: how far the
+ * difference would move on another sample of this size.  It is the sample's share of the
+ * uncertainty, not the seed's.  NaN without both verdicts or for sets of other sizes. */
+double gtrain_paired_se(const gtrain_verdicts *a, const gtrain_verdicts *b);
 
 /* The learning rate at `progress` (steps done / steps in the run, in [0, 1]): cfg->lr for
  * GTRAIN_LR_CONST; lr·(1 + cos(π·progress))/2 for GTRAIN_LR_COSINE (Loshchilov & Hutter,

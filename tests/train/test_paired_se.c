@@ -26,7 +26,7 @@ static double direct_se(const unsigned char *a, const unsigned char *b, size_t n
 int main(void) {
     enum { N = 10000 };
     static unsigned char va[N], vb[N];
-    gtrain_result a = {.test_right = va, .ntest = N}, b = {.test_right = vb, .ntest = N};
+    gtrain_verdicts a = {va, N}, b = {vb, N};
     unsigned s = 12345;
     for (int i = 0; i < N; i++) { /* ~88 % right each, disagreeing on ~6 % */
         s = s * 1103515245u + 12345u;
@@ -48,7 +48,7 @@ int main(void) {
     want = direct_se(va, vb, N);
     CHECK(fabs(se - want) <= 1e-12 * want, "one disagreement: %.15g, direct %.15g", se, want);
 
-    gtrain_result none = {0}, shorter = {.test_right = vb, .ntest = N - 1};
+    gtrain_verdicts none = {NULL, N}, shorter = {vb, N - 1};
     CHECK(isnan(gtrain_paired_se(&a, &none)), "no verdicts: %g", gtrain_paired_se(&a, &none));
     CHECK(isnan(gtrain_paired_se(&none, &a)), "no verdicts first: %g", gtrain_paired_se(&none, &a));
     CHECK(isnan(gtrain_paired_se(&a, &shorter)), "other sizes: %g", gtrain_paired_se(&a, &shorter));

@@ -213,12 +213,15 @@ lines = open("sens/sensitivity.txt").read().splitlines()
 if "(validation accuracy)" not in lines[0]:  # --val auto: the probe decides on a held-out split
     print("FAIL: sensitivity.txt header %r" % lines[0]); bad += 1
 rows = [l.split() for l in lines if not l.startswith(("#", "tensor "))]
-if [r[0] for r in rows] != ["fc1.weight", "fc2.weight", "fc3.weight"] or any(len(r) != 5 for r in rows):
+if [r[0] for r in rows] != ["fc1.weight", "fc2.weight", "fc3.weight"] or any(len(r) != 6 for r in rows):
     print("FAIL: sensitivity.txt rows %r" % rows); bad += 1
 for r in rows:
-    cost, acc = float(r[3]), float(r[2])
-    if not (0 < acc <= 1) or not r[4].startswith("dgc:density=0.") or "min_k=512" not in r[4]:
+    # se: paired against dense on the 1000 validation samples (a twelfth of 12000)
+    cost, acc, se = float(r[3]), float(r[2]), float(r[4])
+    if not (0 < acc <= 1) or not r[5].startswith("dgc:density=0.") or "min_k=512" not in r[5]:
         print("FAIL: sensitivity row %r" % r); bad += 1
+    if not (0 <= se <= 100 / 999 ** 0.5) or (cost != 0) != (se > 0):
+        print("FAIL: sensitivity row %r: cost %g pp, standard error %g pp" % (r, cost, se)); bad += 1
 pol = open("sens/layer_policy.txt").read().strip()
 if not pol.startswith("policy:spec=dgc:density=0.01,min_k=512,") or ";min_elements=1000;" not in pol:
     print("FAIL: layer_policy.txt %r" % pol); bad += 1

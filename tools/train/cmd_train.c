@@ -690,7 +690,9 @@ static int write_outputs(const opts *o, gtrain_result *r, int nr, double target,
         json_num(f, "validation_accuracy", x->final_val_acc);
         json_num(f, "delta_vs_dense_pp", 100 * (x->final_acc - dense_acc));
         json_num(f, "delta_vs_dense_se_pp",
-                 dense && dense != x ? 100 * gtrain_paired_se(x, dense) : NAN);
+                 dense && dense != x
+                     ? 100 * gtrain_paired_se(&x->test_verdicts, &dense->test_verdicts)
+                     : NAN);
         json_num(f, "bytes_per_step", x->bytes_per_step);
         json_num(f, "bytes_per_worker", x->bytes_total);
         json_num(f, "dense_bytes_per_step", x->dense_bytes_per_step);
@@ -856,7 +858,9 @@ static void print_table(gtrain_result *r, int nr, double target, const char *why
             snprintf(tts, sizeof tts, "%.1f s", tt);
         else
             snprintf(tts, sizeof tts, "never");
-        double se = dense && dense != &r[i] ? gtrain_paired_se(&r[i], dense) : NAN;
+        double se = dense && dense != &r[i]
+                        ? gtrain_paired_se(&r[i].test_verdicts, &dense->test_verdicts)
+                        : NAN;
         any_se |= isfinite(se);
         if (isfinite(se))
             snprintf(delta, sizeof delta, "%+.2f ±%.2f", 100 * (r[i].final_acc - dense_acc),

@@ -9,7 +9,9 @@
  * same weights and batches (the trainer's seed), for the trainer's --epochs / --max-steps:
  * meant to be short.  A layer's cost is the dense run's final accuracy minus its run's, on
  * the validation split when the trainer holds one out (`--val`, by default for the probe),
- * so the policy it writes was not chosen on the test set.
+ * so the policy it writes was not chosen on the test set.  Each cost comes with its paired
+ * standard error (the samples the two runs' final models disagree on), which says where a
+ * cost is within the noise of the split.
  * Layers whose cost exceeds the threshold get SPEC one decade lighter (density x 10, rank
  * x 4: the knob the adaptive ladder uses), and the policy that says so is written as a
  * method for --compare: `policy:spec=SPEC;min_elements=...;dense=...;NAME=LIGHTER;...`.
@@ -109,7 +111,8 @@ int train_sensitivity(const gtrain_config *cfg, const char *spec, double thresho
     gcomp_policy_free(policy);
     gtrain_model_free(m);
 
-    double *acc = calloc(nc + 1, sizeof *acc);
+    double *acc = calloc(nc + 1, sizeof *acc), *se = calloc(nc + 1, sizeof *se);
+    gtrain_verdicts dense_v = {NULL, 0}; /* the dense run's, on the set the costs are taken on */
     int rc = 0;
     char err[512], method[1024];
     for (size_t k = 0; k <= nc && !rc; k++) {
@@ -125,6 +128,13 @@ int train_sensitivity(const gtrain_config *cfg, const char *spec, double thresho
             break;
         }
         acc[k] = gtrain_decision_acc(&r.points[r.npoints - 1], cfg->val != NULL);
+        gtrain_verdicts *v = cfg->val ? &r.val_verdicts : &r.test_verdicts;
+        if (k == 0) { /* kept for the layers' runs */
+            dense_v = *v;
+            *v = (gtrain_verdicts){NULL, 0};
+        } else {
+            se[k] = gtrain_paired_se(v, &dense_v);
+        }
         gtrain_result_free(&r);
     }
     if (rank == 0 && !rc) {
@@ -137,25 +147,32 @@ int train_sensitivity(const gtrain_config *cfg, const char *spec, double thresho
         const char *on = cfg->val ? "validation" : "test";
         printf("\nlayer sensitivity to %s (dense: %.2f%%; threshold %.2f pp; %s accuracy)\n", canon,
                100 * acc[0], threshold_pp, on);
-        printf("%-20s %10s %9s %9s  %s\n", "tensor", "elements", cfg->val ? "val acc" : "test acc",
-               "cost pp", "suggest");
+        printf("%-20s %10s %9s %9s %6s  %s\n", "tensor", "elements",
+               cfg->val ? "val acc" : "test acc", "cost pp", "±SE", "suggest");
         if (f)
             fprintf(f,
                     "# gradcomp train --sensitivity %s: dense %.4f (%s accuracy)\ntensor "
-                    "elements accuracy cost_pp suggested\n",
+                    "elements accuracy cost_pp se_pp suggested\n",
                     canon, acc[0], on);
+        bool noise = false;
         for (size_t k = 0; k < nc; k++) {
-            double cost = 100 * (acc[0] - acc[k + 1]);
-            bool sensitive = cost > threshold_pp;
-            printf("%-20s %10zu %8.2f%% %+9.2f  %s\n", names[k], sizes[k], 100 * acc[k + 1], cost,
-                   sensitive ? light : canon);
+            double cost = 100 * (acc[0] - acc[k + 1]), sd = 100 * se[k + 1];
+            bool sensitive = cost > threshold_pp, within = fabs(cost) < 2 * sd;
+            noise |= within;
+            printf("%-20s %10zu %8.2f%% %+9.2f %6.2f  %s%s\n", names[k], sizes[k], 100 * acc[k + 1],
+                   cost, sd, sensitive ? light : canon, within ? "  (within 2 SE of dense)" : "");
             if (f)
-                fprintf(f, "%s %zu %.4f %.3f %s\n", names[k], sizes[k], acc[k + 1], cost,
+                fprintf(f, "%s %zu %.4f %.3f %.3f %s\n", names[k], sizes[k], acc[k + 1], cost, sd,
                         sensitive ? light : canon);
             if (sensitive && w > 0 && (size_t)w < sizeof pol)
                 w += snprintf(pol + w, sizeof pol - (size_t)w, ";%s=%s", names[k], light);
         }
         if (f) fclose(f);
+        if (noise)
+            printf("±SE: the standard error of the difference to dense from the %s samples the "
+                   "two models disagree on; a cost within 2 SE of zero may be the sample's noise "
+                   "(a longer probe or a larger --val separates them)\n",
+                   on);
         snprintf(path, sizeof path, "%s/layer_policy.txt", outdir);
         f = fopen(path, "w");
         if (f) {
@@ -170,5 +187,7 @@ int train_sensitivity(const gtrain_config *cfg, const char *spec, double thresho
     free(names);
     free(sizes);
     free(acc);
+    free(se);
+    free(dense_v.right);
     return rc;
 }
