@@ -144,6 +144,11 @@ ok = len(m) == 1 and m[0].get("accuracy_course") == "dense" and m[0]["adaptive_d
 # settings.csv names each setting's spec, a ladder entry of the method's base codec
 rows = [r for r in csv.DictReader(open("course/settings.csv")) if r["method"].startswith("adapt:")]
 ok = ok and len(rows) >= 2 and all(r["spec"].startswith("topk:density=") for r in rows)
+# the split the loop steers by has its own difference to dense and standard error (1000
+# samples: at most 100 / sqrt(999) pp)
+se, dv = m[0].get("validation_delta_vs_dense_se_pp"), m[0].get("validation_delta_vs_dense_pp")
+if se is None or dv is None or not (0 <= se <= 100 / 999 ** 0.5) or (dv != 0) != (se > 0):
+    print("FAIL: course: validation delta %r pp, standard error %r pp" % (dv, se)); ok = False
 print("train_mpi course: %d passed, %d failed" % (ok, not ok))
 sys.exit(0 if ok else 1)
 PYEOF

@@ -689,10 +689,13 @@ static int write_outputs(const opts *o, gtrain_result *r, int nr, double target,
         json_num(f, "best_accuracy", x->best_acc);
         json_num(f, "validation_accuracy", x->final_val_acc);
         json_num(f, "delta_vs_dense_pp", 100 * (x->final_acc - dense_acc));
+        bool other = dense && dense != x;
         json_num(f, "delta_vs_dense_se_pp",
-                 dense && dense != x
-                     ? 100 * gtrain_paired_se(&x->test_verdicts, &dense->test_verdicts)
-                     : NAN);
+                 other ? 100 * gtrain_paired_se(&x->test_verdicts, &dense->test_verdicts) : NAN);
+        json_num(f, "validation_delta_vs_dense_pp",
+                 other ? 100 * (x->final_val_acc - dense->final_val_acc) : NAN);
+        json_num(f, "validation_delta_vs_dense_se_pp",
+                 other ? 100 * gtrain_paired_se(&x->val_verdicts, &dense->val_verdicts) : NAN);
         json_num(f, "bytes_per_step", x->bytes_per_step);
         json_num(f, "bytes_per_worker", x->bytes_total);
         json_num(f, "dense_bytes_per_step", x->dense_bytes_per_step);
