@@ -22,7 +22,8 @@ shuffle per epoch and its rank-strided shards), batch, SGD with momentum 0.9 and
 decay 1e-4 on weights only, learning-rate schedules, loss unit (--loss sum: the summed
 loss's gradients are exchanged, then divided by the batch before the step, as MXNet does),
 evaluation points, and the same per-tensor policy: tensors under --min-elements and 1-D
-tensors go as --dense-spec (none:values=f16) in every method but dense.  What differs:
+tensors go as --dense-spec (none:values=f16) in every method but dense, and a density
+codec sends at least --min-k (512) values of a tensor a step.  What differs:
 torch's kernels (OpenBLAS through torch, float summation orders), and the buckets (the
 trainer has one per tensor; here --bucket-bytes, default 4 MiB).
 
@@ -221,6 +222,8 @@ def method_policy(method, args):
     pol = f"spec={spec}" + (";" + items if items else "")
     if "min_elements" not in keys:
         pol += f";min_elements={args.min_elements}"
+    if args.min_k and "min_k" not in keys:
+        pol += f";min_k={args.min_k}"
     if "dense" not in keys:
         pol += f";dense={args.dense_spec}"
     return pol, strategy
@@ -351,6 +354,20 @@ class Run:
         COMM.Allreduce(sums, out)
         return out[0] / out[2], out[1] / out[2]
 
+    def verdicts(self):
+        """The model's verdict on each test sample (1: it predicts the label), every rank's
+        share gathered as evaluate() splits the set."""
+        x, y = self.test
+        per = (len(y) + SIZE - 1) // SIZE
+        lo, hi = RANK * per, min(len(y), (RANK + 1) * per)
+        mine = np.zeros(len(y), np.uint8)
+        if hi > lo:
+            with torch.no_grad():
+                mine[lo:hi] = (self.model(x[lo:hi]).argmax(1) == y[lo:hi]).numpy()
+        right = np.zeros_like(mine)
+        COMM.Allreduce(mine, right)
+        return right
+
     def same_weights(self):
         h = hashlib.sha256()
         for p in self.model.parameters():
@@ -456,6 +473,10 @@ class Run:
         v = COMM.allreduce(np.array([wall / steps, codec / steps, wait / steps, compute / steps, sent / steps, wall,
                                      msg / steps])) / SIZE
         same = self.same_weights()
+        right = self.verdicts()
+        if abs(int(right.sum()) - points[-1]["test_acc"] * len(right)) > 0.5:
+            raise SystemExit(f"{self.method}: the final model is right on {int(right.sum())} of {len(right)} "
+                             f"test samples, its last evaluation said {points[-1]['test_acc']:.4f}")
         if self.kind == "gradcomp":
             self.opt.close()
         return dict(method=self.method, detail=self.detail, params=params, steps=steps,
@@ -463,7 +484,15 @@ class Run:
                     bytes_per_step=v[4], wall_s=v[5], ratio=dense / v[6] if v[6] else float("nan"),
                     traffic_ratio=(2.0 * (SIZE - 1) / SIZE * dense / v[4]) if SIZE > 1 and v[4] else 1.0,
                     final_acc=points[-1]["test_acc"], best_acc=max(p["test_acc"] for p in points),
-                    weights_identical=same, points=points)
+                    weights_identical=same, points=points, verdicts=right)
+
+
+def paired_se(a, b):
+    """The standard error of accuracy a minus accuracy b from the two models' verdicts on the
+    same samples (paired: only the samples they disagree on count), as gradcomp train gives
+    it (src/train/trainer.c)."""
+    d = a.astype(np.float64) - b.astype(np.float64)
+    return float(np.std(d, ddof=1) / math.sqrt(len(d)))
 
 
 def time_to(r, target):
@@ -473,16 +502,30 @@ def time_to(r, target):
     return None
 
 
+def compare_with_dense(results):
+    """Each result's difference to the first dense run, with its paired standard error (None
+    for that run itself and without one), in percentage points; the verdicts are dropped."""
+    dense = next((r for r in results if r["method"] == "dense"), results[0])
+    for r in results:
+        r["delta_vs_dense_pp"] = 100 * (r["final_acc"] - dense["final_acc"])
+        r["delta_vs_dense_se_pp"] = None if r is dense else 100 * paired_se(r["verdicts"], dense["verdicts"])
+    for r in results:
+        del r["verdicts"]
+
+
 def table(results, target, args):
-    ref = next((r["final_acc"] for r in results if r["method"] == "dense"), results[0]["final_acc"])
-    print(f"\n{'method':36s} {'test acc':>8s} {'Δ dense':>7s} {'bytes/step':>12s} {'ratio':>9s} "
+    print(f"\n{'method':36s} {'test acc':>8s} {'Δ dense ±SE':>12s} {'bytes/step':>12s} {'ratio':>9s} "
           f"{'traffic':>8s} {'step ms':>8s} {'codec ms':>8s} {'comm ms':>8s} {'t→target':>9s}")
     for r in results:
         t = time_to(r, target)
-        print(f"{r['method'][:36]:36s} {100 * r['final_acc']:7.2f}% {100 * (r['final_acc'] - ref):+7.2f} "
+        se = r["delta_vs_dense_se_pp"]
+        delta = f"{r['delta_vs_dense_pp']:+.2f}" + (f" ±{se:.2f}" if se is not None else "")
+        print(f"{r['method'][:36]:36s} {100 * r['final_acc']:7.2f}% {delta:>12s} "
               f"{r['bytes_per_step']:12.0f} {r['ratio']:8.1f}x {r['traffic_ratio']:7.1f}x {r['step_ms']:8.2f} "
               f"{r['codec_ms']:8.2f} {r['comm_ms']:8.2f} {('%.1f s' % t) if t is not None else 'never':>9s}")
-    print(f"target accuracy {100 * target:.2f}% (the dense run's final accuracy unless --target-acc)")
+    print(f"target accuracy {100 * target:.2f}% (the dense run's final accuracy unless --target-acc); "
+          f"±SE: the standard error of the difference to dense from the test samples the two models "
+          f"disagree on (paired; another seed moves it further)")
     print(f"{SIZE} ranks, model {args.model}, {args.epochs} epochs x {results[0]['steps'] // args.epochs} steps, "
           f"batch {args.batch}, lr {args.lr} ({args.lr_schedule}), loss {args.loss}; "
           f"step ms: forward+backward+exchange+SGD, comm ms: waiting for the exchange after backward "
@@ -502,6 +545,8 @@ def main():
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--evals", type=int, default=4, help="evaluations per epoch")
     ap.add_argument("--min-elements", type=int, default=8192)
+    ap.add_argument("--min-k", type=int, default=512,
+                    help="a density codec sends at least K values of a tensor a step (0: exactly ceil(density * n))")
     ap.add_argument("--dense-spec", default="none:values=f16")
     ap.add_argument("--lr-schedule", default="const", choices=["const", "cosine", "step"])
     ap.add_argument("--loss", default="mean", choices=["mean", "sum"])
@@ -527,6 +572,7 @@ def main():
         results.append(Run(m, args, train, test).run())
     target = args.target_acc / (100 if args.target_acc > 1 else 1) if args.target_acc else \
         next((r["final_acc"] for r in results if r["method"] == "dense"), results[0]["final_acc"])
+    compare_with_dense(results)
     if RANK == 0:
         table(results, target, args)
         os.makedirs(args.out, exist_ok=True)
