@@ -450,6 +450,15 @@ agree:
         MPI_Allreduce(&bad, &any, 1, MPI_INT, MPI_MAX, comm);
         if (any && !rc) rc = fail(err, errlen, "failed on another rank");
     }
+    if (!rc && !server && out->npoints) { /* the workers' final model, as gtrain_run keeps it */
+        const gtrain_point *last = &out->points[out->npoints - 1];
+        char label[300];
+        snprintf(label, sizeof label, "%s [%s]", method, out->exchange);
+        out->test_verdicts = gtrain_final_verdicts(m, test, last->test_acc, wcomm, label, "test");
+        if (cfg->val)
+            out->val_verdicts =
+                gtrain_final_verdicts(m, cfg->val, last->val_acc, wcomm, label, "validation");
+    }
     gtrain_exchange_free(ex);
     gcomp_mpi_ps_free(ps);
     gcomp_mpi_comm_free(gc);

@@ -97,12 +97,8 @@ int gtrain_evaluate_point(gtrain_model *m, const gtrain_config *cfg, const gtrai
            (cfg->val && gtrain_evaluate(m, cfg->val, comm, &p->val_acc, &p->val_loss));
 }
 
-/* The model's verdicts on each of set's samples, the set split across the ranks as
- * gtrain_evaluate splits it; checked against the accuracy an evaluation of the same model
- * reported (acc).  Empty (on every rank) when out of memory or when they disagree, which
- * rank 0 says.  Collective. */
-static gtrain_verdicts verdicts(gtrain_model *m, const gtrain_data *set, double acc, MPI_Comm comm,
-                                const char *method, const char *what) {
+gtrain_verdicts gtrain_final_verdicts(gtrain_model *m, const gtrain_data *set, double acc,
+                                      MPI_Comm comm, const char *method, const char *what) {
     int rank, P;
     MPI_Comm_rank(comm, &rank);
     MPI_Comm_size(comm, &P);
@@ -531,9 +527,10 @@ int gtrain_run(const gtrain_config *cfg, const char *method, const gtrain_data *
     if (ox) gtrain_outer_eval_begin(ox); /* the model of the last point, as eval_shared */
     {
         const gtrain_point *last = &out->points[out->npoints - 1];
-        out->test_verdicts = verdicts(m, test, last->test_acc, comm, method, "test");
+        out->test_verdicts = gtrain_final_verdicts(m, test, last->test_acc, comm, method, "test");
         if (cfg->val)
-            out->val_verdicts = verdicts(m, cfg->val, last->val_acc, comm, method, "validation");
+            out->val_verdicts =
+                gtrain_final_verdicts(m, cfg->val, last->val_acc, comm, method, "validation");
     }
     if (ox) gtrain_outer_eval_end(ox);
     out->weights_identical = gtrain_same_weights(m, comm);

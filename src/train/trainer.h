@@ -176,6 +176,13 @@ void gtrain_result_free(gtrain_result *r);
  * uncertainty, not the seed's.  NaN without both verdicts or for sets of other sizes. */
 double gtrain_paired_se(const gtrain_verdicts *a, const gtrain_verdicts *b);
 
+/* m's verdict on each of set's samples, the set split across the ranks of comm as
+ * gtrain_evaluate splits it, and checked against the accuracy an evaluation of the same
+ * model reported (acc).  Empty (on every rank) when out of memory or when they disagree,
+ * which rank 0 says, naming `method` and `what` set.  Collective. */
+gtrain_verdicts gtrain_final_verdicts(gtrain_model *m, const gtrain_data *set, double acc,
+                                      MPI_Comm comm, const char *method, const char *what);
+
 /* The learning rate at `progress` (steps done / steps in the run, in [0, 1]): cfg->lr for
  * GTRAIN_LR_CONST; lr·(1 + cos(π·progress))/2 for GTRAIN_LR_COSINE (Loshchilov & Hutter,
  * no restarts); lr, then lr/10 from half the run and lr/100 from three quarters for

@@ -22,6 +22,8 @@ PY=/usr/bin/python3; [ -x "$PY" ] || PY=python3
 import json, math
 r = json.load(open("res/results.json"))
 bad = 0
+if "no standard error" in open("train.log").read():
+    print("FAIL: train.log: a final model's verdicts disagree with its last evaluation"); bad += 1
 def fail(*a):
     global bad
     print("FAIL:", *a); bad += 1
@@ -38,6 +40,9 @@ for m in r["methods"]:
         fail(name, "workers' weights differ")
     if not (m["bytes_per_step"] > 0 and m["bytes_per_worker"] > 0):
         fail(name, "bytes_per_step=%r bytes_per_worker=%r" % (m["bytes_per_step"], m["bytes_per_worker"]))
+    # the workers' final verdicts give every run but the collective dense its standard error
+    if (m["delta_vs_dense_se_pp"] is None) != (name == "dense [collective]"):
+        fail(name, "standard error against dense", m["delta_vs_dense_se_pp"])
     if m["exchange"] == "collective":
         continue
     # per step times steps is the total, to the rounding of the JSON figures
