@@ -4,7 +4,8 @@
 # parameter server in sync and async mode.  Checks what the table and results.json say about
 # each run: the exchange, the per-worker bytes (per step and over the run, which must agree
 # with the step count), the PS statistics (sync: no staleness, every worker the same step
-# count; async: the servers' momentum), equal weights on every worker, and a loss that falls.
+# count; async: the servers' momentum), equal weights on every worker, a loss that falls,
+# and each run's standard error against the collective dense run.
 set -u
 G=$1
 W=$2
