@@ -227,10 +227,35 @@ for r in rows:
         print("FAIL: sensitivity row %r" % r); bad += 1
     if not (0 <= se <= 100 / 999 ** 0.5) or (cost != 0) != (se > 0):
         print("FAIL: sensitivity row %r: cost %g pp, standard error %g pp" % (r, cost, se)); bad += 1
+    # lighter only above the threshold (0.5 pp) and clear of the noise (2 SE)
+    if r[5].startswith("dgc:density=0.1,") != (cost > 0.5 and abs(cost) >= 2 * se):
+        print("FAIL: sensitivity row %r: cost %g pp, standard error %g pp, suggested %s" % (r, cost, se, r[5])); bad += 1
+if not any(r[5].startswith("dgc:density=0.1,") for r in rows):
+    print("FAIL: no layer sensitive: the rule above is not exercised"); bad += 1
 pol = open("sens/layer_policy.txt").read().strip()
 if not pol.startswith("policy:spec=dgc:density=0.01,min_k=512,") or ";min_elements=1000;" not in pol:
     print("FAIL: layer_policy.txt %r" % pol); bad += 1
 print("train_mpi sensitivity: %d passed, %d failed" % (0 if bad else 1, bad))
+sys.exit(1 if bad else 0)
+PYEOF
+# A threshold every cost passes (-100 pp) after 3 steps, where the costs are small against
+# their standard errors: only the layers clear of 2 SE go lighter, the others keep SPEC.
+timeout 300 mpirun -np 2 "$G" train --sensitivity dgc:density=0.01 --threshold -100 \
+    --data synthetic --model mlp --hidden 256,128 --epochs 1 --batch 32 --evals 1 \
+    --max-steps 3 --quiet --min-elements 1000 --out sens3 > sens3.log 2>&1 ||
+    { cat sens3.log; echo "FAIL: gradcomp train --sensitivity (3 steps) failed"; exit 1; }
+"$PY" - <<'PYEOF' || { cat sens3.log; exit 1; }
+import sys
+rows = [l.split() for l in open("sens3/sensitivity.txt").read().splitlines() if not l.startswith(("#", "tensor "))]
+bad = 0
+for r in rows:
+    cost, se = float(r[3]), float(r[4])
+    if r[5].startswith("dgc:density=0.1,") != (abs(cost) >= 2 * se):
+        print("FAIL: 3 steps: row %r: cost %g pp, standard error %g pp, suggested %s" % (r[0], cost, se, r[5])); bad += 1
+kept = [r[0] for r in rows if abs(float(r[3])) < 2 * float(r[4])]
+if not kept or len(kept) == len(rows):
+    print("FAIL: 3 steps: rows within 2 SE %r of %d: the rule is not exercised both ways" % (kept, len(rows))); bad += 1
+print("train_mpi sensitivity within the noise: %s" % ("FAILED" if bad else "passed"))
 sys.exit(1 if bad else 0)
 PYEOF
 
