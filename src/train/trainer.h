@@ -153,7 +153,8 @@ typedef struct gtrain_result {
     size_t nladder;
     /* The final model's verdict on each sample of the test set and of the validation split
      * (cfg->val), for the paired standard error of the difference between two methods
-     * (gtrain_paired_se); empty in parameter-server runs and without a split. */
+     * (gtrain_paired_se; in parameter-server runs, the workers'); empty without a split, or
+     * when gtrain_final_verdicts found them off the last evaluation. */
     gtrain_verdicts test_verdicts, val_verdicts;
 } gtrain_result;
 

@@ -116,7 +116,9 @@ int train_sensitivity(const gtrain_config *cfg, const char *spec, double thresho
 
     double *acc = calloc(nc + 1, sizeof *acc), *se = calloc(nc + 1, sizeof *se);
     gtrain_verdicts dense_v = {NULL, 0}; /* the dense run's, on the set the costs are taken on */
-    int rc = 0;
+    int rc = !acc || !se;                /* on every rank, before the collective runs */
+    MPI_Allreduce(MPI_IN_PLACE, &rc, 1, MPI_INT, MPI_MAX, comm);
+    if (rc && rank == 0) fprintf(stderr, "gradcomp train: --sensitivity: out of memory\n");
     char err[512], method[1024];
     for (size_t k = 0; k <= nc && !rc; k++) {
         gtrain_result r;
