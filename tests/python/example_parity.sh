@@ -14,9 +14,12 @@ rm -rf "$W" && mkdir -p "$W" && cd "$W" || exit 1
 M="dense,topk:density=0.01,feedback=ef"
 common="--epochs 1 --max-steps 30 --evals 2"
 timeout 300 "$MPIEXEC" -np 2 "$PY" "$SRC/examples/torch_mpi_optimizer.py" $common --quiet \
-    --compare "$M" --out py > py.log 2>&1 || { cat py.log; echo "FAIL: the example exited $?"; exit 1; }
-timeout 300 "$G" train --np 2 $common --quiet --compare "$M" --out c > c.log 2>&1 ||
-    { cat c.log; echo "FAIL: gradcomp train exited $?"; exit 1; }
+    --compare "$M" --out py > py.log 2>&1
+rc=$?
+[ $rc -eq 0 ] || { cat py.log; echo "FAIL: the example exited $rc"; exit 1; }
+timeout 300 "$G" train --np 2 $common --quiet --compare "$M" --out c > c.log 2>&1
+rc=$?
+[ $rc -eq 0 ] || { cat c.log; echo "FAIL: gradcomp train exited $rc"; exit 1; }
 cat py.log c.log
 "$PY" - <<'PYEOF'
 import json, sys
