@@ -339,10 +339,15 @@ class Run:
             self.net = ddp
         self.model, self.opt = model, opt
 
+    def shard(self):
+        """This rank's share [lo, hi) of the test set, as the C trainer splits it."""
+        n = len(self.test[1])
+        per = (n + SIZE - 1) // SIZE
+        return min(n, RANK * per), min(n, (RANK + 1) * per)
+
     def evaluate(self):
         x, y = self.test
-        per = (len(y) + SIZE - 1) // SIZE
-        lo, hi = RANK * per, min(len(y), (RANK + 1) * per)
+        lo, hi = self.shard()
         sums = np.zeros(3)
         if hi > lo:
             with torch.no_grad():
@@ -358,8 +363,7 @@ class Run:
         """The model's verdict on each test sample (1: it predicts the label), every rank's
         share gathered as evaluate() splits the set."""
         x, y = self.test
-        per = (len(y) + SIZE - 1) // SIZE
-        lo, hi = RANK * per, min(len(y), (RANK + 1) * per)
+        lo, hi = self.shard()
         mine = np.zeros(len(y), np.uint8)
         if hi > lo:
             with torch.no_grad():

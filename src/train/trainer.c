@@ -68,13 +68,20 @@ int gtrain_same_weights(gtrain_model *m, MPI_Comm comm) {
     return h[0] == ~h[1];
 }
 
-int gtrain_evaluate(gtrain_model *m, const gtrain_data *test, MPI_Comm comm, double *acc,
-                    double *loss) {
+/* This rank's share [lo, hi) of n samples evaluated across comm. */
+static void shard(size_t n, MPI_Comm comm, size_t *lo, size_t *hi) {
     int rank, P;
     MPI_Comm_rank(comm, &rank);
     MPI_Comm_size(comm, &P);
-    size_t per = (test->n + (size_t)P - 1) / (size_t)P;
-    size_t lo = (size_t)rank * per, hi = lo + per < test->n ? lo + per : test->n;
+    size_t per = (n + (size_t)P - 1) / (size_t)P;
+    *lo = (size_t)rank * per < n ? (size_t)rank * per : n;
+    *hi = *lo + per < n ? *lo + per : n;
+}
+
+int gtrain_evaluate(gtrain_model *m, const gtrain_data *test, MPI_Comm comm, double *acc,
+                    double *loss) {
+    size_t lo, hi;
+    shard(test->n, comm, &lo, &hi);
     double sums[3] = {0, 0, 0};
     if (hi > lo) {
         double l, a;
@@ -99,11 +106,10 @@ int gtrain_evaluate_point(gtrain_model *m, const gtrain_config *cfg, const gtrai
 
 gtrain_verdicts gtrain_final_verdicts(gtrain_model *m, const gtrain_data *set, double acc,
                                       MPI_Comm comm, const char *method, const char *what) {
-    int rank, P;
+    int rank;
     MPI_Comm_rank(comm, &rank);
-    MPI_Comm_size(comm, &P);
-    size_t per = (set->n + (size_t)P - 1) / (size_t)P;
-    size_t lo = (size_t)rank * per, hi = lo + per < set->n ? lo + per : set->n;
+    size_t lo, hi;
+    shard(set->n, comm, &lo, &hi);
     gtrain_verdicts v = {set->n <= INT_MAX ? calloc(set->n ? set->n : 1, 1) : NULL, set->n};
     uint8_t *pred = malloc(hi > lo ? hi - lo : 1);
     int bad = !v.right || !pred ||
