@@ -43,8 +43,10 @@
  * the compressed codecs, and its all-reduce keeps the bytes a rank sends flat in P);
  * top-k with error feedback and f16 values at 0.001 and 0.0001 where even rank 4 is too
  * much.  Every entry leaves momentum to the caller's optimizer, so no switch crosses the
- * momentum boundary of DGC, which keeps it in the compressor (retune.c converts what is
- * held back there, but the optimizer's momentum restarts from zero).  The base is
+ * momentum boundary of DGC, which keeps it in the compressor: the trainer and
+ * DistributedOptimizer carry the momentum across it (retune.c, gtrain_sgd_release_tensor),
+ * but the DDP hook does not own the optimizer and refuses a ladder that crosses it, and
+ * the default must serve every front end.  The base is
  * PowerSGD: the setting before the first measured link.  It is sorted by bytes like any
  * ladder, so the order follows the model's shapes.
  *
