@@ -3,8 +3,9 @@
 # synthetic dataset: dense and compressed methods reduce the loss, the ranks' weights stay
 # bit-identical (the trainer checks a hash at every evaluation and fails otherwise), and
 # results.json has every field for every method, metrics.csv and both PNGs exist; then
-# --time-budget, an accuracy course, and the --sensitivity probe. Each method has the paired
-# standard error of its difference to dense.
+# --time-budget, an accuracy course, the --sensitivity probe and the link panel of a
+# bandwidth-aware method. Each method has the paired standard error of its difference to
+# dense.
 set -u
 G=$1
 W=$2
@@ -281,6 +282,31 @@ print("train_mpi delay: predicted exposed exchange %.1f ms without, %.1f ms with
 sys.exit(0 if ok else 1)
 PYEOF
 
+# A bandwidth-aware method's plot has a third panel: the link it measured at each decision
+# (link-N.dat, the chosen rows of decisions.csv that read one), so that a link reshaped
+# mid-run shows beside the settings that followed it.
+timeout 300 mpirun -np 2 "$G" train --data synthetic --model mlp --hidden 64 --epochs 1 \
+    --batch 16 --evals 2 --max-steps 40 --quiet --min-elements 100 \
+    --compare "adapt:bandwidth;interval=10" --out link > link.log 2>&1 ||
+    { cat link.log; echo "FAIL: gradcomp train with adapt:bandwidth"; exit 1; }
+"$PY" - <<'PYEOF' || { cat link.log; exit 1; }
+import csv, os, shutil, struct, sys
+want = [(float(r["epoch"]), float(r["link_MBps"])) for r in csv.DictReader(open("link/decisions.csv"))
+        if r["chosen"] == "1" and float(r["link_MBps"]) > 0]
+got = [tuple(map(float, l.split())) for l in open("link/link-0.dat")] if os.path.exists("link/link-0.dat") else []
+ok = len(want) >= 3 and len(got) == len(want) and all(
+    abs(a - c) < 1e-4 and abs(b - d) <= 1e-4 * b for (a, b), (c, d) in zip(want, got))
+if not ok:
+    print("FAIL: link-0.dat %r, decisions.csv's links %r" % (got, want))
+if ok and shutil.which("gnuplot"):
+    head = open("link/adapt-0.png", "rb").read(24)
+    ok = head[1:4] == b"PNG" and struct.unpack(">II", head[16:24]) == (900, 800)
+    if not ok:
+        print("FAIL: link/adapt-0.png is not the three-panel plot: %r" % head)
+print("train_mpi link panel: %s" % ("passed" if ok else "FAILED"))
+sys.exit(0 if ok else 1)
+PYEOF
+
 # One rank sends nothing: its plots are accuracy over time and the adaptive method's own,
 # and the bytes plot, whose log axis would have no point (gnuplot then refused the whole
 # script, and an earlier run's PNG stayed behind), is left out and said to be.
@@ -294,6 +320,7 @@ if command -v gnuplot >/dev/null 2>&1; then
         head -c 4 "one/$png" 2>/dev/null | grep -q PNG ||
             { cat one.log; echo "FAIL: one rank: one/$png not drawn"; exit 1; }
     done
+    [ ! -e one/link-1.dat ] || { echo "FAIL: one rank: adapt:norm has a link panel"; exit 1; }
     [ ! -e one/accuracy_vs_bytes.png ] && grep -q "no accuracy_vs_bytes.png: no method sent a byte (1 rank)" one.log ||
         { cat one.log; echo "FAIL: one rank: the bytes plot not left out, or not said so"; exit 1; }
     echo "train_mpi one rank: passed"

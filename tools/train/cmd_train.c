@@ -561,9 +561,36 @@ static void write_decisions(const opts *o, const gtrain_result *r, int nr) {
     fclose(f);
 }
 
+/* Every plot is 900 pixels wide; a plot of more panels is taller. */
+static void gp_terminal(FILE *gp, int height) {
+    fprintf(gp, "set terminal pngcairo noenhanced size 900,%d font 'sans,10'\n", height);
+}
+
+/* The link the method measured, one point per decision that had a reading (link-N.dat:
+ * epoch, MB/s); the number of points.  A link reshaped mid-run shows here, beside the
+ * settings that followed it. */
+static size_t write_link(const opts *o, const gtrain_result *r, int i) {
+    size_t n = 0;
+    FILE *d = NULL;
+    for (size_t k = 0; k < r->ndlog; k++) {
+        const gtrain_decision *x = &r->dlog[k];
+        if (!x->chosen || !(x->bandwidth > 0) || !isfinite(x->bandwidth)) continue;
+        if (!d) {
+            char dp[PATH_MAX];
+            snprintf(dp, sizeof dp, "%s/link-%d.dat", o->out, i);
+            if (!(d = fopen(dp, "w"))) return 0;
+        }
+        fprintf(d, "%.6g %.6g\n", x->epoch, x->bandwidth / 1e6);
+        n++;
+    }
+    if (d) fclose(d);
+    return n;
+}
+
 /* Per adaptive method: its settings over time (settings.csv) and a plot of each tensor's
- * message bytes against the epoch beside the test accuracy.  The method, often longer than
- * the plot is wide, has the title's second line; in the panel its curve is "adaptive". */
+ * message bytes against the epoch beside the test accuracy, and below them the link it
+ * measured where it measured one (bandwidth).  The method, often longer than the plot is
+ * wide, has the title's second line; in the panel its curve is "adaptive". */
 static void write_adaptive(const opts *o, gtrain_result *r, int nr, const char *head, double target,
                            FILE *gp) {
     char path[PATH_MAX];
@@ -586,13 +613,15 @@ static void write_adaptive(const opts *o, gtrain_result *r, int nr, const char *
         }
         /* one data file per managed tensor: a step line to the end of the run */
         double end = r[i].npoints ? r[i].points[r[i].npoints - 1].epoch : 0;
+        size_t nlink = write_link(o, &r[i], i);
+        if (nlink) gp_terminal(gp, 800); /* three panels */
         fprintf(gp,
-                "set output '%s/adapt-%d.png'\nset multiplot layout 2,1 title \"%s\\n%s\" font "
-                "',8'\nunset title\nunset arrow 1\nunset label 1\n"
+                "set output '%s/adapt-%d.png'\nset multiplot layout %d,1 title \"%s\\n%s\" font "
+                "',8'\nset lmargin 12\nunset title\nunset arrow 1\nunset label 1\n"
                 "set xlabel 'epoch'\nunset logscale x\nset xrange [0:%g]\nset ylabel 'test "
                 "accuracy (%%)'\nset yrange [*:*]\nunset logscale y\nplot '%s/curve-%d.dat' using "
                 "4:3 with linespoints title 'adaptive'",
-                o->out, i, head, r[i].method, end > 0 ? end : 1, o->out, i);
+                o->out, i, nlink ? 3 : 2, head, r[i].method, end > 0 ? end : 1, o->out, i);
         if (dense >= 0)
             fprintf(gp, ", '%s/curve-%d.dat' using 4:3 with linespoints title 'dense'", o->out,
                     dense);
@@ -621,8 +650,15 @@ static void write_adaptive(const opts *o, gtrain_result *r, int nr, const char *
                     r[i].tensor_names[ti]);
             first = 0;
         }
-        fprintf(gp, "\nunset multiplot\nunset logscale y\nset yrange [*:*]\nset xrange "
-                    "[*:*]\n");
+        if (nlink)
+            fprintf(gp,
+                    "\nset ylabel 'measured link (MB/s)'\nplot '%s/link-%d.dat' using 1:2 with "
+                    "steps lw 2 title 'at each decision'",
+                    o->out, i);
+        fprintf(gp,
+                "\nunset multiplot\nunset lmargin\nunset logscale y\nset yrange [*:*]\nset xrange "
+                "[*:*]\n");
+        if (nlink) gp_terminal(gp, 560);
     }
     if (f) fclose(f);
 }
@@ -791,8 +827,8 @@ static int write_outputs(const opts *o, gtrain_result *r, int nr, double target,
         }
         fclose(d);
     }
-    fprintf(f, "set terminal pngcairo noenhanced size 900,560 font 'sans,10'\nset grid\nset key "
-               "bottom right\n"
+    gp_terminal(f, 560);
+    fprintf(f, "set grid\nset key bottom right\n"
                "set ylabel 'test accuracy (%%)'\n");
     if (isfinite(target)) /* the target of the table's time column, as a dashed line */
         fprintf(f,
