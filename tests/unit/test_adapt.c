@@ -1423,6 +1423,8 @@ static void test_accuracy_course(void) {
  * (every third step) a metric from the step's own seed; a decision when due. */
 static void state_step(gcomp_adapt *a, size_t step, float *g) {
     unsigned long long seed = 1000 + step;
+    /* first: see predict_with */
+    gcomp_adapt_observe_compute(a, 0.001, 0.002 + 0.0001 * (double)(step % 5), 0.0005);
     for (size_t i = 0; i < NMLP; i++) {
         if (!gcomp_adapt_managed(a, i)) continue;
         /* a consistent direction whose accumulated norm falls, then jumps (Accordion) */
@@ -1431,7 +1433,6 @@ static void state_step(gcomp_adapt *a, size_t step, float *g) {
             g[k] = (float)(scale * (1.0 + 0.3 * test_gauss(&seed)));
         CHECK_OK(gcomp_adapt_observe(a, i, g, NULL));
     }
-    gcomp_adapt_observe_compute(a, 0.001, 0.002 + 0.0001 * (double)(step % 5), 0.0005);
     if (step % 3 == 2) gcomp_adapt_observe_metric(a, 0.5 + 0.01 * (double)(step % 11));
     int due;
     gcomp_adapt_end_step(a, &due);
