@@ -885,7 +885,7 @@ static void predict_with(const char *method, const unsigned *groups, size_t run_
     float *g = calloc(256 * 256, sizeof(float));
     for (size_t k = 0; k < 256 * 256; k++) g[k] = (float)((k * 2654435761u) % 1000) - 500;
     /* The compute first: observed after, it would lose this step's measuring time, which
-     * a loaded machine stretches (the predictions moved by 1.5 ms under make -j). */
+     * a loaded machine stretches (1.5 ms of prediction with two busy loops beside it). */
     gcomp_adapt_observe_compute(a, 0.002, 0.004, 0.001);
     for (size_t i = 0; i < NMLP; i++) CHECK_OK(gcomp_adapt_observe(a, i, g, NULL));
     gcomp_adapt_observe_link(a, 1e8, 10e-3);
