@@ -27,7 +27,8 @@
  *   independent.  Functions that take no object are thread-safe.  The library has no
  *   mutable global state, never prints, never exits and never aborts.
  *   PowerSGD splits its passes over OpenMP threads (OMP_NUM_THREADS) and decodes through
- *   OpenBLAS, whose pthread build keeps its own threads spinning after a call.  With both
+ *   OpenBLAS, which runs a thread pool of its own (the likely cause: its threads wait
+ *   spinning for the next call, OpenBLAS's THREAD_TIMEOUT; not taken apart).  With both
  *   left at their defaults the two pools contend for the cores: on 2 cores, a rank-4 encode
  *   of a 1M-element gradient (1024 x 1024, 256 x 4096) alternating with its decode took
  *   11-15 ms instead of 0.8-1.3 ms with either pool at one thread.  Give one of them one thread
