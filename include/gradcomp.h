@@ -26,13 +26,14 @@
  *   An object (compressor, decoder) is used by one thread at a time; distinct objects are
  *   independent.  Functions that take no object are thread-safe.  The library has no
  *   mutable global state, never prints, never exits and never aborts.
- *   PowerSGD splits its passes over OpenMP threads (OMP_NUM_THREADS) and decodes through
- *   OpenBLAS, which runs a thread pool of its own.  With both left at their defaults the
- *   two pools contend for the cores: on 2 cores, a rank-4 encode of a 1M-element gradient
- *   (1024 x 1024, 256 x 4096) alternating with its decode took 11-15 ms instead of
- *   0.8-1.3 ms with either pool at one thread (likely OpenBLAS's threads spinning between
- *   calls; not taken apart).  Give one of them one thread (OPENBLAS_NUM_THREADS=1 or
- *   OMP_NUM_THREADS=1); `gradcomp train` sets both to 1 for every rank.
+ *   The hot loops split over OpenMP threads (OMP_NUM_THREADS).  PowerSGD from rank 9 on
+ *   also decodes, and from rank 16 on encodes, through OpenBLAS, which runs a thread pool
+ *   of its own.  With both pools at their defaults they contend for the cores: on 2 cores
+ *   a 1024 x 1024 rank-16 encode took 7.3-8.9 ms on average instead of 2.7-4.5 ms with
+ *   either pool at one thread (likely each pool's threads spinning between calls; not
+ *   taken apart).  There, give one of them one thread (OPENBLAS_NUM_THREADS=1 or
+ *   OMP_NUM_THREADS=1); `gradcomp train` sets both to 1 for every rank.  Up to rank 8
+ *   PowerSGD calls no BLAS.
  *
  * Ownership
  *   Every `create` has a `free`; `free(NULL)` is a no-op; a failed `create` leaves nothing

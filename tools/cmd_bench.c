@@ -7,7 +7,9 @@
  * touched for the first time: page faults, ~10 us per 4 KiB page here, which is what huge
  * pages are for), beside a memcpy into a fresh, untouched buffer; and the steady state,
  * the median of --runs calls after that first one, beside a memcpy between touched
- * buffers.  The process's AnonHugePages (/proc/self/smaps_rollup) and the kernel's THP
+ * buffers; the steady state's mean too, which a stall moves and the median does not (two
+ * thread pools spinning against each other on the same cores show there).  The
+ * process's AnonHugePages (/proc/self/smaps_rollup) and the kernel's THP
  * mode are reported with them: the bench's own buffers come from malloc (no advice), so
  * under THP mode "madvise" the huge pages counted are the library's.
  */
@@ -135,6 +137,9 @@ int cmd_bench(int argc, char **argv) {
             total += len;
         }
     }
+    double ae = 0, ad = 0;
+    for (size_t r = 0; r < runs; r++) ae += te[r], ad += td[r];
+    ae /= (double)runs, ad /= (double)runs;
     double me = median(te, (int)runs), md = median(td, (int)runs), mm = median(tm, (int)runs);
     double bytes_in = 4.0 * (double)n, bytes_out = (double)total / (double)runs;
     gcomp_stats s;
@@ -151,21 +156,23 @@ int cmd_bench(int argc, char **argv) {
                "\"encode_vs_memcpy\":%.3f,\"first_encode_ms\":%.4f,\"first_decode_ms\":%.4f,"
                "\"first_memcpy_ms\":%.4f,\"first_encode_gbps\":%.3f,\"first_memcpy_gbps\":%.3f,"
                "\"anon_huge_kb\":%ld,\"thp\":\"%s\",\"encode_min_ms\":%.4f,\"decode_min_ms\":%.4f,"
-               "\"memcpy_min_ms\":%.4f}\n",
+               "\"memcpy_min_ms\":%.4f,\"encode_mean_ms\":%.4f,\"decode_mean_ms\":%.4f}\n",
                spec, gcomp_compressor_spec(c), n, rows, cols, runs, bytes_in, bytes_out,
                bytes_in / bytes_out, sent, me * 1e3, md * 1e3, mm * 1e3, bytes_in / me / 1e9,
                bytes_in / md / 1e9, bytes_in / mm / 1e9, mm / me, first_encode * 1e3,
                first_decode * 1e3, first_memcpy * 1e3, bytes_in / first_encode / 1e9,
-               bytes_in / first_memcpy / 1e9, huge_kb, thp, te[0] * 1e3, td[0] * 1e3, tm[0] * 1e3);
+               bytes_in / first_memcpy / 1e9, huge_kb, thp, te[0] * 1e3, td[0] * 1e3, tm[0] * 1e3,
+               ae * 1e3, ad * 1e3);
     } else {
         printf("spec      %s\n", gcomp_compressor_spec(c));
         printf("tensor    %zu float32 (%.1f MB)%s\n", n, bytes_in / 1e6,
                rows ? " as a matrix" : "");
         printf("message   %.0f bytes, ratio %.1fx, %.0f values sent\n", bytes_out,
                bytes_in / bytes_out, sent);
-        printf("encode    %8.3f ms  %7.2f GB/s   (%.2f x memcpy)\n", me * 1e3, bytes_in / me / 1e9,
-               mm / me);
-        printf("decode    %8.3f ms  %7.2f GB/s\n", md * 1e3, bytes_in / md / 1e9);
+        printf("encode    %8.3f ms  %7.2f GB/s   (%.2f x memcpy; mean %.3f ms)\n", me * 1e3,
+               bytes_in / me / 1e9, mm / me, ae * 1e3);
+        printf("decode    %8.3f ms  %7.2f GB/s   (mean %.3f ms)\n", md * 1e3, bytes_in / md / 1e9,
+               ad * 1e3);
         printf("memcpy    %8.3f ms  %7.2f GB/s   (same buffer, same run)\n", mm * 1e3,
                bytes_in / mm / 1e9);
         printf("first     encode %.3f ms (%.2f GB/s), decode %.3f ms; memcpy into fresh memory "

@@ -47,13 +47,26 @@
  * which the loops stream once; OpenBLAS's sgemm with beta = 0 first zeroes C in a pass of
  * its own.  One core, rank 4, the MPI strategy's whole call on one rank: 4096x4096 33-34 ms
  * with the loops against 40-43 with sgemm, 5000x5000 49-50 against 57-59.  A message's
- * decode adds into the output (beta = 1), where sgemm and the loops are within 17 % of
- * each other either way (sgemm ahead at 5000x5000, behind at 4096x4096), and sgemm stays.
+ * decode adds into the output (beta = 1), and up to rank PSGD_DECODE_LOOP_RANK (8) the
+ * loops do that too, so that PowerSGD at those ranks runs on one thread pool, OpenMP's.
+ * With sgemm decoding, OpenBLAS's pool woke at every decode and OpenMP's at every encode,
+ * and on 2 cores each spun against the other: 1024x1024 at rank 4, an encode and its
+ * decode took 2.2-5.5 ms a pair on average with both pools at their defaults and 1.3-2.0
+ * with OpenBLAS's at one thread (5 runs of 200 pairs, stalls of 16-30 ms); with the loops,
+ * 1.2-2.2 ms at the defaults; at 4096x4096 the decode alone 5.8-6.3 ms against
+ * 11.5-13.8.  Apart from that the loops keep pace: rank 4, decodes alternating with
+ * encodes on one thread, 1024x1024 0.4-0.5 ms against 0.5, 4096x4096 11-12 against 12-13,
+ * 5000x5000 19-20 against 22-23; `gradcomp bench` (a memcpy between the calls, which lets
+ * the spinning stop), 4096x4096 on two threads 7.2 ms against 6.7-7.2.  Rank 8 at
+ * 4096x4096, one thread: 15 ms against 13-14.
+ * From rank 9 decode goes to sgemm: at 12 its kernels were 1.5x faster on one thread
+ * (18 ms against 12), and there both pools run, as in encode from rank 16.
  * Without BLAS at build time
  * (or with -DGCOMP_POWERSGD_NO_BLAS) the portable loops do everything.  Row passes are split
  * over OpenMP threads by rows and the Q pass by column stripes, so every number is summed in
- * the same order whatever the thread count: below rank 16 messages are byte-identical for
- * any OMP_NUM_THREADS (sgemm differs with its thread count and CPU).
+ * the same order whatever the thread count: below rank 16 messages, and up to rank 8 decoded
+ * sums, are byte-identical for any OMP_NUM_THREADS (test_powersgd checks it on 1 and 3
+ * threads); sgemm's results differ with its thread count and CPU.
  *
  * Orthogonalisation: modified Gram-Schmidt run twice ("twice is enough", Giraud et al. 2005)
  * in double.  A column whose norm falls below 1e-6 of what it had before projection is
@@ -95,6 +108,8 @@
 #define F16_MAX 65504.0f
 /* Rank from which the two big products go to cblas_sgemm when it is there. */
 #define GCOMP__PSGD_BLAS_RANK 16
+/* Rank above which a message's decode goes to cblas_sgemm (the loops below). */
+#define PSGD_DECODE_LOOP_RANK 8
 /* Stream purposes for the shared random numbers. */
 #define PURPOSE_INIT 0x50534744494e4954ull /* initial Q */
 #define PURPOSE_ORTH 0x505347444f525448ull /* replacement of dependent P columns (+ col) */
@@ -465,7 +480,7 @@ static void pass_qt(const float *restrict W, size_t rows, size_t cols, size_t r,
 static void product_out(float *out, const float *P, const float *qt, size_t rows, size_t cols,
                         size_t r, float scale, bool add, int nthreads) {
 #if PSGD_BLAS
-    if (add && rows <= INT_MAX && cols <= INT_MAX) {
+    if (add && r > PSGD_DECODE_LOOP_RANK && rows <= INT_MAX && cols <= INT_MAX) {
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)rows, (int)cols, (int)r, scale,
                     P, (int)r, qt, (int)cols, 1.0f, out, (int)cols);
         return;

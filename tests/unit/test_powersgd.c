@@ -6,10 +6,12 @@
  * protocol misuse, error-feedback conservation, save/load continuity, dense fallbacks, and
  * hostile payloads (CRCs recomputed so the section validation itself is exercised).
  */
+#define _POSIX_C_SOURCE 200809L /* popen, readlink */
 #include "check.h"
 #include "core/internal.h"
 
 #include <float.h>
+#include <unistd.h>
 
 #define S_IDX(i, j, ld) ((size_t)(i) * (ld) + (size_t)(j))
 
@@ -789,7 +791,76 @@ static void test_alloc_failures(void) {
     }
 }
 
-int main(void) {
+/* ---- thread count ----------------------------------------------------------------------------
+ * Below rank 16 every pass of encode, and up to rank 8 decode, runs through the library's
+ * own loops, split by rows and column stripes, so every number is summed in one order
+ * whatever OMP_NUM_THREADS is: the messages and the decoded sums are the same bits on
+ * every thread count.  The test runs this
+ * program again as `--digest` with OMP_NUM_THREADS=1 and =3 and compares the hashes. */
+
+static uint64_t fnv(uint64_t h, const void *p, size_t n) {
+    const unsigned char *b = p;
+    for (size_t i = 0; i < n; i++) h = (h ^ b[i]) * 0x100000001b3ull;
+    return h;
+}
+
+static int print_digest(void) {
+    /* Above PAR_MIN (2^18 elements), so the passes do split over the threads. */
+    static const size_t shapes[][2] = {{600, 500}, {256, 1100}};
+    /* Rank 12's decode is sgemm's: its messages only. */
+    static const char *const specs[] = {"powersgd:rank=1", "powersgd:rank=4",
+                                        "powersgd:rank=8,values=f16", "powersgd:rank=12,iters=2"};
+    static const bool sums[] = {true, true, true, false};
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++)
+        for (size_t k = 0; k < sizeof specs / sizeof *specs; k++) {
+            const size_t rows = shapes[s][0], cols = shapes[s][1], n = rows * cols;
+            gcomp_compressor *c = mk(specs[k], rows, cols);
+            size_t cap = gcomp_encode_bound(c), len;
+            uint8_t *msg = malloc(cap);
+            float *g = fvec(n), *sum = fvec(n);
+            for (unsigned step = 0; step < 3; step++) {
+                make_matrix(g, rows, cols, 6, 0.9, 0.05, 300 + step);
+                CHECK_OK(gcomp_encode(c, g, msg, cap, &len));
+                CHECK_OK(gcomp_decode_add(msg, len, sum, n, 0.5f));
+                h = fnv(h, msg, len);
+                if (sums[k]) h = fnv(h, sum, n * sizeof(float));
+            }
+            gcomp_compressor_free(c);
+            free(msg), free(g), free(sum);
+        }
+    printf("%016llx\n", (unsigned long long)h);
+    return CHECK_DONE();
+}
+
+static void digest_with(const char *self, int threads, char *out, size_t cap) {
+    char cmd[4200];
+    snprintf(cmd, sizeof cmd, "OMP_NUM_THREADS=%d OPENBLAS_NUM_THREADS=%d '%s' --digest", threads,
+             threads, self);
+    FILE *f = popen(cmd, "r");
+    CHECK(f != NULL);
+    out[0] = 0;
+    if (!f) return;
+    if (!fgets(out, (int)cap, f)) out[0] = 0;
+    CHECK_MSG(pclose(f) == 0, "%s failed", cmd);
+}
+
+static void test_thread_count(void) {
+    char self[4096], one[64], three[64];
+    ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+    if (n <= 0) {
+        fprintf(stderr, "test_thread_count: no /proc/self/exe, skipped\n");
+        return;
+    }
+    self[n] = 0;
+    digest_with(self, 1, one, sizeof one);
+    digest_with(self, 3, three, sizeof three);
+    CHECK_MSG(one[0] && strcmp(one, three) == 0, "digest on 1 thread %.16s, on 3 %.16s", one,
+              three);
+}
+
+int main(int argc, char **argv) {
+    if (argc > 1 && strcmp(argv[1], "--digest") == 0) return print_digest();
     test_exact_low_rank();
     test_near_optimal();
     /* f32: float rounding only (observed ~1e-6).  f16: each rank's share is rounded on its
@@ -812,5 +883,6 @@ int main(void) {
     test_corrupt();
     test_large();
     test_alloc_failures();
+    test_thread_count();
     return CHECK_DONE();
 }
