@@ -29,11 +29,11 @@
  *   The hot loops split over OpenMP threads (OMP_NUM_THREADS).  PowerSGD from rank 9 on
  *   also decodes, and from rank 16 on encodes, through OpenBLAS, which runs a thread pool
  *   of its own.  With both pools at their defaults they contend for the cores: on 2 cores
- *   a 1024 x 1024 rank-16 encode took 7.3-8.9 ms on average instead of 2.7-4.5 ms with
- *   either pool at one thread (likely each pool's threads spinning between calls; not
- *   taken apart).  There, give one of them one thread (OPENBLAS_NUM_THREADS=1 or
- *   OMP_NUM_THREADS=1); `gradcomp train` sets both to 1 for every rank.  Up to rank 8
- *   PowerSGD calls no BLAS.
+ *   a 1024 x 1024 rank-16 encode took 7.0-9.5 ms on average instead of 3.0-4.3 ms with
+ *   either pool at one thread (`gradcomp bench --pairs`; likely each pool's threads
+ *   spinning between calls, not taken apart).  There, give one of them one thread
+ *   (OPENBLAS_NUM_THREADS=1 or OMP_NUM_THREADS=1); `gradcomp train` sets both to 1 for
+ *   every rank.  Up to rank 8 PowerSGD calls no BLAS.
  *
  * Ownership
  *   Every `create` has a `free`; `free(NULL)` is a no-op; a failed `create` leaves nothing

@@ -7,8 +7,12 @@
  * touched for the first time: page faults, ~10 us per 4 KiB page here, which is what huge
  * pages are for), beside a memcpy into a fresh, untouched buffer; and the steady state,
  * the median of --runs calls after that first one, beside a memcpy between touched
- * buffers; the steady state's mean too, which a stall moves and the median does not (two
- * thread pools spinning against each other on the same cores show there).  The
+ * buffers; the steady state's mean too, which a stall moves and the median does not.
+ * --pairs runs each encode straight after the previous decode, as a rank that encodes its
+ * gradient and then decodes what it received, with the memcpys timed on their own before:
+ * the memcpy between the calls otherwise gives a thread pool time to stop spinning, and
+ * two pools spinning against each other on the same cores (OpenMP's and OpenBLAS's: PowerSGD
+ * from rank 9 on) show only without it.  The
  * process's AnonHugePages (/proc/self/smaps_rollup) and the kernel's THP
  * mode are reported with them: the bench's own buffers come from malloc (no advice), so
  * under THP mode "madvise" the huge pages counted are the library's.
@@ -59,7 +63,7 @@ static double median(double *v, int n) {
 int cmd_bench(int argc, char **argv) {
     const char *cmd = "bench", *spec = NULL;
     size_t n = 0, rows = 0, cols = 0, runs = 7;
-    bool json = false;
+    bool json = false, pairs = false;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         bool has = i + 1 < argc;
@@ -77,6 +81,8 @@ int cmd_bench(int argc, char **argv) {
                 return cli_fail(cmd, 2, "--runs %s: expected 1..1000", argv[i]);
         } else if (!strcmp(a, "--json"))
             json = true;
+        else if (!strcmp(a, "--pairs"))
+            pairs = true;
         else
             return cli_fail(cmd, 2, "unknown or incomplete option '%s'", a);
     }
@@ -111,9 +117,15 @@ int cmd_bench(int argc, char **argv) {
     double f0 = cli_now();
     memcpy(fresh, g, n * sizeof(float));
     double first_memcpy = cli_now() - f0;
+    if (pairs) /* the memcpys on their own, before the pairs */
+        for (size_t r = 0; r < runs; r++) {
+            double t0 = cli_now();
+            memcpy(copy, g, n * sizeof(float));
+            tm[r] = cli_now() - t0;
+        }
     for (size_t r = 0; r <= runs; r++) { /* run 0 is the first call on a fresh compressor */
         double t0 = cli_now();
-        memcpy(copy, g, n * sizeof(float));
+        if (!pairs) memcpy(copy, g, n * sizeof(float));
         double t1 = cli_now();
         st = gcomp_encode(c, g, msg, cap, &len);
         double t2 = cli_now();
@@ -131,7 +143,7 @@ int cmd_bench(int argc, char **argv) {
             first_encode = t2 - t1;
             first_decode = t3 - t2;
         } else {
-            tm[r - 1] = t1 - t0;
+            if (!pairs) tm[r - 1] = t1 - t0;
             te[r - 1] = t2 - t1;
             td[r - 1] = t3 - t2;
             total += len;
@@ -156,13 +168,14 @@ int cmd_bench(int argc, char **argv) {
                "\"encode_vs_memcpy\":%.3f,\"first_encode_ms\":%.4f,\"first_decode_ms\":%.4f,"
                "\"first_memcpy_ms\":%.4f,\"first_encode_gbps\":%.3f,\"first_memcpy_gbps\":%.3f,"
                "\"anon_huge_kb\":%ld,\"thp\":\"%s\",\"encode_min_ms\":%.4f,\"decode_min_ms\":%.4f,"
-               "\"memcpy_min_ms\":%.4f,\"encode_mean_ms\":%.4f,\"decode_mean_ms\":%.4f}\n",
+               "\"memcpy_min_ms\":%.4f,\"encode_mean_ms\":%.4f,\"decode_mean_ms\":%.4f,"
+               "\"pairs\":%s}\n",
                spec, gcomp_compressor_spec(c), n, rows, cols, runs, bytes_in, bytes_out,
                bytes_in / bytes_out, sent, me * 1e3, md * 1e3, mm * 1e3, bytes_in / me / 1e9,
                bytes_in / md / 1e9, bytes_in / mm / 1e9, mm / me, first_encode * 1e3,
                first_decode * 1e3, first_memcpy * 1e3, bytes_in / first_encode / 1e9,
                bytes_in / first_memcpy / 1e9, huge_kb, thp, te[0] * 1e3, td[0] * 1e3, tm[0] * 1e3,
-               ae * 1e3, ad * 1e3);
+               ae * 1e3, ad * 1e3, pairs ? "true" : "false");
     } else {
         printf("spec      %s\n", gcomp_compressor_spec(c));
         printf("tensor    %zu float32 (%.1f MB)%s\n", n, bytes_in / 1e6,
@@ -173,8 +186,8 @@ int cmd_bench(int argc, char **argv) {
                bytes_in / me / 1e9, mm / me, ae * 1e3);
         printf("decode    %8.3f ms  %7.2f GB/s   (mean %.3f ms)\n", md * 1e3, bytes_in / md / 1e9,
                ad * 1e3);
-        printf("memcpy    %8.3f ms  %7.2f GB/s   (same buffer, same run)\n", mm * 1e3,
-               bytes_in / mm / 1e9);
+        printf("memcpy    %8.3f ms  %7.2f GB/s   (same buffer, same run%s)\n", mm * 1e3,
+               bytes_in / mm / 1e9, pairs ? "; --pairs: before the pairs" : "");
         printf("first     encode %.3f ms (%.2f GB/s), decode %.3f ms; memcpy into fresh memory "
                "%.3f ms (%.2f GB/s)\n",
                first_encode * 1e3, bytes_in / first_encode / 1e9, first_decode * 1e3,

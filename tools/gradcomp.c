@@ -22,7 +22,7 @@ static const cli_command commands[] = {
     {"verify", cmd_verify, "verify FILE...               (exit 0 only if every message is valid)"},
     {"state", cmd_state, "state FILE [--residual OUT]  (summarise a saved compressor state)"},
     {"list-codecs", cmd_list_codecs, "list-codecs [--json]         (codecs and their parameters)"},
-    {"bench", cmd_bench, "bench -c SPEC -n N [--shape RxC] [--runs R] [--json]"},
+    {"bench", cmd_bench, "bench -c SPEC -n N [--shape RxC] [--runs R] [--pairs] [--json]"},
     {"plan-layers", cmd_plan_layers,
      "plan-layers POLICY FILE [--json]   (spec per tensor, bytes/step)"},
     {"plan", cmd_plan,

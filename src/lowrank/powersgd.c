@@ -50,15 +50,12 @@
  * decode adds into the output (beta = 1), and up to rank PSGD_DECODE_LOOP_RANK (8) the
  * loops do that too, so that PowerSGD at those ranks runs on one thread pool, OpenMP's.
  * With sgemm decoding, OpenBLAS's pool woke at every decode and OpenMP's at every encode,
- * and on 2 cores each spun against the other: 1024x1024 at rank 4, an encode and its
- * decode took 2.2-5.5 ms a pair on average with both pools at their defaults and 1.3-2.0
- * with OpenBLAS's at one thread (5 runs of 200 pairs, stalls of 16-30 ms); with the loops,
- * 1.2-2.2 ms at the defaults; at 4096x4096 the decode alone 5.8-6.3 ms against
- * 11.5-13.8.  Apart from that the loops keep pace: rank 4, decodes alternating with
- * encodes on one thread, 1024x1024 0.4-0.5 ms against 0.5, 4096x4096 11-12 against 12-13,
- * 5000x5000 19-20 against 22-23; `gradcomp bench` (a memcpy between the calls, which lets
- * the spinning stop), 4096x4096 on two threads 7.2 ms against 6.7-7.2.  Rank 8 at
- * 4096x4096, one thread: 15 ms against 13-14.
+ * and on 2 cores each spun against the other (`gradcomp bench --pairs`, rank 4, 3 runs of
+ * 200 pairs): at 1024x1024 an encode and its decode took 3.0-4.6 ms a pair on average with
+ * both pools at their defaults and 1.4-2.2 ms with OpenBLAS's at one thread; with the
+ * loops, 1.9 ms at the defaults.  At 4096x4096 the decode took 10.9-14.0 ms, with the loops
+ * 6.8-6.9.  On one thread the loops keep pace: 4096x4096 12.4-12.8 ms against 11.4-12.4
+ * (two runs of 30), 5000x5000 19-20 against 22-23; rank 8 at 4096x4096 15 against 13-14.
  * From rank 9 decode goes to sgemm: at 12 its kernels were 1.5x faster on one thread
  * (18 ms against 12), and there both pools run, as in encode from rank 16.
  * Without BLAS at build time

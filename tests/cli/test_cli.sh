@@ -110,10 +110,12 @@ grep -q "^topk (id 2)" out.txt && grep -q "density" out.txt && ok || bad "list-c
 expect_rc 0 "list-codecs --json" "$G" list-codecs --json
 grep -q '"name":"topk"' out.txt && ok || bad "list-codecs json"
 expect_rc 0 "bench json" "$G" bench -c topk:density=0.01 -n 100000 --runs 3 --json
-for f in spec n bytes_in bytes_out ratio encode_gbps decode_gbps memcpy_gbps; do
+for f in spec n bytes_in bytes_out ratio encode_gbps decode_gbps memcpy_gbps encode_mean_ms; do
   grep -q "\"$f\":" out.txt || bad "bench json lacks $f"
 done
-ok
+grep -q '"pairs":false' out.txt && ok || bad "bench json: pairs is not false by default"
+expect_rc 0 "bench --pairs" "$G" bench -c powersgd:rank=4 --shape 64x32 --runs 3 --pairs --json
+grep -q '"pairs":true' out.txt && grep -q '"memcpy_ms":[0-9]' out.txt && ok || bad "bench --pairs json"
 expect_rc 2 "bench bad n" "$G" bench -c topk -n abc
 
 # train's option errors come before any MPI or data work
