@@ -9,13 +9,12 @@
  * the median of --runs calls after that first one, beside a memcpy between touched
  * buffers; the steady state's mean too, which a stall moves and the median does not.
  * --pairs runs each encode straight after the previous decode, as a rank that encodes its
- * gradient and then decodes what it received, with the memcpys timed on their own before:
- * the memcpy between the calls otherwise gives a thread pool time to stop spinning, and
- * two pools spinning against each other on the same cores (OpenMP's and OpenBLAS's: PowerSGD
- * from rank 9 on) show only without it.  The
- * process's AnonHugePages (/proc/self/smaps_rollup) and the kernel's THP
- * mode are reported with them: the bench's own buffers come from malloc (no advice), so
- * under THP mode "madvise" the huge pages counted are the library's.
+ * gradient and then decodes what it received, and times the memcpys on their own before.
+ * Without it the memcpy between the calls gives a thread pool time to stop spinning, which
+ * hides two pools spinning against each other on the same cores (OpenMP's and OpenBLAS's:
+ * PowerSGD from rank 9 on).  The process's AnonHugePages (/proc/self/smaps_rollup) and
+ * the kernel's THP mode are reported with them: the bench's own buffers come from malloc
+ * (no advice), so under THP mode "madvise" the huge pages counted are the library's.
  */
 #include "cli.h"
 

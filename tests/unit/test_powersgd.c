@@ -795,8 +795,8 @@ static void test_alloc_failures(void) {
  * Below rank 16 every pass of encode, and up to rank 8 decode, runs through the library's
  * own loops, split by rows and column stripes, so every number is summed in one order
  * whatever OMP_NUM_THREADS is: the messages and the decoded sums are the same bits on
- * every thread count.  The test runs this
- * program again as `--digest` with OMP_NUM_THREADS=1 and =3 and compares the hashes. */
+ * every thread count.  The test runs this program again as `--digest` with
+ * OMP_NUM_THREADS=1 and =3 and compares the hashes. */
 
 static uint64_t fnv(uint64_t h, const void *p, size_t n) {
     const unsigned char *b = p;
