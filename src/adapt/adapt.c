@@ -629,6 +629,8 @@ static gcomp_status run_controllers(gcomp_adapt *a, const gcomp__adapt_in *in, s
 
 /* ---- create -------------------------------------------------------------------------- */
 
+static void refresh_fp(gcomp_adapt *a);
+
 static uint64_t fnv_str(uint64_t h, const char *s) {
     for (; *s; s++) h = (h ^ (unsigned char)*s) * 0x100000001b3ull;
     return (h ^ 0xff) * 0x100000001b3ull;
@@ -807,6 +809,18 @@ gcomp_status gcomp_adapt_create(gcomp_adapt **out, const char *method,
     if ((st = resolve_schedule(a, err)) != GCOMP_OK) goto fail;
     for (size_t i = 0; i < count; i++)
         if (!a->t[i].managed) a->t[i].fixed_strategy = strategy_of(opt, a->t[i].fixed);
+    /* The options every decision reads go into the fingerprint the statistics carry (not
+     * into fp0, which saved states carry: a checkpoint resumes on another number of
+     * workers or machine).  Each rank takes them from its own caller, and a rank given
+     * another run length, worker count or calibration - a host with its own calibration
+     * file - would otherwise predict, and decide, apart from the others without a word. */
+    uint64_t hr =
+        fnv_u64(fnv_u64(fnv_u64(0xcbf29ce484222325ull, a->total_steps), (uint64_t)a->workers),
+                (uint64_t)a->nodes);
+    for (size_t j = 0; j < a->K; j++) hr = fnv_u64(hr, (uint64_t)(int64_t)a->strategy[j]);
+    for (size_t i = 0; i < count; i++)
+        if (!a->t[i].managed)
+            hr = fnv_u64(fnv_str(hr, a->t[i].fixed), (uint64_t)(int64_t)a->t[i].fixed_strategy);
     if (opt && opt->calibration) {
         /* Kept as text: the calibration object has no copy function. */
         size_t len = 0;
@@ -816,11 +830,15 @@ gcomp_status gcomp_adapt_create(gcomp_adapt **out, const char *method,
             st = gcomp__fail(err, GCOMP_E_NOMEM, "adapt: out of memory");
             goto fail;
         }
-        if (gcomp_cost_calibration_format(opt->calibration, text, len + 1, &len) == GCOMP_OK)
+        if (gcomp_cost_calibration_format(opt->calibration, text, len + 1, &len) == GCOMP_OK) {
+            text[len] = 0;
+            hr = fnv_str(hr, text);
             st = gcomp_cost_calibration_parse(&a->cal, text, len, err);
+        }
         gcomp__free(text);
         if (st != GCOMP_OK) goto fail;
     }
+    a->fp_run = hr;
     for (size_t k = 0; k < a->nctl; k++) {
         if ((st = a->ctl[k]->create(a, &a->ctl_state[k], err)) != GCOMP_OK) goto fail;
         a->track_norm |= a->ctl[k]->needs_norm;
@@ -856,7 +874,8 @@ gcomp_status gcomp_adapt_create(gcomp_adapt **out, const char *method,
     for (size_t i = 0; i < count; i++)
         h = fnv_u64(fnv_u64(fnv_u64(h, a->t[i].n), a->t[i].rows), (uint64_t)a->t[i].managed);
     h = fnv_u64(fnv_u64(fnv_u64(h, a->interval), a->measure), (uint64_t)a->sample);
-    a->fp = a->fp0 = h;
+    a->fp0 = h;
+    refresh_fp(a);
 
     gcomp__adapt_in in = {0};
     in.initial = true;
@@ -1100,10 +1119,10 @@ void gcomp_adapt_observe_metric(gcomp_adapt *a, double value) {
     a->metric_n++;
 }
 
-/* The configuration's fingerprint: fp0 with the course and the exchange groups, the inputs
- * of decisions given after create. */
+/* The configuration's fingerprint: fp0 with the run's options, and the course and the
+ * exchange groups, the inputs of decisions given after create. */
 static void refresh_fp(gcomp_adapt *a) {
-    uint64_t h = a->fp0;
+    uint64_t h = fnv_u64(a->fp0, a->fp_run);
     if (a->ncourse) {
         for (size_t k = 0; k < 2 * a->ncourse; k++) {
             uint64_t b;
@@ -1304,7 +1323,8 @@ gcomp_status gcomp_adapt_decide(gcomp_adapt *a, const double *all, size_t len, i
             ((uint64_t)b[S_FP_LO] | (uint64_t)b[S_FP_HI] << 32) != a->fp)
             return gcomp__fail(err, GCOMP_E_MISMATCH,
                                "adapt: rank %d runs another adaptive configuration (method, "
-                               "ladder or tensors differ)",
+                               "ladder, tensors, or the run's length, workers, dense spec or "
+                               "calibration differ)",
                                r);
         if (b[S_DECISION] != (double)a->decisions || b[S_STEP] != all[S_STEP] ||
             b[S_MEASURED] != all[S_MEASURED])

@@ -142,9 +142,11 @@ struct gcomp_adapt {
     void *ctl_state[4];
     size_t nctl;
     bool track_norm, need_measure;
-    uint64_t fp;    /* configuration fingerprint: every rank's statistics carry it */
-    uint64_t fp0;   /* the fingerprint of the method, ladder and tensors alone */
-    double *course; /* accuracy: a reference curve, ncourse (progress, metric) pairs */
+    uint64_t fp;     /* configuration fingerprint: every rank's statistics carry it */
+    uint64_t fp0;    /* the fingerprint of the method, ladder and tensors alone */
+    uint64_t fp_run; /* of the options decisions read: run length, workers, nodes, the
+                        candidates' and fixed tensors' specs and strategies, calibration */
+    double *course;  /* accuracy: a reference curve, ncourse (progress, metric) pairs */
     size_t ncourse;
     unsigned *exchange; /* nt: the caller's exchange groups (gcomp_adapt_set_exchanges), or
                            NULL: a message a tensor */

@@ -271,14 +271,14 @@ def scenario_groups(rank, method):
         state.observe_compute(0.001, 0.002, 0.0001)
         groups.append(list(state._groups))
     # What the controllers hold: the configuration fingerprint (words 1 and 2 of the
-    # statistics) of the same method (with the hook's defaults) given those groups,
-    # and given none.
+    # statistics) of the same method (with the hook's defaults and its exchanges'
+    # strategies, which the fingerprint covers) given those groups, and given none.
     pol = state.policy
     fp = {}
     for name, g in (("hook", None), ("given", groups[-1]), ("none", None)):
         ad = state.adapt if name == "hook" else gradcomp.Adapt(
             gt._with_hook_defaults(method), pol._tensors, total_steps=20, workers=2,
-            min_elements=pol.min_elements)
+            min_elements=pol.min_elements, strategy=gt._hook_route_strategy)
         if name == "given":
             ad.set_exchanges(g)
         fp[name] = ad.stats()[1:3].tolist()

@@ -307,6 +307,24 @@ print("train_mpi link panel: %s" % ("passed" if ok else "FAILED"))
 sys.exit(0 if ok else 1)
 PYEOF
 
+# Each host reads its own calibration file (GRADCOMP_CALIBRATION here, one a rank): the
+# trainer broadcasts rank 0's, so every rank's bandwidth controller predicts from the same
+# rates. Read by each rank, the ranks' controllers would see other configurations and stop
+# at the first decision (or, before the calibration was in their fingerprint, decide apart).
+for r in 0 1; do
+    printf 'gradcomp-calibration 3\ncodec int8:feedback=ef encode_fixed_s=0 encode_per_elem=%s decode_fixed_s=0 decode_per_elem=%s\n' \
+        "${r}e-6" "${r}e-6" > "cal$r.txt"
+done
+cal_run="$G train --data synthetic --model mlp --hidden 64 --epochs 1 --batch 16 --evals 2 \
+    --max-steps 40 --quiet --min-elements 100 --dense-spec int8:feedback=ef \
+    --compare adapt:bandwidth;interval=10 --out cal"
+timeout 300 mpirun -np 1 -x GRADCOMP_CALIBRATION="$PWD/cal0.txt" $cal_run : \
+    -np 1 -x GRADCOMP_CALIBRATION="$PWD/cal1.txt" $cal_run > cal.log 2>&1 ||
+    { cat cal.log; echo "FAIL: ranks with calibrations of their own"; exit 1; }
+"$PY" -c 'import json, sys; m = json.load(open("cal/results.json"))["methods"][0]; sys.exit(m["adaptive_decisions"] < 3)' ||
+    { cat cal.log; echo "FAIL: ranks with calibrations of their own: under 3 decisions"; exit 1; }
+echo "train_mpi per-rank calibration files: passed"
+
 # One rank sends nothing: its plots are accuracy over time and the adaptive method's own,
 # and the bytes plot, whose log axis would have no point (gnuplot then refused the whole
 # script, and an earlier run's PNG stayed behind), is left out and said to be.

@@ -1626,6 +1626,103 @@ static void test_ranks_agree(void) {
     free(g);
 }
 
+/* Every option a decision reads is part of the configuration the statistics carry: ranks
+ * given another run length, worker count, node count, dense spec, exchange strategy or
+ * calibration fail together at the first decision instead of predicting apart (a host
+ * with its own calibration file would otherwise steer its own way, without a word). */
+static gcomp_cost_calibration *int8_calibration(double per_elem) {
+    char txt[256];
+    snprintf(txt, sizeof txt,
+             "gradcomp-calibration 3\ncodec int8:feedback=ef encode_fixed_s=0 "
+             "encode_per_elem=%g decode_fixed_s=0 decode_per_elem=%g\n",
+             per_elem, per_elem);
+    gcomp_cost_calibration *cal = NULL;
+    gcomp_error e = {0};
+    CHECK_OK(gcomp_cost_calibration_parse(&cal, txt, strlen(txt), &e));
+    return cal;
+}
+
+static int allgather_strategy(void *ctx, const char *spec) {
+    (void)ctx;
+    (void)spec;
+    return GCOMP_COST_ALLGATHER;
+}
+
+static void test_options_in_fingerprint(void) {
+    const char *method = "adapt:bandwidth+accuracy;target=0.6;interval=4";
+    gcomp_cost_calibration *slow = int8_calibration(2e-5), *fast = int8_calibration(1e-9);
+    gcomp_adapt_options base = {0};
+    base.total_steps = 1000;
+    base.workers = 4;
+    base.nodes = 2;
+    base.min_elements = 4096;
+    base.dense_spec = "int8:feedback=ef";
+    base.calibration = fast;
+    gcomp_adapt_options var[7];
+    const char *what[7] = {"total_steps", "workers",  "nodes", "dense_spec",
+                           "calibration", "strategy", "same"};
+    for (int v = 0; v < 7; v++) var[v] = base;
+    var[0].total_steps = 2000;
+    var[1].workers = 8;
+    var[2].nodes = 1;
+    var[3].dense_spec = "none";
+    var[4].calibration = slow;
+    var[5].strategy = allgather_strategy;
+    /* var[6]: the same options, a calibration object of its own with the same rates */
+    gcomp_cost_calibration *fast2 = int8_calibration(1e-9);
+    var[6].calibration = fast2;
+    gcomp_adapt *a0 = NULL;
+    gcomp_error e = {0};
+    CHECK_OK(gcomp_adapt_create(&a0, method, MLP, NMLP, &base, &e));
+    size_t len = a0 ? gcomp_adapt_stats_size(a0) : 0, got;
+    double *all = malloc(2 * len * sizeof(double) + 1);
+    for (int v = 0; a0 && v < 7; v++) {
+        gcomp_adapt *a1 = NULL, *b0 = NULL;
+        CHECK_OK(gcomp_adapt_create(&a1, method, MLP, NMLP, &var[v], &e));
+        CHECK_OK(gcomp_adapt_create(&b0, method, MLP, NMLP, &base, &e));
+        if (!a1 || !b0) {
+            gcomp_adapt_free(a1);
+            gcomp_adapt_free(b0);
+            continue;
+        }
+        for (int s = 0; s < 4; s++) {
+            gcomp_adapt_end_step(a1, NULL);
+            gcomp_adapt_end_step(b0, NULL);
+        }
+        CHECK_OK(gcomp_adapt_stats(b0, all, len, &got));
+        CHECK_OK(gcomp_adapt_stats(a1, all + len, len, &got));
+        gcomp_status st0 = gcomp_adapt_decide(b0, all, len, 2, NULL, &e);
+        gcomp_status st1 = gcomp_adapt_decide(a1, all, len, 2, NULL, &e);
+        if (v == 6) {
+            CHECK_MSG(st0 == GCOMP_OK && st1 == GCOMP_OK, "the same options: %d %d (%s)", st0, st1,
+                      e.message);
+        } else {
+            CHECK_MSG(st0 == GCOMP_E_MISMATCH && st1 == GCOMP_E_MISMATCH,
+                      "another %s on rank 1: decide gave %d and %d", what[v], st0, st1);
+            CHECK_MSG(strstr(e.message, "rank") != NULL, "%s: message '%s'", what[v], e.message);
+        }
+        gcomp_adapt_free(a1);
+        gcomp_adapt_free(b0);
+    }
+    /* a saved state still loads where only those options differ (a checkpoint resumes on
+     * other workers or another machine's calibration) */
+    gcomp_adapt *w8 = NULL;
+    CHECK_OK(gcomp_adapt_create(&w8, method, MLP, NMLP, &var[1], &e));
+    if (a0 && w8) {
+        size_t cap = gcomp_adapt_state_bound(a0), sl;
+        uint8_t *blob = malloc(cap);
+        CHECK_OK(gcomp_adapt_save_state(a0, blob, cap, &sl));
+        CHECK_OK(gcomp_adapt_load_state(w8, blob, sl, &e));
+        free(blob);
+    }
+    gcomp_adapt_free(w8);
+    gcomp_adapt_free(a0);
+    free(all);
+    gcomp_cost_calibration_free(slow);
+    gcomp_cost_calibration_free(fast);
+    gcomp_cost_calibration_free(fast2);
+}
+
 int main(void) {
     test_method_uses();
     test_grammar();
@@ -1653,5 +1750,6 @@ int main(void) {
     test_accuracy_course();
     test_state();
     test_ranks_agree();
+    test_options_in_fingerprint();
     return CHECK_DONE();
 }

@@ -982,6 +982,43 @@ static void print_table(gtrain_result *r, int nr, double target, const char *why
                "two models disagree on (paired; another seed moves it further)\n");
 }
 
+/* Rank 0's calibration (or its absence) to every rank, as its text; 1 on failure (said). */
+static int bcast_calibration(gcomp_cost_calibration **cal, int rank) {
+    char *text = NULL;
+    unsigned long long len = 0;
+    if (rank == 0 && *cal) {
+        size_t n = 0;
+        gcomp_cost_calibration_format(*cal, NULL, 0, &n);
+        if (!(text = malloc(n + 1)) ||
+            gcomp_cost_calibration_format(*cal, text, n + 1, &n) != GCOMP_OK) {
+            free(text);
+            text = NULL;
+            n = 0;
+        }
+        len = text ? n : 0;
+    }
+    MPI_Bcast(&len, 1, MPI_UNSIGNED_LONG_LONG, 0, MPI_COMM_WORLD);
+    if (len > INT_MAX) { /* every rank has len: every rank returns here */
+        free(text);
+        return cli_fail("train", 1, "calibration of %llu bytes: too long to send", len);
+    }
+    int ok = rank == 0 || !len || (text = malloc(len)) != NULL;
+    MPI_Allreduce(MPI_IN_PLACE, &ok, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+    if (!ok) {
+        free(text);
+        return cli_fail("train", 1, "calibration: out of memory on some rank");
+    }
+    if (len) MPI_Bcast(text, (int)len, MPI_CHAR, 0, MPI_COMM_WORLD);
+    int rc = 0;
+    if (rank != 0 && len) {
+        gcomp_error e = {0};
+        if (gcomp_cost_calibration_parse(cal, text, len, &e) != GCOMP_OK)
+            rc = cli_fail("train", 1, "rank 0's calibration: %s", e.message);
+    }
+    free(text);
+    return rc;
+}
+
 int cmd_train(int argc, char **argv) {
     opts o;
     int rc = parse(argc, argv, &o);
@@ -1046,15 +1083,20 @@ int cmd_train(int argc, char **argv) {
         fputc('\n', stderr);
     }
 
-    /* The cost model's calibration, on every rank (each predicts; rank 0 reports). */
+    /* The cost model's calibration: rank 0's, on every rank (each predicts; rank 0
+     * reports).  Read on rank 0 and broadcast, not read by each: every rank's adaptive
+     * controllers must predict from the same rates (they refuse to decide otherwise), and
+     * each host would read its own file. */
     gcomp_cost_calibration *cal = NULL;
-    {
+    if (rank == 0) {
         char defpath[PATH_MAX];
         const char *cp =
             o.calibration ? o.calibration : cli_default_calibration(defpath, sizeof defpath);
         if (cli_load_calibration("train", cp, o.calibration != NULL, &cal) && o.calibration)
             bad = 1;
     }
+    MPI_Allreduce(MPI_IN_PLACE, &bad, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+    if (!bad && P > 1 && bcast_calibration(&cal, rank)) bad = 1;
     MPI_Allreduce(MPI_IN_PLACE, &bad, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
     if (bad) {
         gcomp_cost_calibration_free(cal);
