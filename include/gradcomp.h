@@ -1044,7 +1044,8 @@ typedef struct gcomp_adapt gcomp_adapt;
 
 /** The run as the controllers need to know it (zero fields: defaults). */
 typedef struct gcomp_adapt_options {
-    uint64_t total_steps; /**< steps of the run (interval=auto scales with it); 0: unknown */
+    uint64_t total_steps; /**< steps of the run (interval=auto scales with it; accuracy needs it);
+                             0: unknown */
     int workers;          /**< ranks that exchange gradients (the cost model's P); 0: 1 */
     int nodes;            /**< nodes they are on (1..workers); 0: 1 */
     /** The exchange's strategy for a spec (gcomp_cost_strategy values; the MPI layer's
@@ -1087,7 +1088,7 @@ GCOMP_API const char *gcomp_adapt_spec(const gcomp_adapt *a, size_t i);
 GCOMP_API int gcomp_adapt_managed(const gcomp_adapt *a, size_t i);
 /** Tensor i's ladder position (0: the candidate that sends most); -1 when not managed. */
 GCOMP_API int gcomp_adapt_level(const gcomp_adapt *a, size_t i);
-/** 1 when the last gcomp_adapt_decide changed tensor i's spec. */
+/** 1 when the last gcomp_adapt_decide changed tensor i's spec (0 after one that failed). */
 GCOMP_API int gcomp_adapt_changed(const gcomp_adapt *a, size_t i);
 /** Candidates in the ladder, and candidate j as a spec (canonical, owned by `a`). */
 GCOMP_API size_t gcomp_adapt_ladder_size(const gcomp_adapt *a);
@@ -1125,7 +1126,8 @@ GCOMP_API gcomp_status gcomp_adapt_observe(gcomp_adapt *a, size_t i, const float
 GCOMP_API int gcomp_adapt_measuring(const gcomp_adapt *a);
 /** This step's compute on this rank, seconds: forward, backward, optimizer.  Local.  The
  *  time this step's gcomp_adapt_observe calls spent measuring candidates is taken out of
- *  backward (then forward): it is the controllers' cost, not the model's compute. */
+ *  backward (then forward): it is the controllers' cost, not the model's compute.  A call
+ *  with a value that is negative, NaN or infinite is ignored, as a bad link reading is. */
 GCOMP_API void gcomp_adapt_observe_compute(gcomp_adapt *a, double forward_s, double backward_s,
                                            double optimizer_s);
 /** This rank's measurement of its link: payload bytes/s and one-way latency in seconds

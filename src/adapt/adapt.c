@@ -190,6 +190,21 @@ void gcomp_adapt_free(gcomp_adapt *a) {
 
 /* ---- parsing ------------------------------------------------------------------------- */
 
+/* Whether a `sep`-separated list has an empty item (blanks count as empty), which strtok
+ * would skip without a word: "a//b", "/a", "a+". */
+static bool empty_token(const char *list, char sep) {
+    bool blank = true; /* the item so far */
+    for (const char *p = list;; p++) {
+        if (*p == sep || !*p) {
+            if (blank && (*p || p != list)) return true;
+            if (!*p) return false;
+            blank = true;
+        } else if (!isspace((unsigned char)*p)) {
+            blank = false;
+        }
+    }
+}
+
 static gcomp_status parse_controllers(gcomp_adapt *a, char *list, gcomp_error *err) {
     char names[160] = "";
     for (size_t k = 0; k < NCTL; k++)
@@ -199,6 +214,11 @@ static gcomp_status parse_controllers(gcomp_adapt *a, char *list, gcomp_error *e
         return gcomp__fail(err, GCOMP_E_SPEC,
                            "adapt: join controllers with '+' (e.g. adapt:bandwidth+layers), "
                            "not ',': '%s'",
+                           list);
+    if (empty_token(list, '+'))
+        return gcomp__fail(err, GCOMP_E_SPEC,
+                           "adapt: an empty controller name (two '+' in a row, or one at an "
+                           "end): '%s'",
                            list);
     bool seen[NCTL] = {false};
     for (char *save = NULL, *p = strtok_r(list, "+", &save); p; p = strtok_r(NULL, "+", &save)) {
@@ -327,7 +347,8 @@ static gcomp_status item_spec(const char *base, const char *knob, const char *it
         st = gcomp_spec_canonical(item, out, cap, NULL, &local);
     }
     if (st != GCOMP_OK)
-        return gcomp__fail(err, st, "adapt: ladder entry '%s': %s", item, local.message);
+        return gcomp__fail(err, st, "adapt: ladder entry refused (%s): '%s'", local.message,
+                           item); /* the reason first: a long spec would cut it off */
     return GCOMP_OK;
 }
 
@@ -442,6 +463,11 @@ static gcomp_status build_ladder(gcomp_adapt *a, const char *base, const char *d
         }
     } else {
         size_t len = strlen(ladder);
+        if (empty_token(ladder, '/'))
+            return gcomp__fail(err, GCOMP_E_SPEC,
+                               "adapt: ladder: an empty entry (two '/' in a row, or one at an "
+                               "end): '%s'",
+                               ladder);
         char *copy = gcomp__alloc(len + 1);
         if (!copy) return gcomp__fail(err, GCOMP_E_NOMEM, "adapt: out of memory");
         memcpy(copy, ladder, len + 1);
@@ -483,8 +509,9 @@ static gcomp_status build_ladder(gcomp_adapt *a, const char *base, const char *d
             st = gcomp_spec_bytes_estimate(a->ladder[j], x->n, x->rows, x->cols, &b, &local);
             if (st != GCOMP_OK) {
                 gcomp__free(tmp);
-                return gcomp__fail(err, st, "adapt: ladder entry '%s' for tensor '%s': %s",
-                                   a->ladder[j], x->name, local.message);
+                return gcomp__fail(err, st,
+                                   "adapt: ladder entry refused for tensor '%s' (%s): '%s'",
+                                   x->name, local.message, a->ladder[j]);
             }
             a->bytes[m * a->K + j] = (double)b;
             a->total[j] += (double)b;
@@ -519,8 +546,8 @@ static gcomp_status build_ladder(gcomp_adapt *a, const char *base, const char *d
     for (size_t j = 0; a->nm && j + 1 < a->K; j++)
         if (a->total[j] == a->total[j + 1])
             return gcomp__fail(err, GCOMP_E_SPEC,
-                               "adapt: ladder entries '%s' and '%s' send the same bytes; a "
-                               "controller could not tell them apart",
+                               "adapt: ladder entries that send the same bytes, which a "
+                               "controller could not tell apart: '%s' and '%s'",
                                a->ladder[j], a->ladder[j + 1]);
     return GCOMP_OK;
 }
@@ -1080,7 +1107,11 @@ int gcomp_adapt_measuring(const gcomp_adapt *a) {
 
 void gcomp_adapt_observe_compute(gcomp_adapt *a, double forward_s, double backward_s,
                                  double optimizer_s) {
-    if (!a || !(forward_s >= 0) || !(backward_s >= 0) || !(optimizer_s >= 0)) return;
+    /* Finite: one rank's Inf would be every rank's slowest compute, and every prediction
+     * Inf, which freezes the bandwidth controller where it is. */
+    if (!a || !(forward_s >= 0 && isfinite(forward_s)) ||
+        !(backward_s >= 0 && isfinite(backward_s)) || !(optimizer_s >= 0 && isfinite(optimizer_s)))
+        return;
     /* The measuring done inside gcomp_adapt_observe this step is not the model's compute:
      * it comes out of backward first (where observe runs), then forward. */
     double m = a->mtime_step, b = fmin(m, backward_s);
@@ -1305,6 +1336,8 @@ static int cmp_double(const void *x, const void *y) {
 gcomp_status gcomp_adapt_decide(gcomp_adapt *a, const double *all, size_t len, int nranks,
                                 size_t *changed, gcomp_error *err) {
     if (changed) *changed = 0;
+    /* gcomp_adapt_changed names what this call changed: nothing, should it fail */
+    if (a) memset(a->changed, 0, a->nt);
     if (!a || !all || nranks < 1)
         return gcomp__fail(err, GCOMP_E_ARG, "adapt: decide needs the statistics of >= 1 rank");
     const size_t need = gcomp_adapt_stats_size(a), nm = a->nm, K = a->K;
@@ -1554,6 +1587,13 @@ gcomp_status gcomp_adapt_save_state(const gcomp_adapt *a, void *dst, size_t cap,
     return GCOMP_OK;
 }
 
+/* Whether n little-endian floats at p are all finite. */
+static bool floats_finite(const uint8_t *p, size_t n) {
+    for (size_t k = 0; k < n; k++)
+        if (!isfinite(gcomp__getf(p + 4 * k))) return false;
+    return true;
+}
+
 /* Reads the body of a blob of `version`; checks it, and puts it in place only when
  * `apply`. */
 static gcomp_status load_body(gcomp_adapt *a, const uint8_t *p, size_t ncourse, unsigned version,
@@ -1563,13 +1603,23 @@ static gcomp_status load_body(gcomp_adapt *a, const uint8_t *p, size_t ncourse, 
     for (size_t k = 0; k < 7; k++) u[k] = gcomp__adapt_r64(&c);
     double f[10];
     for (size_t k = 0; k < 10; k++) f[k] = gcomp__adapt_rf(&c);
-    /* The step travels in the statistics as a double: at most 2^53, exactly. */
-    if (u[6] > 1 || u[1] < u[3] || (u[0] && u[1] < a->interval) || u[1] > (1ull << 53))
+    /* The step travels in the statistics as a double: at most 2^53, exactly.  The next
+     * measuring step is never behind the step (end_step moves it on at each measurement
+     * and measures only at it: one behind would never measure again). */
+    if (u[6] > 1 || u[1] < u[3] || (u[0] && u[1] < a->interval) || u[1] > (1ull << 53) ||
+        (a->need_measure && u[2] < u[1]))
         return gcomp__fail(err, GCOMP_E_STATE,
                            "adapt: saved state: counters that do not add up (step %llu, "
-                           "decisions %llu, measurements %llu)",
+                           "decisions %llu, measurements %llu, next measurement %llu)",
                            (unsigned long long)u[1], (unsigned long long)u[0],
-                           (unsigned long long)u[3]);
+                           (unsigned long long)u[3], (unsigned long long)u[2]);
+    /* fwd, bwd, opt, link_bw, link_lat, metric_sum, metric_step_sum, mtime, last_link_bw,
+     * last_link_lat: sums of times and rates (>= 0), and two sums of metrics and steps */
+    for (size_t k = 0; k < 10; k++)
+        if (!isfinite(f[k]) || (k != 5 && k != 6 && f[k] < 0))
+            return gcomp__fail(err, GCOMP_E_STATE,
+                               "adapt: saved state: observation %zu is %g, not a finite %s", k,
+                               f[k], k == 5 || k == 6 ? "sum" : "time or rate >= 0");
     gcomp_adapt_report r = {0};
     r.decisions = gcomp__adapt_r64(&c);
     r.step = gcomp__adapt_r64(&c);
@@ -1578,8 +1628,10 @@ static gcomp_status load_body(gcomp_adapt *a, const uint8_t *p, size_t ncourse, 
     for (size_t k = 0; k < sizeof rf / sizeof *rf; k++) *rf[k] = gcomp__adapt_rf(&c);
     uint64_t uniform = gcomp__adapt_r64(&c), critical = gcomp__adapt_r64(&c);
     r.next_measure_step = gcomp__adapt_r64(&c);
-    if (uniform >= a->K || critical > a->nm)
-        return gcomp__fail(err, GCOMP_E_STATE, "adapt: saved state: a report out of range");
+    bool rok = uniform < a->K && critical <= a->nm && (isnan(r.metric) || isfinite(r.metric));
+    for (size_t k = 0; k < sizeof rf / sizeof *rf; k++) /* NaN: none; +Inf: no prediction */
+        rok &= rf[k] == &r.metric || isnan(*rf[k]) || *rf[k] >= 0;
+    if (!rok) return gcomp__fail(err, GCOMP_E_STATE, "adapt: saved state: a report out of range");
     r.uniform_level = (int)uniform;
     r.critical = (size_t)critical;
     size_t lv = c.at;
@@ -1589,7 +1641,19 @@ static gcomp_status load_body(gcomp_adapt *a, const uint8_t *p, size_t ncourse, 
                                "adapt: saved state: tensor %s at a level beyond the ladder's %zu",
                                a->t[a->mt[m]].name, a->K);
     size_t pr = c.at;
-    c.at += 8 * a->K + 32 * a->nm * a->K;
+    for (size_t j = 0; j < a->K; j++) { /* predictions: NaN none, +Inf infeasible */
+        double x = gcomp__adapt_rf(&c);
+        if (!(isnan(x) || x >= 0))
+            return gcomp__fail(err, GCOMP_E_STATE,
+                               "adapt: saved state: candidate %zu's predicted step %g", j, x);
+    }
+    for (size_t q = 0; q < 4 * a->nm * a->K; q++) { /* errors, norms, times: NaN or >= 0 */
+        double x = gcomp__adapt_rf(&c);
+        if (!(isnan(x) || (isfinite(x) && x >= 0)))
+            return gcomp__fail(err, GCOMP_E_STATE,
+                               "adapt: saved state: a measurement of %g (tensor %s)", x,
+                               a->t[a->mt[q / (4 * a->K)]].name);
+    }
     double before = 0;
     for (size_t k = 0; k < ncourse; k++) {
         double x = gcomp__adapt_rf(&c), y = gcomp__adapt_rf(&c);
@@ -1606,6 +1670,10 @@ static gcomp_status load_body(gcomp_adapt *a, const uint8_t *p, size_t ncourse, 
         if (!t->acc) continue;
         if (gcomp__adapt_r64(&c) > 1)
             return gcomp__fail(err, GCOMP_E_STATE, "adapt: saved state: a flag other than 0 or 1");
+        if (!floats_finite(p + c.at, t->n))
+            return gcomp__fail(err, GCOMP_E_STATE,
+                               "adapt: saved state: tensor %s's gradient sum holds NaN or Inf",
+                               t->name);
         c.at += 4 * t->n;
     }
     /* Version 1 has no probe spacing: the next decision probes, as at create. */

@@ -118,6 +118,14 @@ static gcomp_status acc_create(gcomp_adapt *a, void **out, gcomp_error *err) {
                            "adapt: accuracy: target=%s needs the reference curve, which "
                            "course=glide ignores",
                            tv);
+    /* Without the run's length every evaluation would read as the run's end: the loop
+     * would hold from the start and compare each metric with the final target, which
+     * calls every run behind (above). */
+    if (!a->total_steps)
+        return gcomp__fail(err, GCOMP_E_ARG,
+                           "adapt: accuracy needs the run's length (gcomp_adapt_options."
+                           "total_steps; total_steps= in Python): it compares each metric with "
+                           "the course at the run's progress");
     s->since = (int)s->dwell; /* the first metric may move at once */
     return GCOMP_OK;
 }
@@ -140,6 +148,14 @@ static double required(const gcomp_adapt *a, const acc_state *s, double p) {
         return ref_at(a, p) -
                (isfinite(s->below) ? s->below : a->course[2 * a->ncourse - 1] - s->target);
     return s->target - s->margin * (1 - p);
+}
+
+/* The counters stay bounded over any run: `since` counts only up to dwell (it is only
+ * compared with it), and `ndev` indexes a ring of ACC_WINDOW (>= window) deviations, so a
+ * multiple of the ring taken off changes neither the slot it points at nor the window. */
+static void saturate(acc_state *s) {
+    if (s->since > (int)s->dwell) s->since = (int)s->dwell;
+    if (s->ndev >= 2 * ACC_WINDOW) s->ndev = ACC_WINDOW + s->ndev % ACC_WINDOW;
 }
 
 static gcomp_status acc_check(const gcomp_adapt *a, const void *p, gcomp_error *err) {
@@ -171,11 +187,16 @@ static gcomp_status acc_load(const gcomp_adapt *a, void *p, gcomp__adapt_cursor 
     if (ndev > INT32_MAX || since > INT32_MAX || offset <= -(int64_t)a->K ||
         offset >= (int64_t)a->K)
         return gcomp__adapt_bad_state(err, "accuracy");
+    size_t at = c->at;
+    for (int k = 0; k < ACC_WINDOW; k++)
+        if (!isfinite(gcomp__adapt_rf(c))) return gcomp__adapt_bad_state(err, "accuracy");
+    c->at = at;
     if (!apply) return GCOMP_OK;
     s->ndev = (int)ndev;
     s->offset = (int)offset;
     s->since = (int)since;
     for (int k = 0; k < ACC_WINDOW; k++) s->dev[k] = gcomp__adapt_rf(c);
+    saturate(s); /* states saved before the counters saturated */
     return GCOMP_OK;
 }
 
@@ -202,6 +223,7 @@ static gcomp_status acc_decide(gcomp_adapt *a, void *p, const gcomp__adapt_in *i
                 s->ndev = 0;
             }
         }
+        saturate(s);
     }
     int lvl = plan->uniform + s->offset;
     if (lvl < 0) lvl = 0;

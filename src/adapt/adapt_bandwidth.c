@@ -230,8 +230,16 @@ static gcomp_status bw_load(const gcomp_adapt *a, void *p, gcomp__adapt_cursor *
     bw_state *s = p;
     uint64_t chosen = gcomp__adapt_r64(c), candidate = gcomp__adapt_r64(c);
     uint64_t streak = gcomp__adapt_r64(c), have = gcomp__adapt_r64(c);
-    if (chosen >= a->K || candidate >= a->K || streak > INT32_MAX || have > 1)
+    /* A streak reaches confirm only to be taken and reset: saved, it is below confirm. */
+    if (chosen >= a->K || candidate >= a->K || streak >= (uint64_t)s->confirm || have > 1)
         return gcomp__adapt_bad_state(err, "bandwidth");
+    size_t at = c->at;
+    for (size_t j = 0; j < a->K; j++) { /* rates: both NaN (not measured) or both >= 0 */
+        double e = gcomp__adapt_rf(c), d = gcomp__adapt_rf(c);
+        if (!((isnan(e) && isnan(d)) || (isfinite(e) && isfinite(d) && e >= 0 && d >= 0)))
+            return gcomp__adapt_bad_state(err, "bandwidth");
+    }
+    c->at = at;
     if (!apply) return GCOMP_OK;
     s->chosen = (int)chosen;
     s->candidate = (int)candidate;

@@ -112,10 +112,15 @@ static gcomp_status layers_load(const gcomp_adapt *a, void *p, gcomp__adapt_curs
     layers_state *s = p;
     size_t at = c->at;
     uint64_t has = gcomp__adapt_r64(c);
-    bool ok = has <= 1;
-    for (size_t m = 0; m < a->nm; m++) {
+    bool ok = has <= 1, none = false;
+    for (size_t m = 0; m < a->nm; m++) { /* a plan: every level, or none (all -1) */
         int64_t v = (int64_t)gcomp__adapt_r64(c);
-        ok &= v >= -1 && v < (int64_t)a->K;
+        ok &= v >= -1 && v < (int64_t)a->K && (m == 0 || (v < 0) == none);
+        none = v < 0;
+    }
+    for (size_t q = 0; q < a->nm * a->K; q++) { /* squared errors */
+        double x = gcomp__adapt_rf(c);
+        ok &= isfinite(x) && x >= 0;
     }
     if (!ok) return gcomp__adapt_bad_state(err, "layers");
     if (!apply) return GCOMP_OK;

@@ -95,7 +95,8 @@ static gcomp_status norm_load(const gcomp_adapt *a, void *p, gcomp__adapt_cursor
     for (size_t m = 0; m < a->nm; m++) {
         double prev = gcomp__adapt_rf(c);
         uint64_t crit = gcomp__adapt_r64(c);
-        if (crit > 1 || !(isnan(prev) || prev >= 0)) return gcomp__adapt_bad_state(err, "norm");
+        if (crit > 1 || !(isnan(prev) || (isfinite(prev) && prev >= 0)))
+            return gcomp__adapt_bad_state(err, "norm");
         if (apply) {
             s->prev[m] = prev;
             s->crit[m] = (unsigned char)crit;

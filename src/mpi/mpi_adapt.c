@@ -305,6 +305,7 @@ gcomp_status gcomp_mpi_link_probe(gcomp_mpi_comm *c, size_t bytes, double timeou
     double t[4][3];
     if ((st = probe_pass(c, bytes, true, deadline, t, err)) != GCOMP_OK) return st;
     double small = t[0][1], per = (t[3][0] - t[0][0]) / (PROBE_CHAIN - 1);
+    double t8 = t[0][0]; /* a grown pass times no 8-byte steps: the first pass's fastest */
     *latency = per > 0 ? per : small;
     for (int grow = 0;
          grow < 2 && t[2][0] < 20 * *latency && bytes <= ((size_t)1 << 30) / PROBE_GROW; grow++) {
@@ -312,7 +313,7 @@ gcomp_status gcomp_mpi_link_probe(gcomp_mpi_comm *c, size_t bytes, double timeou
         if ((st = probe_pass(c, bytes, false, deadline, t, err)) != GCOMP_OK) return st;
     }
     double half = t[1][1], big = t[2][1];
-    double one = big > t[0][0] ? (double)(bytes - 8) / (big - t[0][0]) : (double)bytes / big;
+    double one = big > t8 ? (double)(bytes - 8) / (big - t8) : (double)bytes / big;
     *bandwidth = big > half ? (double)(bytes - bytes / 2) / (big - half) : one;
     if (*bandwidth > PROBE_CAP * one) *bandwidth = PROBE_CAP * one;
     return GCOMP_OK;

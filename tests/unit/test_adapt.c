@@ -66,8 +66,25 @@ static void test_grammar(void) {
     expect_spec_error("adapt:accuracy;target=150", "out of range");
     expect_spec_error("adapt:accuracy;target=0.9;hold=2", "hold=2");
     expect_spec_error("adapt:layers;ladder=", "ladder is empty");
-    expect_spec_error("adapt:layers;ladder=/ /", "is empty");
-    expect_spec_error("adapt:layers;ladder=2", "ladder entry '2'"); /* density 2 out of range */
+    expect_spec_error("adapt:layers;ladder=/ /", "empty entry");
+    expect_spec_error("adapt:layers;ladder=2", "): '2'");
+    /* accuracy without the run's length: every metric would read as the run's end */
+    {
+        gcomp_adapt *a = (gcomp_adapt *)1;
+        gcomp_error e = {0};
+        CHECK_EQ_INT(make(&a, "adapt:accuracy;target=0.9", 0, &e), GCOMP_E_ARG);
+        CHECK(a == NULL && strstr(e.message, "run's length") != NULL);
+    }
+    /* empty items are refused, not skipped */
+    expect_spec_error("adapt:norm+", "empty controller name");
+    expect_spec_error("adapt: +norm", "empty controller name");
+    expect_spec_error("adapt:norm+ +layers", "empty controller name");
+    expect_spec_error("adapt:layers;ladder=0.01//0.001", "empty entry");
+    expect_spec_error("adapt:layers;ladder=/0.01", "empty entry");
+    expect_spec_error("adapt:layers;ladder=0.1/ ", "empty entry");
+    /* the reason comes before the specs, which a 256-byte message would cut off */
+    expect_spec_error("adapt:layers;base=dgc:density=0.01;ladder=0.01/0.010000001",
+                      "send the same bytes"); /* density 2 out of range */
     expect_spec_error("adapt:layers;base=twobit:threshold=0.5", "ladder=auto needs");
     expect_spec_error("adapt:layers;base=twobit:threshold=0.5;ladder=twobit:threshold=0.1",
                       "send the same bytes");
@@ -1567,6 +1584,171 @@ static void test_state(void) {
     free(g);
 }
 
+/* A saved state with a valid checksum whose fields no run can produce is refused, field by
+ * field, and nothing of it applied: a next measurement behind the step (no measurement
+ * would ever come again), observations that are not finite, a streak at or past
+ * `confirm` (it overflowed int on the next decision), NaN deviations and errors, half a
+ * layer plan, negative codec rates, an infinite norm, NaN in a gradient sum. */
+enum { SEC_BW, SEC_ACC, SEC_LAYERS, SEC_NORM, NSEC };
+
+/* Where controller k's section starts in a blob of IMPOSSIBLE's method (docs/FORMAT.md:
+ * the sections' sizes, each after its u64 length, and the CRC at the end). */
+static size_t section_at(const gcomp_adapt *a, size_t len, int k) {
+    const size_t nm = a->nm, K = a->K;
+    const size_t size[NSEC] = {32 + 16 * K, 24 + 8 * 64, 8 + 8 * nm + 8 * nm * K, 16 * nm};
+    size_t at = len - 4;
+    for (int q = NSEC - 1; q >= k; q--) at -= size[q] + (q > k ? 8 : 0);
+    return at;
+}
+
+static void put_f64(uint8_t *p, double v) {
+    uint64_t b;
+    memcpy(&b, &v, sizeof b);
+    gcomp__put64(p, b);
+}
+
+static void refit_crc(uint8_t *blob, size_t len) {
+    gcomp__put32(blob + len - 4, gcomp__crc32c(0, blob, len - 4));
+}
+
+static void test_state_refuses_impossible(void) {
+    const char *method = "adapt:bandwidth+accuracy+layers+norm;target=0.9;interval=5;measure=5;"
+                         "confirm=3;dwell=1";
+    gcomp_adapt *a = NULL, *b = NULL;
+    gcomp_error e = {0};
+    CHECK_OK(make(&a, method, 1000, &e));
+    CHECK_OK(make(&b, method, 1000, &e));
+    if (!a || !b) {
+        gcomp_adapt_free(a);
+        gcomp_adapt_free(b);
+        return;
+    }
+    float *g = malloc(256 * 256 * sizeof(float));
+    for (size_t step = 0; step < 12; step++) {
+        gcomp_adapt_observe_link(a, 1e7, 1e-4);
+        state_step(a, step, g);
+    }
+    size_t cap = gcomp_adapt_state_bound(a), len, blen;
+    uint8_t *blob = malloc(cap), *bad = malloc(cap), *before = malloc(cap), *after = malloc(cap);
+    CHECK_OK(gcomp_adapt_save_state(a, blob, cap, &len));
+    CHECK_OK(gcomp_adapt_save_state(b, before, cap, &blen));
+    /* the layout the cases below rely on: each section's u64 length before it */
+    for (int k = 0; k < NSEC; k++) {
+        size_t at = section_at(a, len, k),
+               next = k + 1 < NSEC ? section_at(a, len, k + 1) - 8 : len - 4;
+        CHECK_MSG(gcomp__get64(blob + at - 8) == next - at, "section %d at %zu: length %llu", k, at,
+                  (unsigned long long)gcomp__get64(blob + at - 8));
+    }
+    const size_t nm = a->nm, K = a->K, bw = section_at(a, len, SEC_BW),
+                 acc = section_at(a, len, SEC_ACC), lay = section_at(a, len, SEC_LAYERS),
+                 nrm = section_at(a, len, SEC_NORM);
+    const double inf = INFINITY, nan = NAN;
+    struct {
+        const char *what;
+        size_t at;
+        int is_double;
+        double v;
+        uint64_t u;
+        const char *needle;
+    } cases[] = {
+        {"next measurement behind the step", 40 + 16, 0, 0, 3, "next measurement 3"},
+        {"forward time -1e300", 96, 1, -1e300, 0, "observation 0"},
+        {"a link of +Inf", 96 + 8 * 3, 1, inf, 0, "observation 3"},
+        {"a metric sum of NaN", 96 + 8 * 5, 1, nan, 0, "observation 5"},
+        {"the last link's latency NaN", 96 + 8 * 9, 1, nan, 0, "observation 9"},
+        {"a streak of INT32_MAX", bw + 16, 0, 0, 2147483647, "bandwidth"},
+        {"a streak at confirm", bw + 16, 0, 0, 3, "bandwidth"},
+        {"an encode rate of -5", bw + 32, 1, -5, 0, "bandwidth"},
+        {"an encode rate without its decode rate", bw + 32 + 8, 1, nan, 0, "bandwidth"},
+        {"a deviation of NaN", acc + 24, 1, nan, 0, "accuracy"},
+        {"half a layer plan", lay + 8 + 8, 0, 0, UINT64_MAX, "layers"},
+        {"a squared error of NaN", lay + 8 + 8 * nm, 1, nan, 0, "layers"},
+        {"a negative squared error", lay + 8 + 8 * nm + 8 * (K - 1), 1, -1, 0, "layers"},
+        {"a previous norm of +Inf", nrm, 1, inf, 0, "norm"},
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        memcpy(bad, blob, len);
+        if (cases[c].is_double)
+            put_f64(bad + cases[c].at, cases[c].v);
+        else
+            gcomp__put64(bad + cases[c].at, cases[c].u);
+        if (!strcmp(cases[c].what, "half a layer plan")) /* tensor 0 in a plan, tensor 1 not */
+            gcomp__put64(bad + lay + 8, 1);
+        refit_crc(bad, len);
+        gcomp_status st = gcomp_adapt_load_state(b, bad, len, &e);
+        CHECK_MSG(st == GCOMP_E_STATE, "%s: load gave %d (%s)", cases[c].what, st, e.message);
+        CHECK_MSG(st != GCOMP_E_STATE || strstr(e.message, cases[c].needle), "%s: message '%s'",
+                  cases[c].what, e.message);
+        size_t alen;
+        CHECK_OK(gcomp_adapt_save_state(b, after, cap, &alen));
+        CHECK_MSG(alen == blen && !memcmp(before, after, blen), "%s: b changed", cases[c].what);
+    }
+    /* a NaN in the norm controller's gradient sum: the last float of the sums */
+    memcpy(bad, blob, len);
+    /* before the first section's length: the probe spacing, its seconds, two rates */
+    size_t sums_end = bw - 8 - 4 * 8;
+    gcomp__putf(bad + sums_end - 4, NAN);
+    refit_crc(bad, len);
+    CHECK_EQ_INT(gcomp_adapt_load_state(b, bad, len, &e), GCOMP_E_STATE);
+    CHECK_MSG(strstr(e.message, "NaN or Inf") != NULL, "message '%s'", e.message);
+    /* the blob itself loads, and the load is the object saved */
+    CHECK_OK(gcomp_adapt_load_state(b, blob, len, &e));
+    size_t alen;
+    CHECK_OK(gcomp_adapt_save_state(b, after, cap, &alen));
+    CHECK(alen == len && !memcmp(after, blob, len));
+    free(blob);
+    free(bad);
+    free(before);
+    free(after);
+    free(g);
+    gcomp_adapt_free(a);
+    gcomp_adapt_free(b);
+}
+
+/* A compute time of +Inf is ignored like a NaN one: one rank's would be every rank's
+ * slowest compute, every prediction Inf, and the bandwidth controller frozen; and a decide
+ * that fails leaves no tensor flagged as changed by it. */
+static void test_observe_compute_inf_and_failed_decide(void) {
+    gcomp_adapt *a = NULL;
+    gcomp_error e = {0};
+    CHECK_OK(make(&a, "adapt:bandwidth;interval=2;confirm=1", 0, &e));
+    if (!a) return;
+    size_t len = gcomp_adapt_stats_size(a), got;
+    double *all = malloc(len * sizeof(double));
+    float *g = calloc(256 * 256, sizeof(float));
+    for (size_t k = 0; k < 256 * 256; k++) g[k] = (float)(k % 7) - 3;
+    /* slow: compress hard; fast: dense; fast again, with a rank's compute of +Inf */
+    double link[3] = {1e6, 1e12, 1e12};
+    for (int d = 0; d < 3; d++) {
+        for (int s = 0; s < 2; s++) {
+            for (size_t i = 0; i < NMLP; i++) CHECK_OK(gcomp_adapt_observe(a, i, g, NULL));
+            gcomp_adapt_observe_compute(a, d == 2 ? INFINITY : 0.01, 0.02, 0.001);
+            gcomp_adapt_observe_link(a, link[d], 1e-5);
+            gcomp_adapt_end_step(a, NULL);
+        }
+        size_t changed;
+        CHECK_OK(gcomp_adapt_stats(a, all, len, &got));
+        CHECK_OK(gcomp_adapt_decide(a, all, len, 1, &changed, &e));
+        gcomp_adapt_report r;
+        gcomp_adapt_get_report(a, &r);
+        CHECK_MSG(isfinite(r.compute_s) && isfinite(gcomp_adapt_predicted(a, 0)),
+                  "decision %d: compute %g, predicted %g", d, r.compute_s,
+                  gcomp_adapt_predicted(a, 0));
+        if (d != 1) continue;
+        /* the link's change moved tensors; a decide that fails (statistics of the wrong
+         * length) then leaves none flagged */
+        CHECK_MSG(changed > 0 && gcomp_adapt_changed(a, 0),
+                  "nothing moved: the test proves nothing");
+        CHECK_EQ_INT(gcomp_adapt_decide(a, all, len - 1, 1, NULL, &e), GCOMP_E_MISMATCH);
+        for (size_t i = 0; i < NMLP; i++)
+            CHECK_MSG(!gcomp_adapt_changed(a, i), "tensor %zu still flagged after a failed decide",
+                      i);
+    }
+    free(all);
+    free(g);
+    gcomp_adapt_free(a);
+}
+
 /* ---- the same decision on every rank ----------------------------------------------------- */
 
 static void test_ranks_agree(void) {
@@ -1751,5 +1933,7 @@ int main(void) {
     test_state();
     test_ranks_agree();
     test_options_in_fingerprint();
+    test_state_refuses_impossible();
+    test_observe_compute_inf_and_failed_decide();
     return CHECK_DONE();
 }
