@@ -1101,6 +1101,12 @@ GCOMP_API int gcomp_adapt_uses(const gcomp_adapt *a, const char *name);
  *  parses it.  0 for a method that is not adaptive or whose controller list is invalid
  *  (gcomp_adapt_create says why). */
 GCOMP_API int gcomp_adapt_method_uses(const char *method, const char *name);
+/** The configuration fingerprint the statistics carry (method, ladder, tensors, the options
+ *  decisions read, the course and the exchange groups): equal on every rank of one run.  A
+ *  front end may compare it across ranks before the first decision, where a rank with
+ *  other settings would otherwise enter the decision's collective at another step.  0 for
+ *  NULL. */
+GCOMP_API uint64_t gcomp_adapt_fingerprint(const gcomp_adapt *a);
 /** Steps between decisions and between measurements, as resolved (auto included; with
  *  measure=auto the least spacing, gcomp_adapt_report.next_measure_step the next one). */
 GCOMP_API uint64_t gcomp_adapt_interval(const gcomp_adapt *a);
@@ -1152,7 +1158,8 @@ GCOMP_API int gcomp_adapt_link_due(const gcomp_adapt *a);
  *  used may pass that: a decay on a decision's step is then seen one decision late. */
 GCOMP_API void gcomp_adapt_observe_lr(gcomp_adapt *a, double lr);
 /** A validation metric to steer by (accuracy as a fraction, higher is better).  Local;
- *  its mean over ranks is what the accuracy controller sees. */
+ *  its mean over ranks is what the accuracy controller sees.  A value outside [0, 1] (a
+ *  percentage, NaN) is ignored: read as a fraction it would steer the wrong way. */
 GCOMP_API void gcomp_adapt_observe_metric(gcomp_adapt *a, double value);
 /**
  * accuracy: a reference learning curve to steer by instead of the glide path, typically the

@@ -254,6 +254,7 @@ PROTOTYPES = {
     "gcomp_adapt_uses": (_I, [_P, ctypes.c_char_p]),
     "gcomp_adapt_ladder_size": (_S, [_P]),
     "gcomp_adapt_candidate": (ctypes.c_char_p, [_P, _S]),
+    "gcomp_adapt_fingerprint": (ctypes.c_uint64, [_P]),
     "gcomp_adapt_interval": (ctypes.c_uint64, [_P]),
     "gcomp_adapt_measure_interval": (ctypes.c_uint64, [_P]),
     "gcomp_adapt_predicted": (ctypes.c_double, [_P, ctypes.c_size_t]),

@@ -90,7 +90,7 @@ class Adapt:
         o.workers = int(workers)
         o.nodes = int(nodes)
         o.min_elements = int(min_elements)
-        self._dense_b = dense_spec.encode() if dense_spec else None
+        self._dense_b = _core._spec_bytes(dense_spec) if dense_spec else None
         o.dense_spec = self._dense_b
         self._cb = None
         if strategy is not None:
@@ -103,7 +103,8 @@ class Adapt:
             o.strategy = ctypes.cast(self._cb, ctypes.c_void_p)
         h = ctypes.c_void_p()
         err = _native.ErrorInfo()
-        st = _lib.gcomp_adapt_create(ctypes.byref(h), method.encode(), descs, len(tensors), ctypes.byref(o),
+        mb = _core._spec_bytes(method)  # a NUL would cut the method short in C, silently
+        st = _lib.gcomp_adapt_create(ctypes.byref(h), mb, descs, len(tensors), ctypes.byref(o),
                                      ctypes.byref(err))
         _core._check(st, f"adaptive method {method!r}", err)
         self._h = h
@@ -146,6 +147,12 @@ class Adapt:
     def ladder(self):
         h = self._handle()
         return [_core._s(_lib.gcomp_adapt_candidate(h, j)) for j in range(_lib.gcomp_adapt_ladder_size(h))]
+
+    @property
+    def fingerprint(self):
+        """The configuration fingerprint the statistics carry: equal on every rank of one
+        run (method, tensors, the options decisions read, course, exchange groups)."""
+        return int(_lib.gcomp_adapt_fingerprint(self._handle()))
 
     @property
     def interval(self):
@@ -201,7 +208,11 @@ class Adapt:
 
     def observe_metric(self, value):
         """A validation metric to steer by (accuracy as a fraction)."""
-        _lib.gcomp_adapt_observe_metric(self._handle(), float(value))
+        v = float(value)
+        if not 0.0 <= v <= 1.0:  # NaN included; 50 for 50 % would steer the wrong way
+            raise ValueError(f"observe_metric: {value!r} is not an accuracy as a fraction in "
+                             "[0, 1] (give 0.5 for 50 %)")
+        _lib.gcomp_adapt_observe_metric(self._handle(), v)
 
     def observe_lr(self, lr):
         """The learning rate of the coming steps (the same on every rank): the norm

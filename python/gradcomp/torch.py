@@ -395,9 +395,21 @@ class GradcompState:
             # DDP never buckets a frozen parameter: managed, it would never be observed
             if p.requires_grad:
                 tensors.append((name, tuple(p.shape)))
-        if isinstance(self.policy, AdaptivePolicy) and self.policy.adapt is None:
-            world = dist.get_world_size(self.process_group) if dist.is_initialized() else 1
-            self.policy.start(tensors, world)
+        if isinstance(self.policy, AdaptivePolicy):
+            if self.policy.adapt is None:
+                world = dist.get_world_size(self.process_group) if dist.is_initialized() else 1
+                self.policy.start(tensors, world)
+            elif [(k, tuple(s)) for k, s in self.policy._tensors] != tensors:
+                # restored controllers were made for another model: the hook hands them
+                # raw pointers to gradients of the sizes they were created with
+                mine = {k: tuple(s) for k, s in self.policy._tensors}
+                diff = next(((k, s, mine.get(k)) for k, s in tensors if mine.get(k) != s),
+                            None)
+                raise _err.StateError(
+                    "gradcomp.torch: the restored adaptive controllers were made for other "
+                    f"parameters ({len(self.policy._tensors)} against the model's {len(tensors)}"
+                    + (f"; {diff[0]}: shape {diff[1]} here, {diff[2]} there" if diff else "")
+                    + "): restore a state saved from this model", status=_err.E_STATE)
         return self
 
     # -- adaptive methods (AdaptivePolicy) --
@@ -573,7 +585,12 @@ class GradcompState:
         # The link probe's size too: a rank that probes with another size would wait in
         # its ring step for bytes that never come.
         probe = self.probe_bytes if self.adapt is not None else 0
-        mine = [probe]
+        # The controllers' configuration and step too: ranks with another interval or run
+        # length (or states restored at other steps) would enter a decision's collective
+        # at different steps, and wait there for the process group's timeout.
+        ad = self.adapt
+        mine = [probe, _u64_to_i64(ad.fingerprint) if ad is not None else 0,
+                self.step if ad is not None else 0]
         for e in entries:
             mine += [_u64_to_i64(e.comp.fingerprint) if e.comp is not None else 0, e.numel]
         t = torch.tensor(mine, dtype=torch.int64)
@@ -590,10 +607,20 @@ class GradcompState:
                     f"gradcomp.torch: rank {dist.get_rank(group)} probes the link with probe_bytes="
                     f"{probe}, rank {r} with {int(o[0])}: give every rank the same",
                     status=_err.E_MISMATCH)
+            if o[1] != t[1]:
+                raise _err.MismatchError(
+                    f"gradcomp.torch: rank {r} runs another adaptive configuration than rank "
+                    f"{dist.get_rank(group)} (the method, interval, total_steps or model differ): "
+                    "give every rank the same", status=_err.E_MISMATCH)
+            if o[2] != t[2]:
+                raise _err.MismatchError(
+                    f"gradcomp.torch: rank {dist.get_rank(group)} is at step {int(t[2])}, rank {r} "
+                    f"at {int(o[2])}: restore every rank from states saved at the same step",
+                    status=_err.E_MISMATCH)
             specs = [None] * world
             dist.all_gather_object(specs, [(e.key, e.spec, e.shape) for e in entries], group=group)
             for i, e in enumerate(entries):
-                if o[1 + 2 * i] != t[1 + 2 * i] or o[2 + 2 * i] != t[2 + 2 * i]:
+                if o[3 + 2 * i] != t[3 + 2 * i] or o[4 + 2 * i] != t[4 + 2 * i]:
                     other = specs[r][i] if i < len(specs[r]) else None
                     raise _err.MismatchError(
                         f"gradcomp.torch: parameter {e.key}: rank {dist.get_rank(group)} uses spec "
@@ -1074,9 +1101,14 @@ def _hook(state, bucket):
                 state._layout[e.tensor_index] = bucket.index() + 1
         # what the controllers see: each gradient and what is held back
         t_obs = time.perf_counter_ns()
+        ad_numel = [math.prod(sh) for sh in ad.shapes]
         for e, g in zip(entries, grads):
             if e.adapt_index is None:
                 continue
+            if g.numel() != ad_numel[e.tensor_index]:  # C reads that many floats from g
+                raise _err.MismatchError(
+                    f"gradcomp.torch: parameter {e.key}: {g.numel()} elements, the adaptive "
+                    f"controllers were made for {ad_numel[e.tensor_index]}", status=_err.E_MISMATCH)
             rp = _core._lib.gcomp_compressor_residual(e.comp._h)
             st_ = _core._lib.gcomp_adapt_observe(ad._h, e.adapt_index, g.data_ptr(),
                                                  ctypes.cast(rp, ctypes.c_void_p) if rp else None)

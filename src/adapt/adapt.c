@@ -972,6 +972,9 @@ int gcomp_adapt_method_uses(const char *method, const char *name) {
     gcomp__free(a);
     return uses;
 }
+uint64_t gcomp_adapt_fingerprint(const gcomp_adapt *a) {
+    return a ? a->fp : 0;
+}
 uint64_t gcomp_adapt_interval(const gcomp_adapt *a) {
     return a ? a->interval : 0;
 }
@@ -1144,7 +1147,7 @@ void gcomp_adapt_observe_lr(gcomp_adapt *a, double lr) {
 }
 
 void gcomp_adapt_observe_metric(gcomp_adapt *a, double value) {
-    if (!a || !isfinite(value)) return;
+    if (!a || !(value >= 0 && value <= 1)) return; /* 50 for 50 % would steer the wrong way */
     a->metric_sum += value;
     a->metric_step_sum += (double)a->step;
     a->metric_n++;

@@ -169,6 +169,36 @@ def scenario_mismatchprobe(rank, method):
     return first_step_error(rank, method, total_steps=40, probe_bytes=65536 if rank == 1 else None)
 
 
+def scenario_mismatchadapt(rank, method):
+    """Ranks whose adaptive methods would decide at different steps: another interval on
+    rank 1, then another run length under interval=auto.  Refused at the first step, on
+    every rank; before, the two entered a decision's collective at different steps and
+    waited there for the process group's timeout."""
+    other = method.replace("interval=5", "interval=7") if rank == 1 else method
+    auto = method.replace(";interval=5", "")
+    return {"interval": first_step_error(rank, other, total_steps=40, probe_bytes=0),
+            "total_steps": first_step_error(rank, auto, total_steps=400 if rank else 800,
+                                            probe_bytes=0)}
+
+
+def scenario_restoreother(rank, method):
+    """A hook state pickled before its first step, restored into a model of other shapes:
+    refused at bind, before the controllers (made for the old shapes) read a gradient; it
+    segfaulted there."""
+    model = DDP(make_model())
+    _, state = gt.hook(method, model=model, total_steps=40, probe_bytes=0)
+    restored = pickle.loads(pickle.dumps(state))
+    torch.manual_seed(0)
+    narrow = DDP(torch.nn.Sequential(torch.nn.Linear(IN, HID // 2), torch.nn.ReLU(),
+                                     torch.nn.Linear(HID // 2, HID), torch.nn.ReLU(),
+                                     torch.nn.Linear(HID, OUT)))
+    try:
+        restored.bind(narrow)
+    except Exception as e:
+        return {"error": f"{type(e).__name__}: {e}"}
+    return {"error": None}
+
+
 def first_step_error(rank, policy, **kw):
     """One step of DDP with gradcomp's hook on `policy`: the error it raised, or None."""
     model = DDP(make_model())
@@ -412,7 +442,8 @@ def scenario_autocompute(rank, method):
 
 
 SCENARIOS = {"train": scenario_train, "resume": scenario_resume, "mismatch": scenario_mismatch,
-             "mismatchprobe": scenario_mismatchprobe,
+             "mismatchprobe": scenario_mismatchprobe, "mismatchadapt": scenario_mismatchadapt,
+             "restoreother": scenario_restoreother,
              "adaptive": scenario_adaptive, "warmup": scenario_warmup, "probe": scenario_probe,
              "switch": scenario_switch, "switchquiet": lambda r, m: scenario_switch(r, m, quiet=0),
              "resumeadapt": scenario_resumeadapt, "psgdflush": scenario_psgdflush, "autocompute": scenario_autocompute,

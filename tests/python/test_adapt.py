@@ -31,6 +31,28 @@ def test_bad_methods_name_the_culprit(method, needle):
         make(method)
 
 
+def test_a_nul_in_the_method_is_refused_not_cut_short():
+    # C would read "adapt:norm" and accept it, without the refused eta=-1 after the NUL
+    with pytest.raises(gradcomp.SpecError, match="NUL"):
+        make("adapt:norm\x00;eta=-1")
+    with pytest.raises(TypeError):
+        make(5)
+
+
+def test_metric_must_be_a_fraction():
+    a = make("adapt:accuracy;target=0.8;interval=2", total_steps=100)
+    for bad in (50, -0.1, float("nan")):
+        with pytest.raises(ValueError, match="fraction"):
+            a.observe_metric(bad)
+    a.observe_metric(0.5)
+    a.close()
+
+
+def test_accuracy_needs_the_run_length():
+    with pytest.raises(gradcomp.ArgumentError, match="run's length"):
+        make("adapt:accuracy;target=0.8")
+
+
 def test_retune_keeps_what_is_held_back():
     rng = np.random.default_rng(1)
     c = gradcomp.Compressor("topk:density=0.01,feedback=ef", 4096)

@@ -58,6 +58,8 @@ def runs(tmp_path_factory):
     scen.append(f"exchanges:{TOPK}")
     scen.append(f"mismatch:{TOPK}")
     scen.append(f"mismatchprobe:{PROBED}")
+    scen.append(f"mismatchadapt:{PROBED}")
+    scen.append(f"restoreother:{PROBED}")
     scen.append(f"warmup:{WARMUP}")
     out = str(tmp_path_factory.mktemp("ddp") / "r")
     pkg = os.path.join(REPO, "python")
@@ -166,6 +168,20 @@ def test_mismatched_probe_sizes_are_refused(runs):
         err = r[f"mismatchprobe:{PROBED}"].get("error") or ""
         assert "MismatchError" in err and "probe_bytes=" in err, err
         assert "524288" in err and "65536" in err, err
+
+
+def test_adaptive_ranks_that_would_decide_apart_are_refused(runs):
+    for rank, r in enumerate(runs):
+        v = r[f"mismatchadapt:{PROBED}"]
+        for case in ("interval", "total_steps"):
+            err = v[case].get("error") or ""
+            assert "MismatchError" in err and "another adaptive configuration" in err, (case, err)
+
+
+def test_restored_controllers_of_another_model_are_refused(runs):
+    for r in runs:
+        err = r[f"restoreother:{PROBED}"].get("error") or ""
+        assert "StateError" in err and "0.weight" in err and "restore a state saved" in err, err
 
 
 def test_warmup_without_an_epoch_is_refused(runs):
