@@ -929,8 +929,8 @@ class _DistributedMixin:
     def state_dict(self):
         """The wrapped optimizer's state_dict plus, under "gradcomp", this rank's bucket
         states (and, for an adaptive method, every tensor's spec, the method, the
-        controllers' step count and the settings' history; the controllers' own state is
-        not saved: the library has no save for it).  Between steps only (ProtocolError
+        controllers' step count, the settings' history, the released momentum tails and
+        the controllers' own state, gcomp_adapt_save_state).  Between steps only (ProtocolError
         while an exchange is in flight)."""
         self._gc_check_open()
         if self._gc_pending():
@@ -979,6 +979,12 @@ class _DistributedMixin:
         if self._gc_adapt is None and any(len(a["params"]) != len(b.get("params", ())) for a, b in zip(mine, theirs)):
             raise ValueError("gradcomp: load_state_dict: a parameter group of the state has another size than "
                              "this optimizer's; nothing was loaded")
+        # An adaptive method moves parameters between its groups: their total is fixed.
+        if self._gc_adapt is not None and (
+                not all(isinstance(b, dict) and isinstance(b.get("params"), (list, tuple)) for b in theirs)
+                or sum(len(a["params"]) for a in mine) != sum(len(b["params"]) for b in theirs)):
+            raise ValueError("gradcomp: load_state_dict: the state's parameter groups hold another number of "
+                             "parameters than this optimizer's; nothing was loaded")
         if g is not None:
             self._gc_load(g)
         super().load_state_dict(sd)
@@ -1013,6 +1019,20 @@ class _DistributedMixin:
                     if not e.adapt and sp != e.spec:
                         fail(f"parameter {e.key!r} was saved with spec {sp!r}, this optimizer gives it {e.spec!r} "
                              "(another layer policy)", _err.MismatchError, _err.E_MISMATCH)
+            # the fields applied after the buckets load: checked now, so that a malformed
+            # one is refused before anything changes
+            st_ = saved_adapt.get("step", 0)
+            if not isinstance(st_, int) or isinstance(st_, bool) or st_ < 0:
+                fail(f"the adaptive state's step {st_!r} is not a count")
+            hist = saved_adapt.get("history", [])
+            if not isinstance(hist, (list, tuple)) or not all(
+                    isinstance(x, (list, tuple)) and len(x) == 3 for x in hist):
+                fail("the adaptive state's history is not a list of (step, name, spec)")
+            tails = saved_adapt.get("tails") or {}
+            if not isinstance(tails, dict) or not all(
+                    isinstance(v, (list, tuple)) and len(v) == 2 and isinstance(v[0], torch.Tensor)
+                    and isinstance(v[1], int) for v in tails.values()):
+                fail("the adaptive state's momentum tails are not (tensor, steps left) pairs")
         if self._gc_pending():
             fail("called between backward() and step()", _err.ProtocolError, _err.E_PROTOCOL)
         ps = self._gc_ps

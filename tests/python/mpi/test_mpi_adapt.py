@@ -633,6 +633,22 @@ def test_optimizer_state_dict_restores_specs_and_state():
     with pytest.raises(gradcomp.Error, match="checksum"):
         bopt.load_state_dict(dict(ck["opt"], gradcomp=g))
     assert bopt.specs() == before
+    # malformed adaptive fields, and torch's part with another parameter count: refused
+    # before any of gradcomp's part is loaded (they were checked only after it)
+    state0 = bopt.adapt.save_state()
+    def with_adapt(**kw):
+        g = dict(ck["opt"]["gradcomp"])
+        g["adapt"] = dict(g["adapt"], **kw)
+        return dict(ck["opt"], gradcomp=g)
+    groups = [dict(x) for x in ck["opt"]["param_groups"]]
+    groups[0]["params"] = list(groups[0]["params"]) + [999]
+    for sd, exc, what in [(with_adapt(step="abc"), gradcomp.StateError, "step"),
+                          (with_adapt(tails={"0.weight": [5, 3]}), gradcomp.StateError, "tails"),
+                          (with_adapt(history=7), gradcomp.StateError, "history"),
+                          (dict(ck["opt"], param_groups=groups), ValueError, "number of parameters")]:
+        with pytest.raises(exc, match=what):
+            bopt.load_state_dict(sd)
+        assert bopt.specs() == before and bopt.adapt.save_state() == state0, what
     bopt.close()
 
     # without the buckets' part the residuals are lost: the run must then differ
