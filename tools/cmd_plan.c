@@ -141,6 +141,15 @@ static int split_methods(popts *o, const char *list) {
         } else if (o->nmethods == MAX_METHODS) {
             free(copy);
             return cli_fail(CMD, 2, "--compare: at most %d methods", MAX_METHODS);
+        } else if (!strncmp(p, "adapt:", 6)) {
+            int rc = cli_fail(CMD, 2,
+                              "--compare %s: an adaptive method decides at run time, from "
+                              "what the run measures; plan its candidates instead (e.g. "
+                              "--compare powersgd:rank=4,topk:density=0.001), or run it with "
+                              "gradcomp train",
+                              p);
+            free(copy);
+            return rc;
         } else {
             o->methods[o->nmethods++] = strdup(p);
         }

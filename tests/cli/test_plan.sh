@@ -101,6 +101,7 @@ assert ra['step_s'] < rb['step_s'] - 0.5 * rb['exposed_comm_s'], (ra, rb)
 printf 'gradcomp-calibration 1\ncodec none encode_fixed_s=oops\n' > bad.cal
 expect_err "bad calibration" "bad.cal.*line 2" "$G" plan --model m.txt --link 1gbit --calibration bad.cal
 expect_err "missing calibration" "nosuch.cal" "$G" plan --model m.txt --link 1gbit --calibration nosuch.cal
+expect_err "adaptive method" "adapt:norm: an adaptive method decides at run time" "$G" plan --model m.txt --link 1gbit --compare adapt:norm $C
 # Calibration at several sizes: one codec line per spec and size, the size recorded; a bad
 # size list names itself.
 "$G" plan --calibrate --compare topk:density=0.01 --size 8192,65536 --calibration two.cal \

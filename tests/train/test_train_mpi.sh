@@ -190,6 +190,7 @@ timeout 300 mpirun -np 2 "$G" train --data synthetic --model mlp --hidden 64 --e
     --evals 8 --max-steps 80 --quiet --min-elements 100 --compare "dense,$A" --val 0 \
     --out course0 > course0.log 2>&1 || { cat course0.log; echo "FAIL: --val 0"; exit 1; }
 check_metric course0 0 test_accuracy || exit 1
+grep -q "steered by the test set" course0.log || { cat course0.log; echo "FAIL: --val 0 not said"; exit 1; }
 timeout 60 mpirun -np 2 "$G" train --data synthetic --model mlp --epochs 1 --quiet \
     --compare dense --val 12000 --out val-all > val-all.log 2>&1
 rc=$?

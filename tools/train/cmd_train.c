@@ -941,6 +941,10 @@ static void print_table(gtrain_result *r, int nr, double target, const char *why
                 printf("    accuracy: steered by the validation split, where it ended at %.2f%%; "
                        "the table is the test set's\n",
                        100 * r[i].final_val_acc);
+            else if (gtrain_adapt_method_uses(r[i].method, "accuracy"))
+                printf("    accuracy: steered by the test set the table reports (--val 0: no "
+                       "validation split), so its accuracy is tuned to the figure it is judged "
+                       "by\n");
             if (r[i].error_uniform > 0)
                 printf("    layers: total compression error %.4g against %.4g for the uniform "
                        "setting on the same gradients (%.1f%% less)\n",
