@@ -86,6 +86,11 @@ class Adapt:
             n, rows, cols = _matrix(shape)
             descs[i] = _native.TensorDesc(name, n, rows, cols)
         o = _native.AdaptOptions()
+        for what, v, hi in (("total_steps", total_steps, 2 ** 63), ("workers", workers, 2 ** 31),
+                            ("nodes", nodes, 2 ** 31), ("min_elements", min_elements, 2 ** 63)):
+            v = operator.index(v)  # 1.7 is a TypeError, not 1
+            if not 0 <= v < hi:  # ctypes would wrap -1 around
+                raise ValueError(f"Adapt: {what}={v} out of range (0 .. {hi - 1})")
         o.total_steps = int(total_steps)
         o.workers = int(workers)
         o.nodes = int(nodes)

@@ -39,6 +39,14 @@ def test_a_nul_in_the_method_is_refused_not_cut_short():
         make(5)
 
 
+def test_counts_out_of_range_are_refused_not_wrapped():
+    for kw in ({"total_steps": -1}, {"workers": -1}, {"nodes": 2 ** 40}, {"min_elements": -5}):
+        with pytest.raises(ValueError, match="out of range"):
+            make("adapt:norm", **kw)
+    with pytest.raises(TypeError):
+        make("adapt:norm", total_steps=1.7)
+
+
 def test_metric_must_be_a_fraction():
     a = make("adapt:accuracy;target=0.8;interval=2", total_steps=100)
     for bad in (50, -0.1, float("nan")):
