@@ -129,6 +129,15 @@ gcomp_status gcomp__adapt_num(gcomp_adapt *a, const char *ctl, const char *key, 
     return GCOMP_OK;
 }
 
+gcomp_status gcomp__adapt_whole(gcomp_adapt *a, const char *ctl, const char *key, double dflt,
+                                double lo, double hi, double *out, gcomp_error *err) {
+    gcomp_status st = gcomp__adapt_num(a, ctl, key, dflt, lo, hi, out, err);
+    if (st == GCOMP_OK && *out != floor(*out))
+        return gcomp__fail(err, GCOMP_E_SPEC, "adapt: %s: %s=%s: a whole number in [%g, %g]", ctl,
+                           key, gcomp__adapt_opt(a, key), lo, hi);
+    return st;
+}
+
 gcomp_status gcomp__adapt_word(gcomp_adapt *a, const char *ctl, const char *key,
                                const char *const *words, const char *expected, int *out,
                                gcomp_error *err) {
@@ -434,7 +443,7 @@ static gcomp_status build_ladder(gcomp_adapt *a, const char *base, const char *d
     double wd;
     bool has_bw = false;
     for (size_t k = 0; k < a->nctl; k++) has_bw |= a->ctl[k] == &gcomp__adapt_bandwidth;
-    if ((st = gcomp__adapt_num(a, "ladder", "with_dense", has_bw ? 1 : 0, 0, 1, &wd, err)) !=
+    if ((st = gcomp__adapt_whole(a, "ladder", "with_dense", has_bw ? 1 : 0, 0, 1, &wd, err)) !=
         GCOMP_OK)
         return st;
     if (!(a->ladder = gcomp__calloc(MAX_LADDER * sizeof *a->ladder)))

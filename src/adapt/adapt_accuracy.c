@@ -101,9 +101,9 @@ static gcomp_status acc_create(gcomp_adapt *a, void **out, gcomp_error *err) {
     if ((st = gcomp__adapt_num(a, "accuracy", "band", 0.002, 0, 1, &s->band, err)) ||
         (st = gcomp__adapt_num(a, "accuracy", "margin", 0.02, 0, 1, &s->margin, err)) ||
         (st = gcomp__adapt_num(a, "accuracy", "start", 0.1, 0, 1, &s->start, err)) ||
-        (st = gcomp__adapt_num(a, "accuracy", "dwell", 2, 1, 1000, &s->dwell, err)) ||
+        (st = gcomp__adapt_whole(a, "accuracy", "dwell", 2, 1, 1000, &s->dwell, err)) ||
         (st = gcomp__adapt_num(a, "accuracy", "hold", 0.8, 0, 1, &s->hold, err)) ||
-        (st = gcomp__adapt_num(a, "accuracy", "window", 4, 1, ACC_WINDOW, &s->window, err)))
+        (st = gcomp__adapt_whole(a, "accuracy", "window", 4, 1, ACC_WINDOW, &s->window, err)))
         return st;
     static const char *const course[] = {"auto", "glide", NULL};
     int w;

@@ -85,7 +85,7 @@ static gcomp_status bw_create(gcomp_adapt *a, void **out, gcomp_error *err) {
     gcomp_status st;
     if ((st = gcomp__adapt_num(a, "bandwidth", "slack", 0.05, 0, 10, &s->slack, err)) ||
         (st = gcomp__adapt_num(a, "bandwidth", "overlap", 0, 0, 1, &s->overlap, err)) ||
-        (st = gcomp__adapt_num(a, "bandwidth", "confirm", 2, 1, 1000, &s->confirm, err)) ||
+        (st = gcomp__adapt_whole(a, "bandwidth", "confirm", 2, 1, 1000, &s->confirm, err)) ||
         (st = gcomp__adapt_num(a, "bandwidth", "penalty", 0.3, 0, 10, &s->penalty, err)) ||
         (st = gcomp__adapt_num(a, "bandwidth", "probe_cost", 0.02, 1e-4, 1, &a->probe_cost, err)))
         return st;

@@ -221,6 +221,9 @@ const char *gcomp__adapt_opt(gcomp_adapt *a, const char *key);
 /* Option `key` as a number in [lo, hi] (dflt when absent); GCOMP_E_SPEC naming it. */
 gcomp_status gcomp__adapt_num(gcomp_adapt *a, const char *ctl, const char *key, double dflt,
                               double lo, double hi, double *out, gcomp_error *err);
+/* The same for a count or a 0/1 flag: a whole number in [lo, hi]. */
+gcomp_status gcomp__adapt_whole(gcomp_adapt *a, const char *ctl, const char *key, double dflt,
+                                double lo, double hi, double *out, gcomp_error *err);
 /* Option `key` as one of the words in `words` (NULL-terminated; the first when absent):
  * *out its index; GCOMP_E_SPEC naming it and `expected` (what the words mean). */
 gcomp_status gcomp__adapt_word(gcomp_adapt *a, const char *ctl, const char *key,

@@ -75,6 +75,11 @@ static void test_grammar(void) {
         CHECK_EQ_INT(make(&a, "adapt:accuracy;target=0.9", 0, &e), GCOMP_E_ARG);
         CHECK(a == NULL && strstr(e.message, "run's length") != NULL);
     }
+    /* counts and flags are whole numbers */
+    expect_spec_error("adapt:accuracy;target=0.9;window=2.5", "whole number");
+    expect_spec_error("adapt:accuracy;target=0.9;dwell=1.5", "whole number");
+    expect_spec_error("adapt:bandwidth;confirm=1.5", "whole number");
+    expect_spec_error("adapt:bandwidth;with_dense=0.5", "whole number");
     /* empty items are refused, not skipped */
     expect_spec_error("adapt:norm+", "empty controller name");
     expect_spec_error("adapt: +norm", "empty controller name");
