@@ -1035,8 +1035,9 @@ GCOMP_API gcomp_status gcomp_cost_break_even(const gcomp_cost_model *m,
  * sums, maxima and medians over ranks, bit for bit the same wherever they are computed) and
  * of the previous decisions, never of this rank's own observations, so ranks never
  * disagree; statistics from a rank with another configuration (the method, the tensors,
- * and every gcomp_adapt_options field a decision reads: total_steps, workers, nodes,
- * strategy, calibration, the policy's dense spec) are GCOMP_E_MISMATCH.
+ * and every gcomp_adapt_options field a decision reads: total_steps, and with the
+ * bandwidth controller workers, nodes, strategy, calibration and the policy's dense spec)
+ * are GCOMP_E_MISMATCH.
  * (gcomp_mpi_adapt_decide in gradcomp_mpi.h does the allgather on an MPI communicator.)
  * Thread-safety as for every object.
  */

@@ -849,14 +849,18 @@ gcomp_status gcomp_adapt_create(gcomp_adapt **out, const char *method,
      * into fp0, which saved states carry: a checkpoint resumes on another number of
      * workers or machine).  Each rank takes them from its own caller, and a rank given
      * another run length, worker count or calibration - a host with its own calibration
-     * file - would otherwise predict, and decide, apart from the others without a word. */
-    uint64_t hr =
-        fnv_u64(fnv_u64(fnv_u64(0xcbf29ce484222325ull, a->total_steps), (uint64_t)a->workers),
-                (uint64_t)a->nodes);
-    for (size_t j = 0; j < a->K; j++) hr = fnv_u64(hr, (uint64_t)(int64_t)a->strategy[j]);
-    for (size_t i = 0; i < count; i++)
-        if (!a->t[i].managed)
-            hr = fnv_u64(fnv_str(hr, a->t[i].fixed), (uint64_t)(int64_t)a->t[i].fixed_strategy);
+     * file - would otherwise predict, and decide, apart from the others without a word.
+     * The run length counts for every controller (progress, interval=auto); the rest only
+     * for the bandwidth controller's predictions, the only reader. */
+    const bool predicts = gcomp_adapt_uses(a, "bandwidth");
+    uint64_t hr = fnv_u64(0xcbf29ce484222325ull, a->total_steps);
+    if (predicts) {
+        hr = fnv_u64(fnv_u64(hr, (uint64_t)a->workers), (uint64_t)a->nodes);
+        for (size_t j = 0; j < a->K; j++) hr = fnv_u64(hr, (uint64_t)(int64_t)a->strategy[j]);
+        for (size_t i = 0; i < count; i++)
+            if (!a->t[i].managed)
+                hr = fnv_u64(fnv_str(hr, a->t[i].fixed), (uint64_t)(int64_t)a->t[i].fixed_strategy);
+    }
     if (opt && opt->calibration) {
         /* Kept as text: the calibration object has no copy function. */
         size_t len = 0;
@@ -868,7 +872,7 @@ gcomp_status gcomp_adapt_create(gcomp_adapt **out, const char *method,
         }
         if (gcomp_cost_calibration_format(opt->calibration, text, len + 1, &len) == GCOMP_OK) {
             text[len] = 0;
-            hr = fnv_str(hr, text);
+            if (predicts) hr = fnv_str(hr, text);
             st = gcomp_cost_calibration_parse(&a->cal, text, len, err);
         }
         gcomp__free(text);
