@@ -731,6 +731,22 @@ def _dense_path(state, group, world, grads, whole_buffer, on_done=None):
 _ONE_EXCHANGE_SLACK = 1.15
 
 
+_NONFINITE_LEN = -1  # a rank's length table of these: its gradient held NaN or Inf
+
+
+def _raise_nonfinite(failed, tables, bucket_index):
+    """After the exchange of the length tables: this rank's own NonFiniteError, or one
+    naming the rank whose table says its gradient held NaN or Inf; every rank raises."""
+    if failed is not None:
+        raise failed
+    for r, t in enumerate(tables):
+        if t and t[0] == _NONFINITE_LEN:
+            raise _err.NonFiniteError(
+                f"gradcomp.torch: bucket {bucket_index}: rank {r}'s gradient holds NaN or Inf "
+                "(every rank raises; skip the step there too, or check the loss before "
+                "backward())", status=_err.E_NONFINITE)
+
+
 def _gather_path(state, group, world, bucket_index, entries, grads):
     """Encode in C, exchange byte tensors, decode-add in C.
 
@@ -753,11 +769,21 @@ def _gather_path(state, group, world, bucket_index, entries, grads):
     base = send.data_ptr() + head
     lens = []
     off = 0
+    failed = None
     for e, g in zip(entries, grads):
-        ln = e.comp._encode_ptr(g.data_ptr(), base + off, total_bound - off)
+        try:
+            ln = e.comp._encode_ptr(g.data_ptr(), base + off, total_bound - off)
+        except _err.NonFiniteError as ex:
+            # Still in the exchanges, with a length table of -1s, which no message has:
+            # every rank then raises from the same exchange, instead of the others
+            # waiting in it for the process group's timeout.
+            failed = ex
+            break
         lens.append(ln)
         off += ln
         e.flush = False
+    if failed is not None:
+        lens, off = [_NONFINITE_LEN] * m, 0
     total = off
     state.stats["message_bytes"] += total
     state.stats["control_bytes"] += 8 * m
@@ -774,6 +800,7 @@ def _gather_path(state, group, world, bucket_index, entries, grads):
         all_lens = [torch.empty_like(mine) for _ in range(world)]
         dist.all_gather(all_lens, mine, group=group)
         table = [t.tolist() for t in all_lens]
+        _raise_nonfinite(failed, table, bucket_index)
         size = max(sum(t) for t in table)
         state.stats["pad_bytes"] += size - total
     recv = state._recv_buffers(bucket_index, world, size)
@@ -783,6 +810,9 @@ def _gather_path(state, group, world, bucket_index, entries, grads):
 
     def decode(f):
         f.wait()
+        if one:
+            _raise_nonfinite(failed, [recv[r][:head].view(torch.int64).tolist()
+                                      for r in range(world)], bucket_index)
         longest = 0
         for r in range(world):
             lens_r = recv[r][:head].view(torch.int64).tolist() if one else table[r]

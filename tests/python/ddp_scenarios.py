@@ -199,6 +199,33 @@ def scenario_restoreother(rank, method):
     return {"error": None}
 
 
+def scenario_nanone(rank, spec):
+    """A NaN gradient on rank 1 only, at the first step (two exchanges: lengths, then
+    messages) and at the third (one exchange carries both): every rank raises
+    NonFiniteError from that step, rank 0 naming rank 1, instead of rank 0 waiting in
+    the exchange for the process group's timeout."""
+    out = {}
+    for at in (0, 2):
+        model = DDP(make_model())
+        hook, state = gt.hook(spec, model=model)
+        model.register_comm_hook(state, hook)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        t0 = time.perf_counter()
+        err = None
+        try:
+            for s, (x, y) in enumerate(batches(rank, at + 1)):
+                loss = torch.nn.functional.cross_entropy(model(x), y)
+                if s == at and rank == 1:
+                    loss = loss * float("nan")
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+        except Exception as e:  # DDP re-raises the hook's error from backward()
+            err = f"{type(e).__name__}: {e}"
+        out[str(at)] = {"error": err, "seconds": time.perf_counter() - t0}
+    return out
+
+
 def first_step_error(rank, policy, **kw):
     """One step of DDP with gradcomp's hook on `policy`: the error it raised, or None."""
     model = DDP(make_model())
@@ -443,7 +470,7 @@ def scenario_autocompute(rank, method):
 
 SCENARIOS = {"train": scenario_train, "resume": scenario_resume, "mismatch": scenario_mismatch,
              "mismatchprobe": scenario_mismatchprobe, "mismatchadapt": scenario_mismatchadapt,
-             "restoreother": scenario_restoreother,
+             "restoreother": scenario_restoreother, "nanone": scenario_nanone,
              "adaptive": scenario_adaptive, "warmup": scenario_warmup, "probe": scenario_probe,
              "switch": scenario_switch, "switchquiet": lambda r, m: scenario_switch(r, m, quiet=0),
              "resumeadapt": scenario_resumeadapt, "psgdflush": scenario_psgdflush, "autocompute": scenario_autocompute,

@@ -60,6 +60,7 @@ def runs(tmp_path_factory):
     scen.append(f"mismatchprobe:{PROBED}")
     scen.append(f"mismatchadapt:{PROBED}")
     scen.append(f"restoreother:{PROBED}")
+    scen.append(f"nanone:{TOPK}")
     scen.append(f"warmup:{WARMUP}")
     out = str(tmp_path_factory.mktemp("ddp") / "r")
     pkg = os.path.join(REPO, "python")
@@ -182,6 +183,16 @@ def test_restored_controllers_of_another_model_are_refused(runs):
     for r in runs:
         err = r[f"restoreother:{PROBED}"].get("error") or ""
         assert "StateError" in err and "0.weight" in err and "restore a state saved" in err, err
+
+
+def test_a_nan_on_one_rank_raises_on_every_rank(runs):
+    # the process group's timeout is torch's default (30 min): seconds mean nobody waited
+    for rank, r in enumerate(runs):
+        for at, v in r[f"nanone:{TOPK}"].items():
+            err = v["error"] or ""
+            assert "NonFiniteError" in err, (rank, at, err)
+            assert rank == 1 or "rank 1's gradient holds NaN or Inf" in err, (at, err)
+            assert v["seconds"] < 60, (rank, at, v)
 
 
 def test_warmup_without_an_epoch_is_refused(runs):
