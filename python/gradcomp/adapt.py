@@ -80,6 +80,7 @@ class Adapt:
         self.method = method
         self.names = [str(n) for n, _ in tensors]
         self.shapes = [tuple(int(d) for d in s) for _, s in tensors]
+        self.numels = [math.prod(s) for s in self.shapes]  # what C reads of each gradient
         descs = (_native.TensorDesc * len(tensors))()
         self._names_b = [n.encode() for n in self.names]  # kept alive during create
         for i, (name, shape) in enumerate(zip(self._names_b, self.shapes)):
@@ -91,10 +92,7 @@ class Adapt:
             v = operator.index(v)  # 1.7 is a TypeError, not 1
             if not 0 <= v < hi:  # ctypes would wrap -1 around
                 raise ValueError(f"Adapt: {what}={v} out of range (0 .. {hi - 1})")
-        o.total_steps = int(total_steps)
-        o.workers = int(workers)
-        o.nodes = int(nodes)
-        o.min_elements = int(min_elements)
+            setattr(o, what, v)
         self._dense_b = _core._spec_bytes(dense_spec) if dense_spec else None
         o.dense_spec = self._dense_b
         self._cb = None
@@ -184,7 +182,7 @@ class Adapt:
         """Tensor i's gradient this step (float32, n elements; not copied or kept), and
         optionally what its compressor holds back."""
         h = self._handle()
-        n = math.prod(self.shapes[i]) if self.shapes[i] else 1
+        n = self.numels[i]
         gp, _ = _core.float_buffer(grad, n, what="gradient")
         rp = None
         if residual is not None:

@@ -1131,14 +1131,13 @@ def _hook(state, bucket):
                 state._layout[e.tensor_index] = bucket.index() + 1
         # what the controllers see: each gradient and what is held back
         t_obs = time.perf_counter_ns()
-        ad_numel = [math.prod(sh) for sh in ad.shapes]
         for e, g in zip(entries, grads):
             if e.adapt_index is None:
                 continue
-            if g.numel() != ad_numel[e.tensor_index]:  # C reads that many floats from g
+            if g.numel() != ad.numels[e.tensor_index]:  # C reads that many floats from g
                 raise _err.MismatchError(
                     f"gradcomp.torch: parameter {e.key}: {g.numel()} elements, the adaptive "
-                    f"controllers were made for {ad_numel[e.tensor_index]}", status=_err.E_MISMATCH)
+                    f"controllers were made for {ad.numels[e.tensor_index]}", status=_err.E_MISMATCH)
             rp = _core._lib.gcomp_compressor_residual(e.comp._h)
             st_ = _core._lib.gcomp_adapt_observe(ad._h, e.adapt_index, g.data_ptr(),
                                                  ctypes.cast(rp, ctypes.c_void_p) if rp else None)
