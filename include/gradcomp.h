@@ -1329,7 +1329,8 @@ GCOMP_API gcomp_status gcomp_adapt_load_state(gcomp_adapt *a, const void *src, s
  * the same way (e.g. when a reduction failed or timed out), as do gcomp_state_load and
  * gcomp_state_reset.  gcomp_encode during a step gives GCOMP_E_PROTOCOL.
  * Every rank must take the same path: a rank whose step failed must make the others
- * abort too (the MPI layer does).  A compressor of another codec gives GCOMP_E_UNSUPPORTED.
+ * abort too, keeping the sizes of its reductions (gcomp_lowrank_shape; the MPI layer and
+ * the DDP hook do).  A compressor of another codec gives GCOMP_E_UNSUPPORTED.
  *
  * Statistics: a finished step counts as one message: bytes_out is what one rank sent
  * (rounds * (np + nq) values at 4 or 2 bytes; 4 * n for a dense step) and encode_ns the time
@@ -1338,6 +1339,19 @@ GCOMP_API gcomp_status gcomp_adapt_load_state(gcomp_adapt *a, const void *src, s
  */
 GCOMP_API gcomp_status gcomp_lowrank_begin(gcomp_compressor *c, const float *grad, float **p,
                                            size_t *p_len, unsigned *rounds);
+
+/**
+ * The shape of the step that gcomp_lowrank_begin starts next (or of the one in flight),
+ * without starting it: *rounds as begin gives it (0: a dense step of n values), and the
+ * lengths, in floats, of each round's P and Q buffers (0 on a dense step).  It reads the
+ * compressor's settings and step counter only, never a gradient, so it answers alike on
+ * every rank whose state agrees.  A transport whose begin failed on this rank (a NaN
+ * gradient) takes part in the step's reductions with that many zeros and a failure flag,
+ * so that no reduction's size differs across ranks and all abandon the step together.
+ * Returns GCOMP_OK, GCOMP_E_ARG (a NULL pointer) or GCOMP_E_UNSUPPORTED (another codec).
+ */
+GCOMP_API gcomp_status gcomp_lowrank_shape(const gcomp_compressor *c, unsigned *rounds,
+                                           size_t *p_len, size_t *q_len);
 
 /** After the P reduction: returns the Q buffer (r * cols floats) to sum.  See above. */
 GCOMP_API gcomp_status gcomp_lowrank_after_p(gcomp_compressor *c, float **q, size_t *q_len);

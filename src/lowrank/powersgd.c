@@ -790,6 +790,18 @@ gcomp_status gcomp_lowrank_begin(gcomp_compressor *c, const float *grad, float *
     return GCOMP_OK;
 }
 
+gcomp_status gcomp_lowrank_shape(const gcomp_compressor *c, unsigned *rounds, size_t *p_len,
+                                 size_t *q_len) {
+    if (!c || !rounds || !p_len || !q_len) return GCOMP_E_ARG;
+    if (!is_psgd(c)) return GCOMP_E_UNSUPPORTED;
+    const psgd *s = c->codec_state;
+    const bool dense = step_is_dense(c, s);
+    *rounds = dense ? 0 : s->iters;
+    *p_len = dense ? 0 : s->rows * s->r;
+    *q_len = dense ? 0 : s->r * s->cols;
+    return GCOMP_OK;
+}
+
 gcomp_status gcomp_lowrank_after_p(gcomp_compressor *c, float **q, size_t *q_len) {
     if (!c || !q || !q_len) return GCOMP_E_ARG;
     if (!is_psgd(c)) return GCOMP_E_UNSUPPORTED;

@@ -14,7 +14,10 @@
  * Each reduction goes with a one-word MPI_MAX (a failure marker, and on the first one a
  * hash of the round count and buffer sizes), so a rank whose step failed, or whose
  * protocol differs, makes every rank abandon the step (gcomp_lowrank_abort: the state
- * stays as before begin) and skip the remaining reductions together.  The buffers are
+ * stays as before begin) and skip the remaining reductions together.  The reduction that
+ * carries the marker keeps the size the other ranks give it: a rank whose begin refused
+ * its gradient, or whose Q overflowed, sends zeros of the step's shape
+ * (gcomp_lowrank_shape) there.  The buffers are
  * copied into the group's pack buffer for the reduction rather than reduced in place in
  * the compressor: after a timeout MPI may still write into a reduction's buffer, and the
  * pack buffer is one the library keeps alive for that (gm_grave); P and Q are small.
@@ -34,6 +37,7 @@ typedef struct lr_group {
     bool started;                  /* gcomp_lowrank_begin succeeded: abort on failure */
     float *cur;                    /* the compressor's buffer being summed */
     size_t cur_len;
+    size_t p_len, q_len; /* each round's P and Q (gcomp_lowrank_shape) */
 } lr_group;
 
 static void pack_values(gm_group *g, const float *src, size_t count) {
@@ -42,6 +46,15 @@ static void pack_values(gm_group *g, const float *src, size_t count) {
         memcpy(g->pack.p, src, count * 4);
     else
         gm_f32_to_halves(src, count, l->vid == GM_VID_BF16, g->pack.p);
+    l->count = count;
+}
+
+/* What a rank whose step failed sends in place of a factor: every reduction keeps the size
+ * the other ranks give it (a smaller one is MPI_ERR_TRUNCATE, or a hang), and the failure
+ * marker beside it makes all of them abandon the step at the next lr_mid. */
+static void pack_zeros(gm_group *g, size_t count) {
+    lr_group *l = g->priv;
+    memset(g->pack.p, 0, count * gm_vid_width(l->vid));
     l->count = count;
 }
 
@@ -73,11 +86,14 @@ static gcomp_status lr_begin(gcomp_mpi_bucket *b, gm_group *g) {
     uint64_t t0 = gm_now_ns();
     g->chk[0] = 0;
     l->phase = 0;
-    gcomp_status st = gcomp_lowrank_begin(t->c, t->io, &p, &np, &rounds);
+    unsigned shape_rounds = 0;
+    gcomp_status st = gcomp_lowrank_shape(t->c, &shape_rounds, &l->p_len, &l->q_len);
+    if (st == GCOMP_OK) st = gcomp_lowrank_begin(t->c, t->io, &p, &np, &rounds);
     if (st != GCOMP_OK) {
+        /* The step's shape still, so that the first reduction matches the other ranks'. */
         local_fail(b, g, st, "PowerSGD begin");
-        rounds = 0;
-        np = 0;
+        rounds = shape_rounds;
+        np = l->p_len;
     }
     l->phases = rounds ? 2 * (int)rounds : 1;
     if (l->phases > l->max_phases) { /* cannot be: iters bounds it; fail safely */
@@ -91,7 +107,10 @@ static gcomp_status lr_begin(gcomp_mpi_bucket *b, gm_group *g) {
             local_fail(b, g, GCOMP_E_LIMIT, "PowerSGD factor size");
             np = 0;
         }
-        pack_values(g, p, np);
+        if (st == GCOMP_OK)
+            pack_values(g, p, np);
+        else
+            pack_zeros(g, np);
     } else {
         /* Dense step: the gradient, or after a retune the gradient plus what the old spec
          * held back (p).  The compressor does not check the gradient then, so it is here. */
@@ -182,7 +201,8 @@ static gcomp_status lr_mid(gcomp_mpi_bucket *b, gm_group *g) {
     }
     if (st != GCOMP_OK) {
         if (l->phase < l->phases) {
-            local_fail(b, g, st, "PowerSGD"); /* the next check tells everyone */
+            local_fail(b, g, st, k % 2 == 0 ? "PowerSGD, Q = M^T P^" : "PowerSGD, next P");
+            pack_zeros(g, k % 2 == 0 ? l->q_len : l->p_len);
         } else {
             l->started = false; /* the last phase: nothing left to share it with */
             gm_group_local_fail(b, g, st, g->t0, "PowerSGD finish");

@@ -162,22 +162,53 @@ static void run_case_sizes(gcomp_mpi_comm *comm, const tcase *tc, gcomp_mpi_op o
 
 /* One rank's gradient holds a NaN: every rank gets GCOMP_E_NONFINITE, and the next call
  * (all finite) works on the same bucket. */
-static void nonfinite(gcomp_mpi_comm *comm, const char *spec, int strategy) {
-    gcomp_mpi_tensor t = {"nan", spec, 257, 0, 0, strategy};
+static void nonfinite_shaped(gcomp_mpi_comm *comm, const char *spec, int strategy, size_t rows,
+                             size_t cols) {
+    size_t n = rows ? rows * cols : 257;
+    gcomp_mpi_tensor t = {"nan", spec, n, rows, cols, strategy};
     gcomp_mpi_bucket *b = NULL;
     gcomp_error err;
     CHECK_OK(gcomp_mpi_bucket_create(&b, comm, &t, 1, NULL, 60.0, &err));
     if (!b) return;
-    float x[257], *d = x;
-    test_fill(x, 257, 5);
+    float x[1200], *d = x;
+    test_fill(x, n, 5);
     if (mc_rank == mc_size - 1) x[100] = NAN;
     gcomp_status st = gcomp_mpi_allreduce(b, &d, GCOMP_MPI_SUM, 60.0, &err);
     CHECK_MSG(st == GCOMP_E_NONFINITE, "%s [%s]: NaN on one rank gave %s (%s)", spec,
               gcomp_mpi_strategy_name(strategy), gcomp_status_str(st), err.message);
     CHECK(gcomp_mpi_comm_status(comm, NULL) == GCOMP_OK);
-    test_fill(x, 257, 6);
+    test_fill(x, n, 6);
     st = gcomp_mpi_allreduce(b, &d, GCOMP_MPI_SUM, 60.0, &err);
     CHECK_MSG(st == GCOMP_OK, "%s: after a NaN step: %s", spec, err.message);
+    gcomp_mpi_bucket_free(b);
+}
+
+static void nonfinite(gcomp_mpi_comm *comm, const char *spec, int strategy) {
+    nonfinite_shaped(comm, spec, strategy, 0, 0);
+}
+
+/* PowerSGD: one rank's finite gradient whose Q = M^T P^ overflows (one column of 8e37),
+ * so that rank fails after the P reduction, not at begin.  Its Q reduction must keep the
+ * others' size (r x cols, not its P's rows x r): every rank gets GCOMP_E_NONFINITE, the
+ * communicator stays usable and the next step goes through. */
+static void lowrank_local_overflow(gcomp_mpi_comm *comm) {
+    enum { ROWS = 40, COLS = 30 };
+    gcomp_mpi_tensor t = {"big", "powersgd:rank=2", ROWS * COLS, ROWS, COLS, GCOMP_MPI_AUTO};
+    gcomp_mpi_bucket *b = NULL;
+    gcomp_error err = {0};
+    CHECK_OK(gcomp_mpi_bucket_create(&b, comm, &t, 1, NULL, 60.0, &err));
+    if (!b) return;
+    float x[ROWS * COLS], *d = x;
+    test_fill(x, ROWS * COLS, 13);
+    if (mc_rank == mc_size - 1)
+        for (size_t i = 0; i < ROWS; i++) x[i * COLS] = 8e37f; /* under begin's FLT_MAX / 4 */
+    gcomp_status st = gcomp_mpi_allreduce(b, &d, GCOMP_MPI_SUM, 60.0, &err);
+    CHECK_MSG(st == GCOMP_E_NONFINITE, "PowerSGD, Q overflowing on one rank gave %s (%s)",
+              gcomp_status_str(st), err.message);
+    CHECK(gcomp_mpi_comm_status(comm, NULL) == GCOMP_OK);
+    test_fill(x, ROWS * COLS, 14);
+    st = gcomp_mpi_allreduce(b, &d, GCOMP_MPI_SUM, 60.0, &err);
+    CHECK_MSG(st == GCOMP_OK, "PowerSGD: after a local overflow: %s", err.message);
     gcomp_mpi_bucket_free(b);
 }
 
@@ -390,7 +421,9 @@ int main(int argc, char **argv) {
         lowrank_case(comm, "powersgd:rank=2,start_iter=1", 25, 25, GCOMP_MPI_AUTO);
         lowrank_case(comm, "powersgd:rank=2", 301, 1, GCOMP_MPI_AUTO); /* 1-D: dense */
         lowrank_case(comm2, "powersgd:rank=2", 40, 30, GCOMP_MPI_HIERARCHICAL);
-        nonfinite(comm, "powersgd:rank=1", GCOMP_MPI_AUTO);
+        nonfinite(comm, "powersgd:rank=1", GCOMP_MPI_AUTO);                /* a dense step */
+        nonfinite_shaped(comm, "powersgd:rank=2", GCOMP_MPI_AUTO, 40, 30); /* a low-rank one */
+        if (mc_size > 1) lowrank_local_overflow(comm);
     }
     nonfinite(comm, "topk:density=0.1", GCOMP_MPI_ALLGATHER);
     nonfinite(comm, "topk:density=0.1", GCOMP_MPI_SPARSE);

@@ -534,6 +534,61 @@ static void test_dense_paths(void) {
     free(g), free(out), free(h), free(o);
 }
 
+/* gcomp_lowrank_shape says what begin will give, before it and during the step, without a
+ * gradient: what a rank whose begin refused its gradient needs to stay in the reductions. */
+static void check_shape(gcomp_compressor *c, const float *g, unsigned want_rounds) {
+    unsigned sr = 9, r = 7;
+    size_t sp = 1, sq = 1, np = 0, nq = 0;
+    float *p = NULL, *q = NULL;
+    CHECK_OK(gcomp_lowrank_shape(c, &sr, &sp, &sq));
+    CHECK_EQ_INT(sr, want_rounds);
+    CHECK_OK(gcomp_lowrank_begin(c, g, &p, &np, &r));
+    CHECK_EQ_INT(r, sr);
+    if (r == 0) {
+        CHECK(sp == 0 && sq == 0);
+        CHECK_OK(gcomp_lowrank_finish(c, NULL, 0.0f));
+        return;
+    }
+    CHECK_EQ_INT(np, sp);
+    unsigned r2 = 0;
+    size_t sp2 = 0, sq2 = 0;
+    CHECK_OK(gcomp_lowrank_shape(c, &r2, &sp2, &sq2)); /* mid-step: the same */
+    CHECK(r2 == sr && sp2 == sp && sq2 == sq);
+    CHECK_OK(gcomp_lowrank_after_p(c, &q, &nq));
+    CHECK_EQ_INT(nq, sq);
+    gcomp_lowrank_abort(c);
+}
+
+static void test_shape(void) {
+    const size_t rows = 50, cols = 20;
+    float *g = fvec(rows * cols);
+    make_matrix(g, rows, cols, 2, 1, 0, 5);
+    gcomp_compressor *c = mk("powersgd:rank=3,iters=2,start_iter=1", rows, cols);
+    check_shape(c, g, 0); /* before start_iter */
+    check_shape(c, g, 2);
+    float *bad = fvec(rows * cols);
+    memcpy(bad, g, rows * cols * sizeof(float));
+    bad[7] = NAN;
+    float *p;
+    size_t np;
+    unsigned r;
+    CHECK_EQ_INT(gcomp_lowrank_begin(c, bad, &p, &np, &r), GCOMP_E_NONFINITE);
+    check_shape(c, g, 2); /* a refused gradient changed nothing */
+    gcomp_compressor_free(c);
+    gcomp_compressor *v = NULL;
+    CHECK_OK(gcomp_compressor_create(&v, "powersgd:rank=4", rows * cols, 0, 0, NULL));
+    check_shape(v, g, 0); /* 1-D: always dense */
+    unsigned sr;
+    size_t sp, sq;
+    CHECK_EQ_INT(gcomp_lowrank_shape(v, NULL, &sp, &sq), GCOMP_E_ARG);
+    CHECK_EQ_INT(gcomp_lowrank_shape(NULL, &sr, &sp, &sq), GCOMP_E_ARG);
+    gcomp_compressor_free(v);
+    gcomp_compressor *t = mk("topk:density=0.1", rows, cols);
+    CHECK_EQ_INT(gcomp_lowrank_shape(t, &sr, &sp, &sq), GCOMP_E_UNSUPPORTED);
+    gcomp_compressor_free(t);
+    free(g), free(bad);
+}
+
 /* ---- error feedback, f16, encode vs protocol ------------------------------------------------- */
 
 static void test_feedback(const char *spec) {
@@ -872,6 +927,7 @@ int main(int argc, char **argv) {
     test_degenerate();
     test_protocol();
     test_dense_paths();
+    test_shape();
     test_feedback("powersgd:rank=4");
     test_feedback("powersgd:rank=2,values=f16");
     test_feedback("powersgd:rank=4,warm_start=0,iters=2");
