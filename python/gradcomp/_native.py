@@ -238,6 +238,7 @@ PROTOTYPES = {
     "gcomp_lowrank_finish": (_I, [_P, _P, ctypes.c_float]),
     "gcomp_lowrank_abort": (None, [_P]),
     "gcomp_lowrank_residual": (_I, [_P, _P]),
+    "gcomp_lowrank_shape": (_I, [_P, ctypes.POINTER(ctypes.c_uint), c_size_p, c_size_p]),
     # retune and adaptive controllers (src/core/retune.c, src/adapt/adapt*.c)
     "gcomp_compressor_retune": (_I, [_P, ctypes.c_char_p, ctypes.POINTER(ErrorInfo)]),
     "gcomp_adapt_create": (
@@ -292,6 +293,7 @@ OPTIONAL = {
     "gcomp_lowrank_finish",
     "gcomp_lowrank_abort",
     "gcomp_lowrank_residual",
+    "gcomp_lowrank_shape",
     "gcomp_compressor_retune",
 }
 # The adaptive controllers came with the retune: optional as a group.

@@ -76,7 +76,7 @@ class Adapt:
 
     def __init__(self, method, tensors, total_steps=0, workers=1, nodes=1, min_elements=0,
                  dense_spec=None, strategy=None):
-        _core._need("gcomp_adapt_create")
+        _core._needs("gcomp_adapt_create")
         self.method = method
         self.names = [str(n) for n, _ in tensors]
         self.shapes = [tuple(int(d) for d in s) for _, s in tensors]

@@ -629,7 +629,7 @@ class Compressor(_Closable):
         spec's feedback, or - for a spec that keeps none, such as dense "none" - rides in
         the next message.  On error nothing changes."""
         h = self._handle()
-        _need("gcomp_compressor_retune")
+        _needs("gcomp_compressor_retune")
         err = _native.ErrorInfo()
         _check(_lib.gcomp_compressor_retune(h, _spec_bytes(spec), ctypes.byref(err)), f"retune {spec!r}", err)
         self._bound = _lib.gcomp_encode_bound(h)
@@ -710,6 +710,15 @@ class Compressor(_Closable):
             _raise(st, f"lowrank_begin ({self.spec})")
         return self._lr_ptr.value, n.value, self._lr_rounds.value
 
+    def _lr_shape(self):
+        """(rounds, P length, Q length) of the step begin starts next; reads no gradient."""
+        rounds, np_, nq = ctypes.c_uint(), ctypes.c_size_t(), ctypes.c_size_t()
+        st = _needs("gcomp_lowrank_shape")(self._h, ctypes.byref(rounds), ctypes.byref(np_),
+                                          ctypes.byref(nq))
+        if st:
+            _raise(st, f"lowrank_shape ({self.spec})")
+        return rounds.value, np_.value, nq.value
+
     def _lr_next(self, fn, what):
         n = ctypes.c_size_t()
         st = fn(self._h, ctypes.byref(self._lr_ptr), ctypes.byref(n))
@@ -737,7 +746,7 @@ class Compressor(_Closable):
         whose view is None (reduce grad) or, after a retune, grad plus what the old spec held
         back (reduce that instead)."""
         self._handle()
-        _need("gcomp_lowrank_begin")
+        _needs("gcomp_lowrank_begin")
         gptr, _ = float_buffer(grad, self.n, what="gradient")
         addr, n, rounds = self._lr_begin(gptr)
         return (self._view(addr, n) if addr else None), rounds
@@ -745,24 +754,24 @@ class Compressor(_Closable):
     def lowrank_after_p(self):
         """After P was summed over ranks: returns the Q buffer to sum."""
         self._handle()
-        return self._view(*self._lr_next(_need("gcomp_lowrank_after_p"), "lowrank_after_p"))
+        return self._view(*self._lr_next(_needs("gcomp_lowrank_after_p"), "lowrank_after_p"))
 
     def lowrank_after_q(self):
         """Between rounds (iters > 1), after Q was summed: returns the next P to sum."""
         self._handle()
-        return self._view(*self._lr_next(_need("gcomp_lowrank_after_q"), "lowrank_after_q"))
+        return self._view(*self._lr_next(_needs("gcomp_lowrank_after_q"), "lowrank_after_q"))
 
     def lowrank_finish(self, out, scale=1.0):
         """Writes out = scale * P^ Q^T (overwrites) and commits the step; out is None on a
         dense step (which it only commits)."""
         self._handle()
-        _need("gcomp_lowrank_finish")
+        _needs("gcomp_lowrank_finish")
         optr = None if out is None else float_buffer(out, self.n, writable=True, what="out")[0]
         self._lr_finish(optr, float(scale))
 
     def lowrank_abort(self):
         """Abandons the step in flight; the state stays as it was before begin."""
-        _need("gcomp_lowrank_abort")(self._handle())
+        _needs("gcomp_lowrank_abort")(self._handle())
 
     # -- state --
     def state_bytes(self):
@@ -792,20 +801,13 @@ def _from_state_and_shape(blob, shape):
 # ---- layer-wise policy ------------------------------------------------------------------
 
 
-def _need(name):
-    fn = getattr(_lib, name, None)
-    if fn is None:
-        raise _err.UnsupportedError(f"{LIBRARY_PATH} lacks {name}", status=_err.E_UNSUPPORTED)
-    return fn
-
-
 def spec_bytes_estimate(spec, n, shape=None):
     """Steady-state message bytes of `spec` for a tensor of n elements (shape as for
     Compressor), without allocating the tensor's state."""
     rows, cols = _matrix_shape(shape, int(n))
     out = ctypes.c_size_t()
     err = _native.ErrorInfo()
-    st = _need("gcomp_spec_bytes_estimate")(_spec_bytes(spec), _size_arg(int(n)), _size_arg(rows),
+    st = _needs("gcomp_spec_bytes_estimate")(_spec_bytes(spec), _size_arg(int(n)), _size_arg(rows),
                                             _size_arg(cols), ctypes.byref(out), ctypes.byref(err))
     _check(st, f"spec {spec!r}", err)
     return out.value
@@ -827,7 +829,7 @@ class Policy:
                                  status_name=status_name(_err.E_SPEC))
         h = ctypes.c_void_p()
         err = _native.ErrorInfo()
-        _check(_need("gcomp_policy_create")(ctypes.byref(h), text.encode("utf-8"), ctypes.byref(err)),
+        _check(_needs("gcomp_policy_create")(ctypes.byref(h), text.encode("utf-8"), ctypes.byref(err)),
                f"policy {text!r}", err)
         self._h = h
         self.text = text

@@ -734,17 +734,22 @@ _ONE_EXCHANGE_SLACK = 1.15
 _NONFINITE_LEN = -1  # a rank's length table of these: its gradient held NaN or Inf
 
 
-def _raise_nonfinite(failed, tables, bucket_index):
-    """After the exchange of the length tables: this rank's own NonFiniteError, or one
-    naming the rank whose table says its gradient held NaN or Inf; every rank raises."""
+def _agree_finite(failed, bad, where):
+    """After an exchange that told every rank which ranks' gradients held NaN or Inf
+    (`bad`): this rank's own NonFiniteError, or one naming them; every rank raises."""
     if failed is not None:
         raise failed
-    for r, t in enumerate(tables):
-        if t and t[0] == _NONFINITE_LEN:
-            raise _err.NonFiniteError(
-                f"gradcomp.torch: bucket {bucket_index}: rank {r}'s gradient holds NaN or Inf "
-                "(every rank raises; skip the step there too, or check the loss before "
-                "backward())", status=_err.E_NONFINITE)
+    if bad:
+        raise _err.NonFiniteError(
+            f"gradcomp.torch: {where}: rank {', '.join(map(str, bad))}'s gradient holds NaN or "
+            "Inf (every rank raises; skip the step there too, or check the loss before "
+            "backward())", status=_err.E_NONFINITE)
+
+
+def _raise_nonfinite(failed, tables, bucket_index):
+    """After the exchange of the length tables, whose -1s mark a NaN or Inf."""
+    _agree_finite(failed, [r for r, t in enumerate(tables) if t and t[0] == _NONFINITE_LEN],
+                  f"bucket {bucket_index}")
 
 
 def _gather_path(state, group, world, bucket_index, entries, grads):
@@ -873,7 +878,12 @@ def _factor_allreduce_with_dense(group, bufs, dense, world):
 
 class _LowRankStep:
     """One bucket's PowerSGD step through the C protocol (include/gradcomp.h, "Low-rank"):
-    per round one all_reduce of all the bucket's P factors and one of all its Qs."""
+    per round one all_reduce of all the bucket's P factors and one of all its Qs.
+
+    The first P all_reduce carries a flag a rank: a rank whose begin refused its gradient
+    (NaN or Inf) still joins it, with zeros of the size gcomp_lowrank_shape gives, and its
+    flag set; then every rank abandons the step and raises NonFiniteError from that
+    exchange, instead of the others waiting in it for the process group's timeout."""
 
     def __init__(self, state, entries, grads):
         self.state = state
@@ -881,10 +891,21 @@ class _LowRankStep:
         self.begun = []
         self.rounds = 0
         self.ps = []
+        self.failed = None  # this rank's NonFiniteError, if a begin refused its gradient
+        self._zeros = []  # what a refused tensor's P is, on this rank
         try:
             for e, g in zip(entries, grads):
-                addr, n, r = e.comp._lr_begin(g.data_ptr())
-                self.begun.append(e)
+                try:
+                    addr, n, r = e.comp._lr_begin(g.data_ptr())
+                except _err.NonFiniteError as ex:
+                    # Not begun (its state is as before), but its P still goes out, as zeros.
+                    self.failed = self.failed or ex
+                    r, n, _ = e.comp._lr_shape()
+                    z = torch.zeros(n, dtype=_F32)
+                    self._zeros.append(z)
+                    addr = z.data_ptr()
+                else:
+                    self.begun.append(e)
                 if r == 0:  # dense step: before start_iter, or compression would not pay
                     if addr:  # after a retune: g plus what the old spec held back goes out
                         ctypes.memmove(g.data_ptr(), addr, 4 * n)
@@ -914,6 +935,11 @@ class _LowRankStep:
         for e in self.begun:
             e.comp._lr_abort()
 
+    def _agree(self, flags):
+        """After the first P all_reduce: every rank raises if any rank refused its gradient."""
+        _agree_finite(self.failed, [r for r, v in enumerate(flags.tolist()) if v != 0.0],
+                      "PowerSGD")
+
     def commit_dense(self):
         for e in self.dense_e:
             e.comp._lr_finish(None, 0.0)
@@ -933,12 +959,19 @@ class _LowRankStep:
                 if k > 0:
                     ps = [e.comp._lr_next(_core._lib.gcomp_lowrank_after_q, "lowrank_after_q")
                           for e in self.comp_e]
-                if k == 0 and dense:
-                    _factor_allreduce_with_dense(group, ps, dense, world)
-                    if on_dense is not None:
-                        on_dense()
-                else:
                     _factor_allreduce(group, ps, self.dtype)
+                else:
+                    flags = torch.zeros(world, dtype=_F32)  # 1 where a rank refused its gradient
+                    if self.failed is not None:
+                        flags[dist.get_rank(group)] = 1.0
+                    bufs = ps + [(flags.data_ptr(), world)]
+                    if dense:
+                        _factor_allreduce_with_dense(group, bufs, dense, world)
+                    else:
+                        _factor_allreduce(group, bufs, self.dtype)
+                    self._agree(flags)
+                    if dense and on_dense is not None:
+                        on_dense()
                 qs = [e.comp._lr_next(_core._lib.gcomp_lowrank_after_p, "lowrank_after_p")
                       for e in self.comp_e]
                 nbytes = esize * (sum(n for _, n in ps) + sum(n for _, n in qs))

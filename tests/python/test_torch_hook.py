@@ -61,6 +61,9 @@ def runs(tmp_path_factory):
     scen.append(f"mismatchadapt:{PROBED}")
     scen.append(f"restoreother:{PROBED}")
     scen.append(f"nanone:{TOPK}")
+    if has_codec("powersgd"):
+        scen.append(f"nanone:{POWERSGD}")  # the factors' all_reduce, fp32 with the dense ones
+        scen.append(f"nanone:{POWERSGD},values=f16")  # fp16 factors, the dense ones apart
     scen.append(f"warmup:{WARMUP}")
     out = str(tmp_path_factory.mktemp("ddp") / "r")
     pkg = os.path.join(REPO, "python")
@@ -185,10 +188,13 @@ def test_restored_controllers_of_another_model_are_refused(runs):
         assert "StateError" in err and "0.weight" in err and "restore a state saved" in err, err
 
 
-def test_a_nan_on_one_rank_raises_on_every_rank(runs):
+@pytest.mark.parametrize("spec", [TOPK, POWERSGD, POWERSGD + ",values=f16"])
+def test_a_nan_on_one_rank_raises_on_every_rank(runs, spec):
     # the process group's timeout is torch's default (30 min): seconds mean nobody waited
+    if not has_codec(spec.split(":")[0]):
+        pytest.skip(f"{spec} is not built")
     for rank, r in enumerate(runs):
-        for at, v in r[f"nanone:{TOPK}"].items():
+        for at, v in r[f"nanone:{spec}"].items():
             err = v["error"] or ""
             assert "NonFiniteError" in err, (rank, at, err)
             assert rank == 1 or "rank 1's gradient holds NaN or Inf" in err, (at, err)
