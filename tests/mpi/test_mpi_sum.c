@@ -423,6 +423,7 @@ int main(int argc, char **argv) {
         lowrank_case(comm2, "powersgd:rank=2", 40, 30, GCOMP_MPI_HIERARCHICAL);
         nonfinite(comm, "powersgd:rank=1", GCOMP_MPI_AUTO);                /* a dense step */
         nonfinite_shaped(comm, "powersgd:rank=2", GCOMP_MPI_AUTO, 40, 30); /* a low-rank one */
+        nonfinite_shaped(comm2, "powersgd:rank=2", GCOMP_MPI_HIERARCHICAL, 40, 30);
         if (mc_size > 1) lowrank_local_overflow(comm);
     }
     nonfinite(comm, "topk:density=0.1", GCOMP_MPI_ALLGATHER);
