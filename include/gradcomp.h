@@ -1103,7 +1103,9 @@ GCOMP_API int gcomp_adapt_uses(const gcomp_adapt *a, const char *name);
  *  (gcomp_adapt_create says why). */
 GCOMP_API int gcomp_adapt_method_uses(const char *method, const char *name);
 /** The configuration fingerprint the statistics carry (method, ladder, tensors, the options
- *  decisions read, the course and the exchange groups): equal on every rank of one run.  A
+ *  decisions read, the course and the exchange groups): equal on every rank of one run.  The
+ *  method enters by meaning: options in any order, a number by its value (eta=0.5 is
+ *  eta=5e-1), one given at its default as if absent; name overrides in their order.  A
  *  front end may compare it across ranks before the first decision, where a rank with
  *  other settings would otherwise enter the decision's collective at another step.  0 for
  *  NULL. */

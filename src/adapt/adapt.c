@@ -105,13 +105,26 @@ static bool is_glob(const char *key) {
     return strpbrk(key, "*?.") != NULL;
 }
 
-const char *gcomp__adapt_opt(gcomp_adapt *a, const char *key) {
+static gcomp__adapt_item *find_item(gcomp_adapt *a, const char *key) {
     for (size_t i = 0; i < a->nitems; i++)
-        if (!strcmp(a->items[i].key, key)) {
-            a->items[i].used = true;
-            return a->items[i].val;
-        }
+        if (!strcmp(a->items[i].key, key)) return &a->items[i];
     return NULL;
+}
+
+const char *gcomp__adapt_opt(gcomp_adapt *a, const char *key) {
+    gcomp__adapt_item *it = find_item(a, key);
+    if (!it) return NULL;
+    it->used = true;
+    return it->val;
+}
+
+/* Item `key` read as the number x (its default: dflt, NaN for none). */
+static void note_number(gcomp_adapt *a, const char *key, double x, double dflt) {
+    gcomp__adapt_item *it = find_item(a, key);
+    if (!it) return;
+    it->numeric = true;
+    it->num = x;
+    it->is_default = x == dflt;
 }
 
 gcomp_status gcomp__adapt_num(gcomp_adapt *a, const char *ctl, const char *key, double dflt,
@@ -126,6 +139,7 @@ gcomp_status gcomp__adapt_num(gcomp_adapt *a, const char *ctl, const char *key, 
         return gcomp__fail(err, GCOMP_E_SPEC, "adapt: %s: %s=%s: a number in [%g, %g]", ctl, key, v,
                            lo, hi);
     *out = x;
+    note_number(a, key, x, dflt);
     return GCOMP_OK;
 }
 
@@ -676,13 +690,49 @@ static uint64_t fnv_u64(uint64_t h, uint64_t v) {
     return h;
 }
 
+static int cmp_item_key(const void *x, const void *y) {
+    return strcmp((*(const gcomp__adapt_item *const *)x)->key,
+                  (*(const gcomp__adapt_item *const *)y)->key);
+}
+
+/* The items as the fingerprint sees them: what they mean, not how they were written.  The
+ * options in key order (the order written means nothing), a number by its value, one that
+ * gives its default left out (as if absent); then the name overrides in the order written
+ * (the policy takes the first that matches). */
+static uint64_t hash_items(const gcomp_adapt *a, uint64_t h) {
+    const gcomp__adapt_item *opts[MAX_ITEMS];
+    size_t n = 0;
+    for (size_t i = 0; i < a->nitems; i++)
+        if (!is_glob(a->items[i].key)) opts[n++] = &a->items[i];
+    qsort(opts, n, sizeof opts[0], cmp_item_key);
+    for (size_t i = 0; i < n; i++) {
+        if (opts[i]->numeric && opts[i]->is_default) continue;
+        h = fnv_str(h, opts[i]->key);
+        if (opts[i]->numeric) {
+            uint64_t bits;
+            double x = opts[i]->num + 0.0; /* -0 is 0 */
+            memcpy(&bits, &x, sizeof bits);
+            h = fnv_u64(h, bits);
+        } else {
+            h = fnv_str(h, opts[i]->val);
+        }
+    }
+    for (size_t i = 0; i < a->nitems; i++)
+        if (is_glob(a->items[i].key)) h = fnv_str(fnv_str(h, a->items[i].key), a->items[i].val);
+    return h;
+}
+
 /* Option `key` as a count in [1, 1e9]; *given false when absent or equal to `word` (auto,
  * all). */
 static gcomp_status count_opt(gcomp_adapt *a, const char *key, const char *word, uint64_t *out,
                               bool *given, gcomp_error *err) {
     const char *v = gcomp__adapt_opt(a, key);
     *given = false;
-    if (!v || !strcmp(v, word)) return GCOMP_OK;
+    if (v && !strcmp(v, word)) {
+        note_number(a, key, 0, 0); /* the word means what an absent key means */
+        return GCOMP_OK;
+    }
+    if (!v) return GCOMP_OK;
     char *end;
     errno = 0;
     unsigned long long x = strtoull(v, &end, 10);
@@ -690,6 +740,7 @@ static gcomp_status count_opt(gcomp_adapt *a, const char *key, const char *word,
         return gcomp__fail(err, GCOMP_E_SPEC, "adapt: %s=%s: a count, 1..1e9, or %s", key, v, word);
     *out = x;
     *given = true;
+    note_number(a, key, (double)x, NAN);
     return GCOMP_OK;
 }
 
@@ -908,8 +959,7 @@ gcomp_status gcomp_adapt_create(gcomp_adapt **out, const char *method,
     /* The fingerprint: controllers, items, ladder, tensors. */
     uint64_t h = 0xcbf29ce484222325ull;
     for (size_t k = 0; k < a->nctl; k++) h = fnv_str(h, a->ctl[k]->name);
-    for (size_t i = 0; i < a->nitems; i++)
-        h = fnv_str(fnv_str(h, a->items[i].key), a->items[i].val);
+    h = hash_items(a, h);
     for (size_t j = 0; j < a->K; j++) h = fnv_str(h, a->ladder[j]);
     for (size_t i = 0; i < count; i++)
         h = fnv_u64(fnv_u64(fnv_u64(h, a->t[i].n), a->t[i].rows), (uint64_t)a->t[i].managed);

@@ -68,6 +68,10 @@ typedef struct gcomp__adapt_plan {
 typedef struct gcomp__adapt_item {
     char *key, *val;
     bool used;
+    /* Read as a number: the fingerprint hashes the value, not its spelling (eta=0.5 and
+     * eta=5e-1 are one configuration), and leaves out an item that gives the default. */
+    bool numeric, is_default;
+    double num;
 } gcomp__adapt_item;
 
 /* A managed tensor's view for the controllers. */

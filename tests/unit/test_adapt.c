@@ -1835,6 +1835,55 @@ static int allgather_strategy(void *ctx, const char *spec) {
     return GCOMP_COST_ALLGATHER;
 }
 
+/* The fingerprint follows what a method means, not how it is written: a number by its
+ * value, an explicit default as its absence, options in any order; name overrides keep
+ * their order (the first match wins).  A state saved under one spelling loads under another. */
+static uint64_t fingerprint_of(const char *method) {
+    gcomp_adapt *a = NULL;
+    gcomp_error e = {0};
+    CHECK_MSG(make(&a, method, 1000, &e) == GCOMP_OK, "%s: %s", method, e.message);
+    uint64_t fp = a ? gcomp_adapt_fingerprint(a) : 0;
+    gcomp_adapt_free(a);
+    return fp;
+}
+
+static void test_fingerprint_spelling(void) {
+    const char *same[][2] = {
+        {"adapt:norm;eta=0.5", "adapt:norm;eta=0.50"},
+        {"adapt:norm;eta=0.5", "adapt:norm;eta=5e-1"},
+        {"adapt:norm;eta=0.5", "adapt:norm"},
+        {"adapt:norm;eta=0.7;interval=10", "adapt:norm;interval=10;eta=0.70"},
+        {"adapt:norm;interval=auto", "adapt:norm"},
+        {"adapt:bandwidth;confirm=2;slack=0.05", "adapt:bandwidth"},
+    };
+    for (size_t i = 0; i < sizeof same / sizeof same[0]; i++)
+        CHECK_MSG(fingerprint_of(same[i][0]) == fingerprint_of(same[i][1]), "'%s' and '%s' differ",
+                  same[i][0], same[i][1]);
+    const char *other[][2] = {
+        {"adapt:norm;eta=0.5", "adapt:norm;eta=0.6"},
+        {"adapt:norm;interval=10", "adapt:norm;interval=20"},
+        {"adapt:norm", "adapt:layers"},
+        {"adapt:layers;fc1.*=none;fc*=int8", "adapt:layers;fc*=int8;fc1.*=none"},
+    };
+    for (size_t i = 0; i < sizeof other / sizeof other[0]; i++)
+        CHECK_MSG(fingerprint_of(other[i][0]) != fingerprint_of(other[i][1]),
+                  "'%s' and '%s' are taken for one configuration", other[i][0], other[i][1]);
+
+    gcomp_adapt *a = NULL, *b = NULL;
+    gcomp_error e = {0};
+    CHECK_OK(make(&a, "adapt:norm;eta=0.5;interval=10", 1000, &e));
+    CHECK_OK(make(&b, "adapt:norm; eta=5e-1 ;interval=10", 1000, &e));
+    if (a && b) {
+        size_t cap = gcomp_adapt_state_bound(a), len = 0;
+        uint8_t *blob = malloc(cap);
+        CHECK_OK(gcomp_adapt_save_state(a, blob, cap, &len));
+        CHECK_MSG(gcomp_adapt_load_state(b, blob, len, &e) == GCOMP_OK, "load: %s", e.message);
+        free(blob);
+    }
+    gcomp_adapt_free(a);
+    gcomp_adapt_free(b);
+}
+
 static void test_options_in_fingerprint(void) {
     const char *method = "adapt:bandwidth+accuracy;target=0.6;interval=4";
     gcomp_cost_calibration *slow = int8_calibration(2e-5), *fast = int8_calibration(1e-9);
@@ -1948,6 +1997,7 @@ int main(void) {
     test_state();
     test_ranks_agree();
     test_options_in_fingerprint();
+    test_fingerprint_spelling();
     test_state_refuses_impossible();
     test_observe_compute_inf_and_failed_decide();
     return CHECK_DONE();
