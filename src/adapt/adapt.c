@@ -105,6 +105,25 @@ static bool is_glob(const char *key) {
     return strpbrk(key, "*?.") != NULL;
 }
 
+static bool is_option_key(const char *key) {
+    for (const char *const *k = engine_keys; *k; k++)
+        if (!strcmp(*k, key)) return true;
+    for (size_t c = 0; c < NCTL; c++)
+        for (const char *const *k = controllers[c]->keys; k && *k; k++)
+            if (!strcmp(*k, key)) return true;
+    return false;
+}
+
+/* A name override (GLOB=SPEC, as the layer policy takes it): a key with a glob's or a
+ * dotted name's characters, or one that is no option and is some tensor's whole name. */
+static bool is_override(const gcomp_adapt *a, const char *key) {
+    if (is_glob(key)) return true;
+    if (is_option_key(key)) return false;
+    for (size_t i = 0; i < a->nt; i++)
+        if (a->t[i].name && !strcmp(a->t[i].name, key)) return true;
+    return false;
+}
+
 static gcomp__adapt_item *find_item(gcomp_adapt *a, const char *key) {
     for (size_t i = 0; i < a->nitems; i++)
         if (!strcmp(a->items[i].key, key)) return &a->items[i];
@@ -313,9 +332,11 @@ static gcomp_status apply_policy(gcomp_adapt *a, const char *base, const gcomp_t
         w += snprintf(text + w, cap - (size_t)w, ";min_elements=%zu", opt->min_elements);
     if (d1) w += snprintf(text + w, cap - (size_t)w, ";dense_1d=%s", d1);
     for (size_t i = 0; i < a->nitems; i++)
-        if (is_glob(a->items[i].key)) {
+        if (is_override(a, a->items[i].key)) {
+            /* `dense`, as in ladder=, is the dense spec */
+            const char *v = strcmp(a->items[i].val, "dense") ? a->items[i].val : "none";
             a->items[i].used = true;
-            w += snprintf(text + w, cap - (size_t)w, ";%s=%s", a->items[i].key, a->items[i].val);
+            w += snprintf(text + w, cap - (size_t)w, ";%s=%s", a->items[i].key, v);
         }
     gcomp_policy *pol = NULL;
     gcomp_error local = {0};
@@ -703,7 +724,7 @@ static uint64_t hash_items(const gcomp_adapt *a, uint64_t h) {
     const gcomp__adapt_item *opts[MAX_ITEMS];
     size_t n = 0;
     for (size_t i = 0; i < a->nitems; i++)
-        if (!is_glob(a->items[i].key)) opts[n++] = &a->items[i];
+        if (!is_override(a, a->items[i].key)) opts[n++] = &a->items[i];
     qsort(opts, n, sizeof opts[0], cmp_item_key);
     for (size_t i = 0; i < n; i++) {
         if (opts[i]->numeric && opts[i]->is_default) continue;
@@ -718,7 +739,8 @@ static uint64_t hash_items(const gcomp_adapt *a, uint64_t h) {
         }
     }
     for (size_t i = 0; i < a->nitems; i++)
-        if (is_glob(a->items[i].key)) h = fnv_str(fnv_str(h, a->items[i].key), a->items[i].val);
+        if (is_override(a, a->items[i].key))
+            h = fnv_str(fnv_str(h, a->items[i].key), a->items[i].val);
     return h;
 }
 
@@ -815,7 +837,9 @@ static gcomp_status check_unused(gcomp_adapt *a, gcomp_error *err) {
                                        "adapt: key '%s' belongs to the %s controller, which this "
                                        "method does not use; keys here: %s",
                                        a->items[i].key, controllers[c]->name, keys);
-        return gcomp__fail(err, GCOMP_E_SPEC, "adapt: unknown key '%s'; keys here: %s",
+        return gcomp__fail(err, GCOMP_E_SPEC,
+                           "adapt: unknown key '%s' (no option, and no tensor has that name); "
+                           "keys here: %s",
                            a->items[i].key, keys);
     }
     return GCOMP_OK;

@@ -1884,6 +1884,35 @@ static void test_fingerprint_spelling(void) {
     gcomp_adapt_free(b);
 }
 
+/* Name overrides: a tensor's whole name (no glob characters) is one, and SPEC may be
+ * `dense` as in ladder=; a key that is neither an option nor a name is refused by name. */
+static void test_name_overrides(void) {
+    const gcomp_tensor_desc t[] = {{"embedding", 512 * 128, 512, 128},
+                                   {"proj", 256 * 256, 256, 256},
+                                   {"head", 128 * 256, 128, 256}};
+    gcomp_adapt_options o = {0};
+    o.total_steps = 1000;
+    o.min_elements = 4096;
+    gcomp_adapt *a = NULL;
+    gcomp_error e = {0};
+    CHECK_MSG(gcomp_adapt_create(&a, "adapt:layers;embedding=topk:density=0.01;h*=dense", t, 3, &o,
+                                 &e) == GCOMP_OK,
+              "%s", e.message);
+    if (a) {
+        CHECK(!gcomp_adapt_managed(a, 0) && gcomp_adapt_managed(a, 1) &&
+              !gcomp_adapt_managed(a, 2));
+        CHECK_MSG(!strncmp(gcomp_adapt_spec(a, 0), "topk:density=0.01,", 18), "%s",
+                  gcomp_adapt_spec(a, 0));
+        CHECK_MSG(!strncmp(gcomp_adapt_spec(a, 2), "none", 4), "%s", gcomp_adapt_spec(a, 2));
+        gcomp_adapt_free(a);
+    }
+    a = (gcomp_adapt *)1;
+    gcomp_status st = gcomp_adapt_create(&a, "adapt:layers;embeding=none", t, 3, &o, &e);
+    CHECK_MSG(st == GCOMP_E_SPEC && !a && strstr(e.message, "unknown key 'embeding'") &&
+                  strstr(e.message, "no tensor has that name"),
+              "a misspelt name: %d (%s)", st, e.message);
+}
+
 static void test_options_in_fingerprint(void) {
     const char *method = "adapt:bandwidth+accuracy;target=0.6;interval=4";
     gcomp_cost_calibration *slow = int8_calibration(2e-5), *fast = int8_calibration(1e-9);
@@ -1998,6 +2027,7 @@ int main(void) {
     test_ranks_agree();
     test_options_in_fingerprint();
     test_fingerprint_spelling();
+    test_name_overrides();
     test_state_refuses_impossible();
     test_observe_compute_inf_and_failed_decide();
     return CHECK_DONE();
