@@ -88,15 +88,19 @@ static gcomp_status acc_create(gcomp_adapt *a, void **out, gcomp_error *err) {
                                tv);
         s->below = x / 100;
     } else {
-        if ((st = gcomp__adapt_num(a, "accuracy", "target", 0, -1e300, 1e300, &s->target, err)))
-            return st;
-        if (s->target > 1 && s->target < 100) s->target /= 100;
-        if (!(s->target > 0 && s->target < 1))
-            return gcomp__fail(err, GCOMP_E_SPEC,
-                               "adapt: accuracy: target=%s is out of range: 0 < T < 1 (or a "
-                               "percentage below 100; or ref-X, X points below a reference "
-                               "curve's end)",
-                               tv);
+        char *end;
+        errno = 0;
+        double x = strtod(tv, &end);
+        const bool number = end != tv && !*end && !errno && isfinite(x);
+        if (number && x > 1 && x < 100) x /= 100;
+        if (!number || !(x > 0 && x < 1))
+            return gcomp__fail(
+                err, GCOMP_E_SPEC,
+                "adapt: accuracy: target=%s is out of range or no number: 0 < T < 1 (or a "
+                "percentage below 100; or ref-X, X points below a reference "
+                "curve's end)",
+                tv);
+        s->target = x;
     }
     if ((st = gcomp__adapt_num(a, "accuracy", "band", 0.002, 0, 1, &s->band, err)) ||
         (st = gcomp__adapt_num(a, "accuracy", "margin", 0.02, 0, 1, &s->margin, err)) ||

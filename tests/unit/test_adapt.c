@@ -64,6 +64,9 @@ static void test_grammar(void) {
     expect_spec_error("adapt:accuracy;target=-0.5", "out of range");
     expect_spec_error("adapt:accuracy;target=0", "out of range");
     expect_spec_error("adapt:accuracy;target=150", "out of range");
+    expect_spec_error("adapt:accuracy;target=nan", "out of range or no number: 0 < T < 1");
+    expect_spec_error("adapt:accuracy;target=inf", "out of range or no number: 0 < T < 1");
+    expect_spec_error("adapt:accuracy;target=high", "out of range or no number: 0 < T < 1");
     expect_spec_error("adapt:accuracy;target=0.9;hold=2", "hold=2");
     expect_spec_error("adapt:layers;ladder=", "ladder is empty");
     expect_spec_error("adapt:layers;ladder=/ /", "empty entry");
