@@ -369,7 +369,8 @@ static gcomp_status apply_policy(gcomp_adapt *a, const char *base, const gcomp_t
 /* ---- the ladder ---------------------------------------------------------------------- */
 
 /* A ladder item as a canonical spec: a number is a value of the knob, `dense` the dense
- * candidate, anything else a spec. */
+ * candidate, a word without ':' a value of the knob if the knob takes it (knob=values,
+ * ladder=f32/int8: int8 the value coder, not the codec), anything else a spec. */
 static gcomp_status item_spec(const char *base, const char *knob, const char *item, char *out,
                               size_t cap, gcomp_error *err) {
     if (!*item) return gcomp__fail(err, GCOMP_E_SPEC, "adapt: ladder: an empty entry");
@@ -377,7 +378,7 @@ static gcomp_status item_spec(const char *base, const char *knob, const char *it
     char *end;
     errno = 0;
     double v = strtod(item, &end);
-    gcomp_error local = {0};
+    gcomp_error local = {0}, kerr = {0};
     gcomp_status st;
     if (end != item && !*end && !errno) {
         (void)v;
@@ -387,8 +388,14 @@ static gcomp_status item_spec(const char *base, const char *knob, const char *it
                                "(density=, rank=, levels=); name one with knob=KEY or give specs",
                                item, base);
         st = gcomp_spec_set(base, knob, item, out, cap, &local);
-    } else {
-        st = gcomp_spec_canonical(item, out, cap, NULL, &local);
+    } else if (knob && !strchr(item, ':') &&
+               gcomp_spec_set(base, knob, item, out, cap, &kerr) == GCOMP_OK) {
+        return GCOMP_OK;
+    } else if ((st = gcomp_spec_canonical(item, out, cap, NULL, &local)) != GCOMP_OK && knob &&
+               !strchr(item, ':')) {
+        return gcomp__fail(err, GCOMP_E_SPEC,
+                           "adapt: ladder entry '%s' refused (as %s=: %s; as a spec: %s)", item,
+                           knob, kerr.message, local.message);
     }
     if (st != GCOMP_OK)
         return gcomp__fail(err, st, "adapt: ladder entry refused (%s): '%s'", local.message,

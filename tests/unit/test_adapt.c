@@ -67,6 +67,9 @@ static void test_grammar(void) {
     expect_spec_error("adapt:accuracy;target=nan", "out of range or no number: 0 < T < 1");
     expect_spec_error("adapt:accuracy;target=inf", "out of range or no number: 0 < T < 1");
     expect_spec_error("adapt:accuracy;target=high", "out of range or no number: 0 < T < 1");
+    /* a knob that takes words: f17 is neither one of its values nor a spec */
+    expect_spec_error("adapt:layers;base=topk:density=0.01;knob=values;ladder=f32/f17",
+                      "ladder entry 'f17' refused (as values=: topk: values=f17 is not a value");
     expect_spec_error("adapt:accuracy;target=0.9;hold=2", "hold=2");
     expect_spec_error("adapt:layers;ladder=", "ladder is empty");
     expect_spec_error("adapt:layers;ladder=/ /", "empty entry");
@@ -1916,6 +1919,25 @@ static void test_name_overrides(void) {
               "a misspelt name: %d (%s)", st, e.message);
 }
 
+/* knob=values: the ladder's words are the knob's values (f32, int8), not codecs. */
+static void test_word_knob(void) {
+    gcomp_adapt *a = NULL;
+    gcomp_error e = {0};
+    CHECK_MSG(make(&a, "adapt:layers;base=topk:density=0.01;knob=values;ladder=f32/int8", 1000,
+                   &e) == GCOMP_OK,
+              "%s", e.message);
+    if (!a) return;
+    CHECK_EQ_INT(gcomp_adapt_ladder_size(a), 2);
+    int seen = 0;
+    for (size_t j = 0; j < gcomp_adapt_ladder_size(a); j++) {
+        const char *c = gcomp_adapt_candidate(a, j);
+        seen |= strstr(c, "values=f32") ? 1 : strstr(c, "values=int8") ? 2 : 0;
+        CHECK_MSG(!strncmp(c, "topk:density=0.01,", 18), "%s", c);
+    }
+    CHECK_EQ_INT(seen, 3);
+    gcomp_adapt_free(a);
+}
+
 static void test_options_in_fingerprint(void) {
     const char *method = "adapt:bandwidth+accuracy;target=0.6;interval=4";
     gcomp_cost_calibration *slow = int8_calibration(2e-5), *fast = int8_calibration(1e-9);
@@ -2031,6 +2053,7 @@ int main(void) {
     test_options_in_fingerprint();
     test_fingerprint_spelling();
     test_name_overrides();
+    test_word_knob();
     test_state_refuses_impossible();
     test_observe_compute_inf_and_failed_decide();
     return CHECK_DONE();
