@@ -913,6 +913,14 @@ gcomp_status gcomp_adapt_create(gcomp_adapt **out, const char *method,
         }
     if (!base) base = DEFAULT_BASE;
     if ((st = apply_policy(a, base, tensors, opt, err)) != GCOMP_OK) goto fail;
+    if (a->nm == 0) { /* it would run as a fixed method, and say nothing */
+        st = gcomp__fail(err, GCOMP_E_SPEC,
+                         "adapt: no tensor of the %zu is managed: each is below min_elements, "
+                         "1-D (dense_1d=1) or taken by a name override; lower min_elements or "
+                         "drop the override",
+                         count);
+        goto fail;
+    }
     a->mt = gcomp__calloc((a->nm + 1) * sizeof *a->mt);
     a->level = gcomp__calloc((a->nm + 1) * sizeof(int));
     a->prev = gcomp__calloc((a->nm + 1) * sizeof(int));

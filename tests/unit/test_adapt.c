@@ -67,6 +67,9 @@ static void test_grammar(void) {
     expect_spec_error("adapt:accuracy;target=nan", "out of range or no number: 0 < T < 1");
     expect_spec_error("adapt:accuracy;target=inf", "out of range or no number: 0 < T < 1");
     expect_spec_error("adapt:accuracy;target=high", "out of range or no number: 0 < T < 1");
+    /* a method that manages nothing would run as a fixed one */
+    expect_spec_error("adapt:layers;min_elements=100000000", "no tensor of the 6 is managed");
+    expect_spec_error("adapt:layers;fc*=none", "no tensor of the 6 is managed");
     /* a knob that takes words: f17 is neither one of its values nor a spec */
     expect_spec_error("adapt:layers;base=topk:density=0.01;knob=values;ladder=f32/f17",
                       "ladder entry 'f17' refused (as values=: topk: values=f17 is not a value");
@@ -1869,7 +1872,7 @@ static void test_fingerprint_spelling(void) {
         {"adapt:norm;eta=0.5", "adapt:norm;eta=0.6"},
         {"adapt:norm;interval=10", "adapt:norm;interval=20"},
         {"adapt:norm", "adapt:layers"},
-        {"adapt:layers;fc1.*=none;fc*=int8", "adapt:layers;fc*=int8;fc1.*=none"},
+        {"adapt:layers;fc1.*=none;fc1*=int8", "adapt:layers;fc1*=int8;fc1.*=none"},
     };
     for (size_t i = 0; i < sizeof other / sizeof other[0]; i++)
         CHECK_MSG(fingerprint_of(other[i][0]) != fingerprint_of(other[i][1]),

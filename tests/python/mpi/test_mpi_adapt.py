@@ -190,8 +190,8 @@ def test_rank_that_stays_away_times_out_the_others(call):
         pytest.skip("needs two ranks")
     c = gm.Communicator(WORLD, timeout=0.4, setup_timeout=TIMEOUT)
     _STRANDED.append(c)
-    a = gradcomp.Adapt("adapt:norm;base=topk:density=0.01;interval=1", [("w", (64, 64))],
-                       workers=SIZE)
+    a = gradcomp.Adapt("adapt:norm;base=topk:density=0.01;interval=1;min_elements=1000",
+                       [("w", (64, 64))], workers=SIZE)
     a.end_step()
     if RANK == SIZE - 1:
         time.sleep(1.0)  # away for longer than the others' timeout
