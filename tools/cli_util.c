@@ -153,7 +153,8 @@ void cli_synthetic_gradient(float *x, size_t n, uint64_t seed, uint64_t step) {
     }
 }
 
-/* "1gbit", "100mbit", "2.5gbit", "10g", "1e9" (bit/s) -> bits per second; 0 on error. */
+/* "1gbit", "100mbit", "2.5gbit", "10g", "1e9" (bit/s) -> bits per second; 0 on error and
+ * outside [1 kbit/s, 1000 tbit/s] (a bare 1.5 is 1.5 bit/s: a unit left out, not a link). */
 double cli_parse_rate(const char *s) {
     char *end;
     errno = 0;
@@ -172,7 +173,10 @@ double cli_parse_rate(const char *s) {
     low[i] = 0;
     if (end[i]) return 0;
     for (size_t k = 0; k < sizeof units / sizeof units[0]; k++)
-        if (!strcmp(low, units[k].u)) return v * units[k].mul;
+        if (!strcmp(low, units[k].u)) {
+            double bps = v * units[k].mul;
+            return bps >= 1e3 && bps <= 1e15 ? bps : 0;
+        }
     return 0;
 }
 

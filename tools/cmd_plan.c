@@ -235,8 +235,9 @@ static int parse_args(int argc, char **argv, popts *o) {
             double r = cli_parse_rate(v);
             if (!(r > 0))
                 return cli_fail(CMD, 2,
-                                "%s %s: the link speed must be a rate > 0 (100mbit, 1gbit, "
-                                "10gbit, ...)",
+                                "%s %s: the link speed must be a rate > 0 from 1kbit to "
+                                "1000tbit, with its unit (100mbit, 1gbit, 10gbit, ...; a bare "
+                                "number is bit/s)",
                                 a, v);
             if (!strcmp(a, "--link")) {
                 o->link_bps = r;

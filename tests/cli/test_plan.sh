@@ -77,6 +77,8 @@ expect_err "P = 0" "worker count 0" "$G" plan --model m.txt --workers 0 --link 1
 expect_err "P < 0" "--workers" "$G" plan --model m.txt --workers 4,-2 --link 1gbit $C
 expect_err "link 0" "link speed must be a rate > 0" "$G" plan --model m.txt --link 0 $C
 expect_err "link 0gbit" "link speed must be a rate > 0" "$G" plan --model m.txt --link 0gbit $C
+expect_err "link 1.5" "with its unit" "$G" plan --model m.txt --link 1.5 $C
+expect_err "link 1e300gbit" "from 1kbit to 1000tbit" "$G" plan --model m.txt --link 1e300gbit $C
 expect_err "link junk" "--link fast" "$G" plan --model m.txt --link fast $C
 expect_err "no link" "no link" "$G" plan --model m.txt $C
 expect_err "bad --burst" "--burst -5" "$G" plan --model m.txt --link 1gbit --burst -5 $C
