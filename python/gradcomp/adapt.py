@@ -79,6 +79,10 @@ class Adapt:
         _core._needs("gcomp_adapt_create")
         self.method = method
         self.names = [str(n) for n, _ in tensors]
+        if len(set(self.names)) != len(self.names):  # overrides and restores go by name
+            seen = set()
+            dup = next(n for n in self.names if n in seen or seen.add(n))
+            raise ValueError(f"Adapt: two tensors are named {dup!r}; names must be unique")
         self.shapes = [tuple(int(d) for d in s) for _, s in tensors]
         self.numels = [math.prod(s) for s in self.shapes]  # what C reads of each gradient
         descs = (_native.TensorDesc * len(tensors))()

@@ -47,6 +47,11 @@ def test_counts_out_of_range_are_refused_not_wrapped():
         make("adapt:norm", total_steps=1.7)
 
 
+def test_tensor_names_must_be_unique():
+    with pytest.raises(ValueError, match="two tensors are named 'w'"):
+        gradcomp.Adapt("adapt:norm;min_elements=64", [("w", (64, 64)), ("v", (8,)), ("w", (64, 64))])
+
+
 def test_metric_must_be_a_fraction():
     a = make("adapt:accuracy;target=0.8;interval=2", total_steps=100)
     for bad in (50, -0.1, float("nan")):
