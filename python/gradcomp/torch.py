@@ -734,7 +734,7 @@ _ONE_EXCHANGE_SLACK = 1.15
 _NONFINITE_LEN = -1  # a rank's length table of these: its gradient held NaN or Inf
 
 
-def _agree_finite(failed, bad, where):
+def _agree_finite(failed, bad, where, also=""):
     """After an exchange that told every rank which ranks' gradients held NaN or Inf
     (`bad`): this rank's own NonFiniteError, or one naming them; every rank raises."""
     if failed is not None:
@@ -742,7 +742,7 @@ def _agree_finite(failed, bad, where):
     if bad:
         raise _err.NonFiniteError(
             f"gradcomp.torch: {where}: rank {', '.join(map(str, bad))}'s gradient holds NaN or "
-            "Inf (every rank raises; skip the step there too, or check the loss before "
+            f"Inf{also} (every rank raises; skip the step there too, or check the loss before "
             "backward())", status=_err.E_NONFINITE)
 
 
@@ -880,10 +880,11 @@ class _LowRankStep:
     """One bucket's PowerSGD step through the C protocol (include/gradcomp.h, "Low-rank"):
     per round one all_reduce of all the bucket's P factors and one of all its Qs.
 
-    The first P all_reduce carries a flag a rank: a rank whose begin refused its gradient
-    (NaN or Inf) still joins it, with zeros of the size gcomp_lowrank_shape gives, and its
-    flag set; then every rank abandons the step and raises NonFiniteError from that
-    exchange, instead of the others waiting in it for the process group's timeout."""
+    Each factor all_reduce carries a flag per rank: a rank whose begin refused its gradient
+    (NaN or Inf), or whose factor overflowed, still joins it, with zeros of the size
+    gcomp_lowrank_shape gives and its flag set; then every rank abandons the step and
+    raises NonFiniteError from that exchange, instead of the others waiting in the next
+    one for the process group's timeout."""
 
     def __init__(self, state, entries, grads):
         self.state = state
@@ -936,50 +937,73 @@ class _LowRankStep:
             e.comp._lr_abort()
 
     def _agree(self, flags):
-        """After the first P all_reduce: every rank raises if any rank refused its gradient."""
+        """After a factor all_reduce: every rank raises if any rank refused a tensor."""
         _agree_finite(self.failed, [r for r, v in enumerate(flags.tolist()) if v != 0.0],
-                      "PowerSGD")
+                      "PowerSGD", ", or overflows its factors")
 
     def commit_dense(self):
         for e in self.dense_e:
             e.comp._lr_finish(None, 0.0)
 
+    def _next(self, fn, what, which):
+        """Each tensor's next buffer to sum.  One that C refuses on this rank (a NaN or an
+        overflow in its factors) still goes out, as zeros of its shape's size (`which`: 1
+        for P, 2 for Q), and this rank's flag rides with them."""
+        out = []
+        for e in self.comp_e:
+            try:
+                out.append(e.comp._lr_next(fn, what))
+            except _err.NonFiniteError as ex:  # C abandoned that tensor's step
+                self.failed = self.failed or ex
+                n = e.comp._lr_shape()[which]
+                z = torch.zeros(n, dtype=_F32)
+                self._zeros.append(z)
+                out.append((z.data_ptr(), n))
+        return out
+
+    def _flagged(self, bufs, world, group):
+        """`bufs` and a word a rank: 1 where that rank refused a tensor."""
+        flags = torch.zeros(world, dtype=_F32)
+        if self.failed is not None:
+            flags[dist.get_rank(group)] = 1.0
+        return bufs + [(flags.data_ptr(), world)], flags
+
     def run(self, group, world, dense=(), on_dense=None):
         """All rounds but the last Q reduction blocking; returns the final future.
 
         `dense` fp32 gradients ride along in the first P all_reduce (one collective less
-        per step: on a 2-core loopback each costs ~0.4 ms, more than the compression)."""
+        per step: on a 2-core loopback each costs ~0.4 ms, more than the compression).
+        Every factor all_reduce carries the ranks' flags (`world` floats), and every rank
+        checks them after it, so a rank that refused a tensor never leaves the others
+        waiting in the next one."""
         if not self.comp_e:
             return None
         esize = 2 if self.dtype == torch.float16 else 4
         st = self.state.stats
+        after_p, after_q = _core._lib.gcomp_lowrank_after_p, _core._lib.gcomp_lowrank_after_q
         try:
             ps = self.ps
             for k in range(self.rounds):
                 if k > 0:
-                    ps = [e.comp._lr_next(_core._lib.gcomp_lowrank_after_q, "lowrank_after_q")
-                          for e in self.comp_e]
-                    _factor_allreduce(group, ps, self.dtype)
+                    ps = self._next(after_q, "lowrank_after_q", 1)
+                bufs, flags = self._flagged(ps, world, group)
+                if k == 0 and dense:
+                    _factor_allreduce_with_dense(group, bufs, dense, world)
                 else:
-                    flags = torch.zeros(world, dtype=_F32)  # 1 where a rank refused its gradient
-                    if self.failed is not None:
-                        flags[dist.get_rank(group)] = 1.0
-                    bufs = ps + [(flags.data_ptr(), world)]
-                    if dense:
-                        _factor_allreduce_with_dense(group, bufs, dense, world)
-                    else:
-                        _factor_allreduce(group, bufs, self.dtype)
-                    self._agree(flags)
-                    if dense and on_dense is not None:
-                        on_dense()
-                qs = [e.comp._lr_next(_core._lib.gcomp_lowrank_after_p, "lowrank_after_p")
-                      for e in self.comp_e]
+                    _factor_allreduce(group, bufs, self.dtype)
+                self._agree(flags)
+                if k == 0 and dense and on_dense is not None:
+                    on_dense()
+                qs = self._next(after_p, "lowrank_after_p", 2)
                 nbytes = esize * (sum(n for _, n in ps) + sum(n for _, n in qs))
                 st["lowrank_bytes"] += nbytes
                 st["message_bytes"] += nbytes
                 if k + 1 < self.rounds:
-                    _factor_allreduce(group, qs, self.dtype)
-            fut, wire = _factor_allreduce(group, qs, self.dtype, async_op=True)
+                    bufs, flags = self._flagged(qs, world, group)
+                    _factor_allreduce(group, bufs, self.dtype)
+                    self._agree(flags)
+            bufs, flags = self._flagged(qs, world, group)
+            fut, wire = _factor_allreduce(group, bufs, self.dtype, async_op=True)
         except BaseException:
             self.abort()
             raise
@@ -988,7 +1012,8 @@ class _LowRankStep:
         def finish(f):
             try:
                 f.wait()
-                _copy_back(wire, qs)
+                _copy_back(wire, bufs)
+                self._agree(flags)
                 for e, g in zip(self.comp_e, self.comp_g):
                     e.comp._lr_finish(g.data_ptr(), scale)  # g = P^ Q^T / world
             except BaseException:

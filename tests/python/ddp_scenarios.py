@@ -226,6 +226,29 @@ def scenario_nanone(rank, spec):
     return out
 
 
+def scenario_overflowone(rank, spec):
+    """A finite gradient on rank 1 whose PowerSGD factor Q = M^T P^ overflows (a column of
+    8e37, under begin's FLT_MAX / 4): that rank fails after the P all_reduce, not at begin,
+    and every rank raises NonFiniteError from the Q all_reduce."""
+    model = DDP(make_model())
+    hook, state = gt.hook(spec, model=model)
+    model.register_comm_hook(state, hook)
+    if rank == 1:
+        def big(g):
+            g = g.clone()
+            g[:, 0] = 8e37
+            return g
+        model.module[0].weight.register_hook(big)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    t0 = time.perf_counter()
+    err = None
+    try:
+        train(model, opt, rank, 1)
+    except Exception as e:  # DDP re-raises the hook's error from backward()
+        err = f"{type(e).__name__}: {e}"
+    return {"error": err, "seconds": time.perf_counter() - t0}
+
+
 def first_step_error(rank, policy, **kw):
     """One step of DDP with gradcomp's hook on `policy`: the error it raised, or None."""
     model = DDP(make_model())
@@ -471,6 +494,7 @@ def scenario_autocompute(rank, method):
 SCENARIOS = {"train": scenario_train, "resume": scenario_resume, "mismatch": scenario_mismatch,
              "mismatchprobe": scenario_mismatchprobe, "mismatchadapt": scenario_mismatchadapt,
              "restoreother": scenario_restoreother, "nanone": scenario_nanone,
+             "overflowone": scenario_overflowone,
              "adaptive": scenario_adaptive, "warmup": scenario_warmup, "probe": scenario_probe,
              "switch": scenario_switch, "switchquiet": lambda r, m: scenario_switch(r, m, quiet=0),
              "resumeadapt": scenario_resumeadapt, "psgdflush": scenario_psgdflush, "autocompute": scenario_autocompute,

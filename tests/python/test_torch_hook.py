@@ -64,6 +64,7 @@ def runs(tmp_path_factory):
     if has_codec("powersgd"):
         scen.append(f"nanone:{POWERSGD}")  # the factors' all_reduce, fp32 with the dense ones
         scen.append(f"nanone:{POWERSGD},values=f16")  # fp16 factors, the dense ones apart
+        scen.append(f"overflowone:{POWERSGD}")
     scen.append(f"warmup:{WARMUP}")
     out = str(tmp_path_factory.mktemp("ddp") / "r")
     pkg = os.path.join(REPO, "python")
@@ -199,6 +200,17 @@ def test_a_nan_on_one_rank_raises_on_every_rank(runs, spec):
             assert "NonFiniteError" in err, (rank, at, err)
             assert rank == 1 or "rank 1's gradient holds NaN or Inf" in err, (at, err)
             assert v["seconds"] < 60, (rank, at, v)
+
+
+def test_an_overflowing_factor_on_one_rank_raises_on_every_rank(runs):
+    if not has_codec("powersgd"):
+        pytest.skip("powersgd is not built")
+    for rank, r in enumerate(runs):
+        v = r[f"overflowone:{POWERSGD}"]
+        err = v["error"] or ""
+        assert "NonFiniteError" in err, (rank, err)
+        assert rank == 1 or "rank 1's gradient holds NaN or Inf" in err, err
+        assert v["seconds"] < 60, (rank, v)
 
 
 def test_warmup_without_an_epoch_is_refused(runs):
