@@ -52,8 +52,6 @@ gcomp_status gcomp_mpi_adapt_decide(gcomp_mpi_comm *c, gcomp_adapt *a, double ti
     if (!a) return gm_fail(err, GCOMP_E_ARG, "adapt: NULL controller");
     uint64_t deadline = gm_deadline(c, timeout_s);
     size_t len = gcomp_adapt_stats_size(a), P = (size_t)c->size;
-    if (len > (size_t)INT32_MAX / (P ? P : 1))
-        return gm_fail(err, GCOMP_E_LIMIT, "adapt: statistics too large for MPI counts");
     uint64_t *lens = gm_calloc(P + 1, sizeof *lens);
     MPI_Request *req = gm_calloc(1, sizeof *req);
     if (!lens || !req) {
@@ -79,6 +77,10 @@ gcomp_status gcomp_mpi_adapt_decide(gcomp_mpi_comm *c, gcomp_adapt *a, double ti
                        "adapt: rank %zu sends statistics of another size: the ranks run different "
                        "adaptive methods or models",
                        bad);
+    /* After the sizes' exchange, so that every rank, holding the same size, refuses alike
+     * (a rank that returned before it would leave the others waiting there). */
+    if (len > (size_t)INT32_MAX / (P ? P : 1))
+        return gm_fail(err, GCOMP_E_LIMIT, "adapt: statistics too large for MPI counts");
     double *mine = gm_alloc((len + 1) * sizeof(double)),
            *all = gm_alloc((P * len + 1) * sizeof(double));
     req = gm_calloc(1, sizeof *req);
