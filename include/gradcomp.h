@@ -1144,8 +1144,9 @@ GCOMP_API void gcomp_adapt_observe_compute(gcomp_adapt *a, double forward_s, dou
 GCOMP_API void gcomp_adapt_observe_link(gcomp_adapt *a, double bandwidth, double latency);
 /** The seconds this rank spent measuring its link for the coming decision (the probe's wall
  *  time; added up over the interval).  Local.  The slowest rank's figure spaces the probes:
- *  one that cost p seconds against w seconds of wall time in its interval (evaluations
- *  between steps included; the probe and the measurement not) puts the next
+ *  one that cost p seconds against w seconds of training in its interval (the median gap
+ *  between its gcomp_adapt_end_step calls times its steps, so that an evaluation or a
+ *  decision between two steps does not count) puts the next
  *  ceil(p / (probe_cost * w)) intervals on, at most 10 (one stalled probe must not stop
  *  the link from being followed).  Without it every decision probes. */
 GCOMP_API void gcomp_adapt_observe_link_time(gcomp_adapt *a, double seconds);

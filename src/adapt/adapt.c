@@ -1344,12 +1344,35 @@ void gcomp_adapt_end_step(gcomp_adapt *a, int *due) {
     }
     a->mtime += a->mtime_step;
     a->mtime_step = 0;
+    uint64_t now = gcomp__now_ns();
+    if (a->end_ns && now > a->end_ns)
+        a->gap_s[a->ngap++ % GCOMP__ADAPT_GAPS] = 1e-9 * (double)(now - a->end_ns);
+    a->end_ns = now;
     a->step++;
     a->measuring = a->need_measure && a->step == a->next_measure;
     if (due) *due = a->step % a->interval == 0;
 }
 
 /* ---- statistics and decisions ----------------------------------------------------------- */
+
+static int cmp_double(const void *x, const void *y);
+
+/* The interval's training seconds: the median gap between its steps times its steps, so
+ * that what lies between two steps and lasts far longer than one - an evaluation, a
+ * checkpoint, the last decision with its probe, a measuring step - does not count (it
+ * would let probes and measurements take more than their share of the training).  With
+ * fewer than 4 gaps: the wall time less this rank's probing and measuring. */
+static double training_seconds(const gcomp_adapt *a, uint64_t now) {
+    double wall = 1e-9 * (double)(now - a->wall_ns);
+    size_t n = a->ngap < GCOMP__ADAPT_GAPS ? (size_t)a->ngap : GCOMP__ADAPT_GAPS;
+    uint64_t steps = a->step - a->stats_step;
+    if (n < 4 || steps == 0) return fmax(wall - a->ptime - a->mtime, 0);
+    double g[GCOMP__ADAPT_GAPS];
+    memcpy(g, a->gap_s, n * sizeof g[0]);
+    qsort(g, n, sizeof g[0], cmp_double);
+    double med = n % 2 ? g[n / 2] : 0.5 * (g[n / 2 - 1] + g[n / 2]);
+    return fmin(wall, med * (double)steps);
+}
 
 size_t gcomp_adapt_stats_size(const gcomp_adapt *a) {
     return a ? S_FIXED + a->nm + 4 * a->nm * a->K : 0;
@@ -1376,7 +1399,7 @@ gcomp_status gcomp_adapt_stats(gcomp_adapt *a, double *out, size_t cap, size_t *
     out[S_METRIC_STEP] = a->metric_n ? a->metric_step_sum / (double)a->metric_n : NAN;
     out[S_MEASURED] = a->measured ? 1 : 0;
     uint64_t now = gcomp__now_ns();
-    out[S_WALL] = 1e-9 * (double)(now - a->wall_ns);
+    out[S_WALL] = training_seconds(a, now);
     out[S_MTIME] = a->mtime;
     out[S_LR] = a->lr;
     double *norm = out + S_FIXED, *meas = norm + a->nm;
@@ -1401,6 +1424,8 @@ gcomp_status gcomp_adapt_stats(gcomp_adapt *a, double *out, size_t cap, size_t *
     a->measured = false;
     a->mtime = 0;
     a->wall_ns = now;
+    a->ngap = 0;
+    a->stats_step = a->step;
     return GCOMP_OK;
 }
 
@@ -1411,7 +1436,7 @@ gcomp_status gcomp_adapt_stats(gcomp_adapt *a, double *out, size_t cap, size_t *
  * dear (a bigger model, a slower machine) spaces itself out instead of eating the run. */
 static void space_measurements(gcomp_adapt *a, const gcomp__adapt_in *in) {
     if (!a->measure_auto || !(in->measure_s > 0)) return;
-    double w = fmax(in->interval_s - in->measure_s, 1e-9);
+    double w = fmax(in->interval_s, 1e-9);
     double gap = ceil(in->measure_s / (a->measure_cost * w)) * (double)a->interval;
     if (!(gap <= 1e12)) gap = 1e12;
     if (gap > (double)a->measure) a->next_measure += (uint64_t)gap - a->measure;
@@ -1427,7 +1452,7 @@ static void space_measurements(gcomp_adapt *a, const gcomp__adapt_in *in) {
  * bad probe cannot stop the controller from following the link. */
 #define PROBE_GAP_MAX 10
 static void space_probes(gcomp_adapt *a, const gcomp__adapt_in *in) {
-    double w = fmax(in->interval_s - in->probe_s - in->measure_s, 1e-9);
+    double w = fmax(in->interval_s, 1e-9);
     double gap = fmax(1, ceil(in->probe_s / (a->probe_cost * w)));
     if (!(gap <= PROBE_GAP_MAX)) gap = PROBE_GAP_MAX;
     a->next_probe = in->step + (uint64_t)gap * a->interval;
@@ -1908,5 +1933,8 @@ gcomp_status gcomp_adapt_load_state(gcomp_adapt *a, const void *src, size_t len,
     a->measuring = a->need_measure && a->step == a->next_measure;
     a->mtime_step = 0;
     a->wall_ns = gcomp__now_ns();
+    a->end_ns = 0;
+    a->ngap = 0;
+    a->stats_step = a->step;
     return GCOMP_OK;
 }

@@ -30,7 +30,8 @@ typedef struct gcomp__adapt_in {
     double progress;   /* step / total_steps; NaN when the length is unknown */
     bool initial;      /* the plan at create: no statistics at all */
     double forward_s, backward_s, optimizer_s; /* per step, the slowest rank's mean */
-    double interval_s;         /* wall seconds since the last decision, the slowest rank's */
+    double interval_s;         /* training seconds since the last decision (the median step
+                                * gap times the steps), the slowest rank's */
     double measure_s;          /* of which measuring, the slowest rank's (0 when none) */
     double probe_s;            /* of which probing the link, the slowest rank's (0 when none) */
     double bandwidth, latency; /* median over ranks that measured, else the last decision's
@@ -63,6 +64,8 @@ typedef struct gcomp__adapt_plan {
 
 /* Words of a statistics block before the per-tensor part (adapt.c's S_FIXED). */
 #define GCOMP__ADAPT_STATS_FIXED 17
+/* Step gaps an interval keeps for its training time (odd: the median is one of them). */
+#define GCOMP__ADAPT_GAPS 63
 
 /* One key=value of the method string. */
 typedef struct gcomp__adapt_item {
@@ -180,7 +183,12 @@ struct gcomp_adapt {
     bool measuring, measured;
     double mtime_step, mtime; /* seconds spent measuring: this step, this interval */
     uint64_t wall_ns;         /* when the last statistics were taken (or create) */
-    double *meas;             /* nm * K * 4: err2, x2, enc_s, dec_s */
+    /* The gaps between this interval's gcomp_adapt_end_step calls (the latest
+     * GCOMP__ADAPT_GAPS), whose median times its steps is its training time. */
+    uint64_t end_ns, stats_step;
+    double gap_s[GCOMP__ADAPT_GAPS];
+    uint64_t ngap;
+    double *meas; /* nm * K * 4: err2, x2, enc_s, dec_s */
     float *xbuf, *dbuf;
     size_t scratch_n;
 };

@@ -5,10 +5,12 @@
  * ranks with different local observations that exchange their statistics take the same
  * decision, and a rank with another configuration makes the decision fail.
  */
+#define _POSIX_C_SOURCE 200809L /* nanosleep */
 #include "adapt/adapt_internal.h"
 #include "check.h"
 
 #include <stdint.h>
+#include <time.h>
 
 /* mlp-like tensors: two big weights, a small classifier, biases. */
 static const gcomp_tensor_desc MLP[] = {
@@ -751,9 +753,9 @@ static uint64_t next_measure(const char *method, double wall0, double cost0, dou
 static void test_measure_spacing(void) {
     /* interval 2: measure auto is 8 steps at least; the first measurement at step 1 */
     const char *m = "adapt:layers;interval=2";
-    /* 0.5 s of 1 s: ceil(0.5 / (0.02 * 0.5)) = 50 intervals = 100 steps on */
-    CHECK_EQ_INT(next_measure(m, 1.0, 0.5, 0.01), 101);
-    CHECK_EQ_INT(next_measure(m, 1.0, 0.01, 0.5), 101);  /* the slowest rank, whichever */
+    /* 0.5 s against 0.5 s of training: ceil(0.5 / (0.02 * 0.5)) = 50 intervals = 100 steps */
+    CHECK_EQ_INT(next_measure(m, 0.5, 0.5, 0.01), 101);
+    CHECK_EQ_INT(next_measure(m, 0.5, 0.01, 0.5), 101);  /* the slowest rank, whichever */
     CHECK_EQ_INT(next_measure(m, 1.0, 0.001, 0.001), 9); /* cheap: `measure` steps on */
     CHECK_EQ_INT(next_measure("adapt:layers;interval=2;measure_cost=0.5", 1.0, 0.5, 0.5), 9);
     CHECK_EQ_INT(next_measure("adapt:layers;interval=2;measure=4", 1.0, 0.5, 0.5), 5);
@@ -1148,6 +1150,40 @@ static int probe_interval(gcomp_adapt *a[2], const float *g, const double *bw,
     return due[0];
 }
 
+/* The time probes and measurements are spaced against is the interval's training: the
+ * median gap between its steps times its steps, so a pause between two steps (an
+ * evaluation) does not count; with too few steps, the wall time. */
+static void sleep_ms(int ms) {
+    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
+static void test_training_seconds(void) {
+    gcomp_adapt *a = NULL;
+    gcomp_error e = {0};
+    CHECK_OK(make(&a, "adapt:bandwidth;interval=10", 0, &e));
+    if (!a) return;
+    size_t len = gcomp_adapt_stats_size(a), got;
+    double *st = malloc(len * sizeof(double));
+    for (int s = 0; s < 10; s++) {
+        sleep_ms(s == 5 ? 400 : 2); /* step 5's gap: an evaluation */
+        gcomp_adapt_end_step(a, NULL);
+    }
+    CHECK_OK(gcomp_adapt_stats(a, st, len, &got));
+    double w = st[GCOMP__ADAPT_STATS_FIXED - 2]; /* S_WALL */
+    CHECK_MSG(w > 0.01 && w < 0.2, "10 steps of 2 ms and a 400 ms pause: %g s of training", w);
+    /* two steps: too few gaps for a median, the wall time */
+    for (int s = 0; s < 2; s++) {
+        sleep_ms(s ? 300 : 2);
+        gcomp_adapt_end_step(a, NULL);
+    }
+    CHECK_OK(gcomp_adapt_stats(a, st, len, &got));
+    w = st[GCOMP__ADAPT_STATS_FIXED - 2];
+    CHECK_MSG(w >= 0.3, "two steps and a 300 ms pause: %g s", w);
+    free(st);
+    gcomp_adapt_free(a);
+}
+
 /* The link probes are spaced by their cost (probe_cost of the training time, from the
  * slowest rank's probe), identically on every rank; the decisions between probes use the
  * last probe's link; a checkpoint keeps the spacing, and a version-1 checkpoint (before
@@ -1168,7 +1204,7 @@ static void test_probe_spacing(void) {
     /* cheap probes: every decision probes (steps 2 and 4) */
     CHECK_EQ_INT(probe_interval(a, g, bw, fast, 10.0), 1);
     CHECK_EQ_INT(probe_interval(a, g, bw, fast, 10.0), 1);
-    /* step 6: 0.5 s (the slowest rank's) of 10 s: ceil(0.5 / (0.02 * 9.5)) = 3 intervals on,
+    /* step 6: 0.5 s (the slowest rank's) of 10 s: ceil(0.5 / (0.02 * 10)) = 3 intervals on,
      * the next probe at step 12 */
     CHECK_EQ_INT(probe_interval(a, g, bw, dear, 10.0), 1);
     gcomp_adapt_report rep;
@@ -2054,6 +2090,7 @@ int main(void) {
     test_state();
     test_ranks_agree();
     test_options_in_fingerprint();
+    test_training_seconds();
     test_fingerprint_spelling();
     test_name_overrides();
     test_word_knob();
