@@ -683,6 +683,12 @@ restart:
                     g->stage++;
                     continue;
                 }
+                /* Groups issue their collectives in order, the same on every rank; one
+                 * with none left to issue (none at all: a hierarchical group of a 1-rank
+                 * job; or its last one skipped, member_only) hands the turn on. */
+                while (b->issue_group < b->ng &&
+                       b->g[b->issue_group].stage > b->g[b->issue_group].last_coll)
+                    b->issue_group++;
                 if (gi != b->issue_group) break;
                 g->nreq = 0;
                 gcomp_status st = s->fn(b, g);

@@ -212,6 +212,27 @@ static void lowrank_local_overflow(gcomp_mpi_comm *comm) {
     gcomp_mpi_bucket_free(b);
 }
 
+/* A hierarchical sub-bucket beside a flat one.  On one rank the hierarchical one has no
+ * collective at all (a node of one, one node), and the engine used to wait for it to take
+ * its turn, so the flat one never issued its collectives: a timeout (np 1). */
+static void hier_then_flat(gcomp_mpi_comm *comm) {
+    enum { N = 1000 };
+    gcomp_mpi_tensor t[2] = {
+        {"h", "topk:density=0.1", N, 0, 0, GCOMP_MPI_HIERARCHICAL | GCOMP_MPI_ALLGATHER},
+        {"f", "topk:density=0.1", N, 0, 0, GCOMP_MPI_ALLGATHER}};
+    gcomp_mpi_bucket *b = NULL;
+    gcomp_error err = {0};
+    CHECK_OK(gcomp_mpi_bucket_create(&b, comm, t, 2, NULL, 60.0, &err));
+    if (!b) return;
+    static float x0[N], x1[N];
+    float *d[2] = {x0, x1};
+    test_fill(x0, N, 1);
+    test_fill(x1, N, 2);
+    gcomp_status st = gcomp_mpi_allreduce(b, d, GCOMP_MPI_SUM, 20.0, &err);
+    CHECK_MSG(st == GCOMP_OK, "a hierarchical and a flat sub-bucket: %s", err.message);
+    gcomp_mpi_bucket_free(b);
+}
+
 /* Finite gradients whose sum overflows float at the owner (each rank 2e38 in one element):
  * the owner's re-compression refuses the Inf (a diverging residual ends the same way), and
  * every rank gets GCOMP_E_NONFINITE naming the owner step, never an Inf or NaN result. */
@@ -426,6 +447,7 @@ int main(int argc, char **argv) {
         nonfinite_shaped(comm2, "powersgd:rank=2", GCOMP_MPI_HIERARCHICAL, 40, 30);
         if (mc_size > 1) lowrank_local_overflow(comm);
     }
+    hier_then_flat(comm2);
     nonfinite(comm, "topk:density=0.1", GCOMP_MPI_ALLGATHER);
     nonfinite(comm, "topk:density=0.1", GCOMP_MPI_SPARSE);
     nonfinite(comm, "int8", GCOMP_MPI_RSAG);
