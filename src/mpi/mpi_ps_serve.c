@@ -855,9 +855,20 @@ gcomp_status gm_ps_serve(gcomp_mpi_ps *ps, double timeout_s, gcomp_error *err) {
     v.judged = gm_calloc((size_t)ps->W, sizeof *v.judged);
     gcomp_status st = GCOMP_OK;
     if (!v.req || !v.rq || !v.idx || !v.sta || !v.stopbuf || !v.heard || !v.stopped || !v.lost ||
-        !v.judged)
-        st = gm_fail(err, GCOMP_E_NOMEM, "out of memory serving");
-    for (int k = 0; st == GCOMP_OK && k < v.n; k++) v.req[k] = MPI_REQUEST_NULL;
+        !v.judged) {
+        /* Nothing is posted yet: no cleanup (it would read requests never set). */
+        gm_free(v.req);
+        gm_free(v.rq);
+        gm_free(v.idx);
+        gm_free(v.sta);
+        gm_free(v.stopbuf);
+        gm_free(v.heard);
+        gm_free(v.stopped);
+        gm_free(v.lost);
+        gm_free(v.judged);
+        return gm_fail(err, GCOMP_E_NOMEM, "parameter server: out of memory serving");
+    }
+    for (int k = 0; k < v.n; k++) v.req[k] = MPI_REQUEST_NULL;
     for (int w = 0; st == GCOMP_OK && w < ps->W; w++) {
         v.heard[w] = t0;
         v.rq[v.stop0 + w] = (srv_rq){RQ_STOP, w, NULL, NULL};
