@@ -483,8 +483,20 @@ GCOMP_API const float *gcomp_compressor_residual(const gcomp_compressor *c);
 GCOMP_API gcomp_status gcomp_compressor_retune(gcomp_compressor *c, const char *spec,
                                                gcomp_error *err);
 
-/** Number of successful encodes since creation (or reset, or as loaded). */
+/** Number of successful encodes since creation (or reset, or as loaded), plus the steps
+ *  gcomp_compressor_skip_step counted. */
 GCOMP_API uint64_t gcomp_compressor_step(const gcomp_compressor *c);
+
+/**
+ * Counts a step this rank could not encode (its gradient was refused, GCOMP_E_NONFINITE)
+ * while the other ranks encoded theirs: the step counter advances, nothing else changes
+ * (the residual, momentum and everything held back stay as they were).  Draws keyed by the
+ * step, which ranks must share (random-k's positions, GCOMP_SPEC_SHARED_DRAWS: the MPI
+ * layer sums them by position), then stay together after a failed call instead of
+ * differing from it on.  Only between steps (a PowerSGD step in flight:
+ * GCOMP_E_PROTOCOL).  Returns GCOMP_OK, GCOMP_E_ARG (NULL) or GCOMP_E_PROTOCOL.
+ */
+GCOMP_API gcomp_status gcomp_compressor_skip_step(gcomp_compressor *c);
 
 /**
  * Tells the compressor which training epoch (fractional) the next encode belongs to;

@@ -112,6 +112,13 @@ uint64_t gcomp_compressor_step(const gcomp_compressor *c) {
     return c ? c->step : 0;
 }
 
+gcomp_status gcomp_compressor_skip_step(gcomp_compressor *c) {
+    if (!c) return GCOMP_E_ARG;
+    if (c->codec->busy && c->codec->busy(c)) return GCOMP_E_PROTOCOL;
+    c->step++;
+    return GCOMP_OK;
+}
+
 gcomp_status gcomp_compressor_set_epoch(gcomp_compressor *c, double epoch) {
     if (!c || !(epoch >= 0.0) || epoch > 1e15) return GCOMP_E_ARG;
     c->epoch = epoch;

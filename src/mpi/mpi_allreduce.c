@@ -59,6 +59,10 @@ static gcomp_status ar_encode(gcomp_mpi_bucket *b, gm_group *g) {
         const uint8_t *vals = NULL;
         uint64_t key = 0, t0 = gm_now_ns();
         gcomp_status st = gcomp_encode(t->c, t->io, slot, gcomp_encode_bound(t->c), &len);
+        /* A refused encode leaves this rank's step behind the others', whose encodes
+         * stand: random-k would draw other positions from here on (every later call a
+         * mismatch).  The step is counted without its message. */
+        if (st != GCOMP_OK) gcomp_compressor_skip_step(t->c);
         if (st == GCOMP_OK) st = gm_linear_values(slot, len, t->n, a->vid, &vals, &nv, &key);
         if (st == GCOMP_OK && nv != a->nvals) st = GCOMP_E_MISMATCH;
         if (st != GCOMP_OK) {

@@ -452,6 +452,8 @@ int main(int argc, char **argv) {
     nonfinite(comm, "topk:density=0.1", GCOMP_MPI_SPARSE);
     nonfinite(comm, "int8", GCOMP_MPI_RSAG);
     nonfinite(comm, "none:values=f16", GCOMP_MPI_ALLREDUCE);
+    nonfinite(comm, "randomk:density=0.05", GCOMP_MPI_ALLREDUCE); /* positions by the step */
+    nonfinite(comm2, "randomk:density=0.05,values=f16", GCOMP_MPI_HIERARCHICAL);
     nonfinite(comm2, "topk:density=0.1", GCOMP_MPI_HIERARCHICAL | GCOMP_MPI_ALLGATHER);
     if (mc_size > 1) {
         overflow(comm, "int8", GCOMP_MPI_RSAG);           /* owner with a residual */

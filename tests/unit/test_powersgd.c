@@ -556,6 +556,7 @@ static void check_shape(gcomp_compressor *c, const float *g, unsigned want_round
     CHECK(r2 == sr && sp2 == sp && sq2 == sq);
     CHECK_OK(gcomp_lowrank_after_p(c, &q, &nq));
     CHECK_EQ_INT(nq, sq);
+    CHECK_EQ_INT(gcomp_compressor_skip_step(c), GCOMP_E_PROTOCOL); /* a step in flight */
     gcomp_lowrank_abort(c);
 }
 
@@ -574,6 +575,12 @@ static void test_shape(void) {
     unsigned r;
     CHECK_EQ_INT(gcomp_lowrank_begin(c, bad, &p, &np, &r), GCOMP_E_NONFINITE);
     check_shape(c, g, 2); /* a refused gradient changed nothing */
+    /* a step counted without its message (the other ranks' encodes stood): only the
+     * counter moves */
+    uint64_t s0 = gcomp_compressor_step(c);
+    CHECK_OK(gcomp_compressor_skip_step(c));
+    CHECK_EQ_INT(gcomp_compressor_step(c), s0 + 1);
+    CHECK_EQ_INT(gcomp_compressor_skip_step(NULL), GCOMP_E_ARG);
     gcomp_compressor_free(c);
     gcomp_compressor *v = NULL;
     CHECK_OK(gcomp_compressor_create(&v, "powersgd:rank=4", rows * cols, 0, 0, NULL));
