@@ -53,6 +53,8 @@ typedef struct ow_tensor {
     int nreg;                /* xsize */
     size_t *reg;             /* xsize + 1 region boundaries */
     gcomp_compressor *owner; /* this rank's region (NULL when empty) */
+    gcomp_compressor *other; /* a decoder for the other region length (NULL: none), so that
+                              * decoding those owners' messages allocates nothing a call */
     char ospec[512];         /* the owner's canonical spec (owner_spec) */
     uint64_t owner_fp;
     gcomp_compressor **chunk;      /* rsag: one per region (NULL when empty) */
@@ -399,8 +401,8 @@ static gcomp_status ow_decode(gcomp_mpi_bucket *b, gm_group *g) {
             g->pos[j] += len;
             if (!lj || g->st != GCOMP_OK) continue;
             gcomp_status st =
-                gm_decode_checked(lj == mine ? owt(t)->owner : NULL, m, len, owt(t)->owner_fp, lj,
-                                  t->io + owt(t)->reg[j], b->scale);
+                gm_decode_checked(lj == mine ? owt(t)->owner : owt(t)->other, m, len,
+                                  owt(t)->owner_fp, lj, t->io + owt(t)->reg[j], b->scale);
             if (st != GCOMP_OK) gm_group_shared_fail(b, g, st, (int)j, g->t0 + k);
         }
         /* An owner's sum that overflowed already failed its re-compression; this catches a
@@ -550,7 +552,8 @@ static gcomp_status ow_setup(gcomp_mpi_bucket *b, gm_tensor *t, gcomp_error *err
         if (st != GCOMP_OK)
             return gm_fail(err, st, "tensor '%s': owner compressor: %s", t->name, e2.message);
         o->bound[k] = gcomp_encode_bound(tmp);
-        gcomp_compressor_free(tmp);
+        gcomp_compressor_free(o->other);
+        o->other = tmp;
     }
     if (rsag) {
         o->chunk = gm_calloc((size_t)P, sizeof *o->chunk);
@@ -578,6 +581,7 @@ static void ow_free(gm_tensor *t) {
         for (int j = 0; j < o->nreg; j++) gcomp_compressor_free(o->chunk[j]);
     gm_free(o->chunk);
     gcomp_compressor_free(o->owner);
+    gcomp_compressor_free(o->other);
     gm_free(o->reg);
     gm_peers_free(&o->peers);
     gm_buf_free(&o->own);
