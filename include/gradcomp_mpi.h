@@ -588,6 +588,12 @@ GCOMP_API gcomp_status gcomp_mpi_bucket_save_state(gcomp_mpi_bucket *b, void *ds
  *   layout, or for another bucket: tensor count, spec, name, size, shape or strategy;
  *   *err names what and which tensor);
  *  GCOMP_E_NOMEM (the current state is kept aside while loading: as much memory again).
+ * Loaded or not, the bucket's next allreduce first checks, in one small blocking
+ * reduction, that every rank's compressors stand at the same step (each rank must have
+ * called this): where a load failed on some rank only, or the blobs are of different
+ * steps, that allreduce and each after it give GCOMP_E_MISMATCH on every rank, sending
+ * nothing, until the ranks agree again (load the same checkpoint everywhere).  Not for a
+ * parameter server's bucket.
  */
 GCOMP_API gcomp_status gcomp_mpi_bucket_load_state(gcomp_mpi_bucket *b, const void *src, size_t len,
                                                    gcomp_error *err);

@@ -790,6 +790,66 @@ gcomp_status gm_bucket_usable(gcomp_mpi_bucket *b, gcomp_error *err) {
     return GCOMP_OK;
 }
 
+/* After a load_state was tried on this bucket: every rank's compressors at the same step,
+ * checked in one reduction before any collective whose size follows the step (PowerSGD
+ * sends n values a dense step before start_iter=, rows x r after it: ranks out of step, one
+ * of whose loads failed, would post reductions of different sizes, which Open MPI aborts
+ * the job for).  Blocking, once after a load; every rank that tried the load takes part.
+ * Per tensor the largest step and the complement of the smallest, over the ranks that
+ * encode it (a hierarchical tensor's node leaders): equal when they agree.  Out of step:
+ * GCOMP_E_MISMATCH on every rank, and the next start checks again. */
+static gcomp_status check_steps(gcomp_mpi_bucket *b, gcomp_error *err) {
+    const size_t nt = b->nt;
+    uint64_t *w = gm_calloc(4 * nt, sizeof *w); /* in, out: MPI may write them after a timeout */
+    MPI_Request *req = gm_calloc(1, sizeof *req);
+    if (!w || !req || nt > INT_MAX / 2) {
+        gm_free(w);
+        gm_free(req);
+        return gm_fail(err, GCOMP_E_NOMEM, "out of memory");
+    }
+    const bool leader = b->bleaders != MPI_COMM_NULL;
+    for (size_t i = 0; i < nt; i++)
+        if (b->t[i].c && (!b->t[i].hier || leader)) {
+            uint64_t step = gcomp_compressor_step(b->t[i].c);
+            w[2 * i] = step;
+            w[2 * i + 1] = ~step;
+        }
+    int rc = MPI_Iallreduce(w, w + 2 * nt, (int)(2 * nt), MPI_UINT64_T, MPI_MAX, b->bc, req);
+    if (rc != MPI_SUCCESS) {
+        gm_free(w);
+        gm_free(req);
+        return gm_comm_mpi_fail(b->comm, err, rc, "MPI_Iallreduce (steps after a state load)");
+    }
+    gcomp_status st = gm_wait_all(b->comm, req, 1, gm_deadline(b->comm, 0),
+                                  "checking the ranks' steps after a state load", err);
+    if (st != GCOMP_OK) {
+        void **bufs = gm_calloc(1, sizeof *bufs);
+        if (bufs) { /* else leaked on purpose */
+            bufs[0] = w;
+            gm_comm_bury(b->comm, req, 1, bufs, 1, NULL, 0);
+        }
+        return st;
+    }
+    size_t bad = nt;
+    const uint64_t *out = w + 2 * nt;
+    for (size_t i = 0; i < nt && bad == nt; i++)
+        if (out[2 * i + 1] != 0 && out[2 * i] != ~out[2 * i + 1]) bad = i;
+    gm_free(req);
+    if (bad < nt) {
+        st = gm_fail(err, GCOMP_E_MISMATCH,
+                     "tensor '%s': the ranks' states stand at steps %llu to %llu (a load_state "
+                     "that failed on some rank, or blobs of different steps): load the same "
+                     "checkpoint on every rank",
+                     b->t[bad].name, (unsigned long long)~out[2 * bad + 1],
+                     (unsigned long long)out[2 * bad]);
+        gm_free(w);
+        return st;
+    }
+    gm_free(w);
+    b->resync = false;
+    return GCOMP_OK;
+}
+
 gcomp_status gcomp_mpi_start(gcomp_mpi_bucket *b, float *const *data, gcomp_mpi_op op,
                              gcomp_error *err) {
     gcomp_status st = gm_bucket_usable(b, err);
@@ -800,6 +860,7 @@ gcomp_status gcomp_mpi_start(gcomp_mpi_bucket *b, float *const *data, gcomp_mpi_
         return gm_fail(err, GCOMP_E_ARG, "data must not be NULL; op SUM or AVERAGE");
     for (size_t i = 0; i < b->nt; i++)
         if (!data[i]) return gm_fail(err, GCOMP_E_ARG, "data[%zu] is NULL", i);
+    if (b->resync && (st = check_steps(b, err)) != GCOMP_OK) return st;
     b->scale = op == GCOMP_MPI_AVERAGE ? 1.0f / (float)b->comm->size : 1.0f;
     for (size_t i = 0; i < b->nt; i++) {
         gm_tensor *t = &b->t[i];

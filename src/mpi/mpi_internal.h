@@ -373,6 +373,9 @@ struct gcomp_mpi_bucket {
     gcomp_mpi_bucket_options opt;
 
     bool busy, dead;
+    /* A load_state was tried here (failed or not): the next start first checks, in one small
+     * reduction, that every rank's compressors stand at the same step (mpi_bucket.c). */
+    bool resync;
     float scale;
     size_t issue_group;
     int inflight; /* groups with collectives in flight */

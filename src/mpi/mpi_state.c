@@ -244,6 +244,10 @@ gcomp_status gcomp_mpi_bucket_load_state(gcomp_mpi_bucket *b, const void *src, s
     if (b->busy)
         return gm_fail(err, GCOMP_E_PROTOCOL,
                        "this bucket's allreduce is in flight: load after it completes");
+    /* Whatever comes of it, a rank may now stand at another step than the others (its load
+     * failed while theirs worked): the next start checks.  Not for a parameter server's
+     * bucket, whose servers never start it. */
+    b->resync = b->opt.ps == NULL;
     size_t nref = 0;
     for (size_t i = 0; i < b->nt; i++) nref += (size_t)nslots(&b->t[i], b->comm);
     slot_ref *refs = gm_calloc(nref ? nref : 1, sizeof *refs);

@@ -288,6 +288,47 @@ static void refusals(gcomp_mpi_comm *comm, const gcomp_mpi_tensor *t, size_t nt)
     gcomp_mpi_bucket_free(b);
 }
 
+/* A checkpoint that is corrupt on one rank only: that rank's load fails and it stays at its
+ * step while the others go back to the checkpoint's.  PowerSGD with start_iter=1 then sends
+ * n values on the rank at step 0 and rows x r on the others, and Open MPI aborted the job
+ * with MPI_ERR_TRUNCATE.  Now the first call after a load checks the steps: every rank gets
+ * GCOMP_E_MISMATCH, the communicator stays up, and once every rank has loaded the same blob
+ * the call goes through. */
+static void load_failed_on_one_rank(gcomp_mpi_comm *comm, const char *spec) {
+    enum { ROWS = 40, COLS = 30, N = ROWS * COLS };
+    gcomp_mpi_tensor t = {"w", spec, N, ROWS, COLS, GCOMP_MPI_AUTO};
+    gcomp_mpi_bucket *b = NULL;
+    gcomp_error err = {0};
+    CHECK_OK(gcomp_mpi_bucket_create(&b, comm, &t, 1, NULL, 60.0, &err));
+    if (!b) return;
+    size_t cap = gcomp_mpi_bucket_state_size(b), len = 0;
+    unsigned char *good = malloc(cap), *bad = malloc(cap);
+    CHECK_OK(gcomp_mpi_bucket_save_state(b, good, cap, &len, &err)); /* step 0 */
+    static float x[N];
+    float *d = x;
+    test_fill(x, N, 1 + (unsigned)mc_rank);
+    CHECK_OK(gcomp_mpi_allreduce(b, &d, GCOMP_MPI_SUM, 60.0, &err)); /* step 0: dense */
+    memcpy(bad, good, len);
+    if (mc_rank == mc_size - 1) bad[len / 2] ^= 0x55;
+    gcomp_status st = gcomp_mpi_bucket_load_state(b, bad, len, &err);
+    CHECK(st == (mc_rank == mc_size - 1 ? GCOMP_E_CHECKSUM : GCOMP_OK));
+    for (int k = 0; k < 2; k++) { /* refused again while out of step */
+        test_fill(x, N, 10 + (unsigned)mc_rank);
+        st = gcomp_mpi_allreduce(b, &d, GCOMP_MPI_SUM, 60.0, &err);
+        CHECK_MSG(st == (mc_size > 1 ? GCOMP_E_MISMATCH : GCOMP_OK),
+                  "%s: a call after a load that failed on one rank: %s (%s)", spec,
+                  gcomp_status_str(st), err.message);
+        CHECK(gcomp_mpi_comm_status(comm, NULL) == GCOMP_OK);
+    }
+    CHECK_OK(gcomp_mpi_bucket_load_state(b, good, len, &err)); /* every rank, the same blob */
+    test_fill(x, N, 20 + (unsigned)mc_rank);
+    st = gcomp_mpi_allreduce(b, &d, GCOMP_MPI_SUM, 60.0, &err);
+    CHECK_MSG(st == GCOMP_OK, "%s: after every rank loaded the same blob: %s", spec, err.message);
+    gcomp_mpi_bucket_free(b);
+    free(good);
+    free(bad);
+}
+
 int main(int argc, char **argv) {
     mc_init(&argc, &argv);
     gcomp_mpi_comm *comm = NULL, *comm2 = NULL;
@@ -320,6 +361,8 @@ int main(int argc, char **argv) {
     };
     if (gcomp_mpi_comm_nodes(comm2) > 1) roundtrip(comm2, th, 3, "hierarchical");
     refusals(comm, t, nt);
+    if (gcomp_codec_find("powersgd")) load_failed_on_one_rank(comm, "powersgd:rank=2,start_iter=1");
+    load_failed_on_one_rank(comm, "randomk:density=0.05");
     CHECK_OK(gcomp_mpi_comm_free(comm));
     CHECK_OK(gcomp_mpi_comm_free(comm2));
     return mc_done("test_mpi_state");
