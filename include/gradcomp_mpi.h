@@ -981,8 +981,12 @@ GCOMP_API gcomp_status gcomp_mpi_bucket_retune(gcomp_mpi_bucket *b, size_t i, co
 
 /**
  * One adaptive decision over the communicator (collective): allgathers every rank's
- * gcomp_adapt_stats (sizes first: ranks of another configuration fail together) and runs
- * gcomp_adapt_decide on the blocks in rank order, so every rank takes the same decision.
+ * gcomp_adapt_stats (after an agreement on their size and on every rank's readiness: ranks
+ * of another configuration, or a rank short of memory, fail together) and runs
+ * gcomp_adapt_decide on the blocks in rank order, so every rank takes the same decision;
+ * then agrees on its outcome: where it failed on some rank only (out of memory while the
+ * controllers decide), every rank whose decision stood puts its controllers' state back as
+ * it was before the call, and all return that failure.  Every failure is every rank's.
  * Apply it with gcomp_mpi_bucket_retune for each tensor gcomp_adapt_changed names.
  * Returns GCOMP_OK, GCOMP_E_ARG, GCOMP_E_MISMATCH, GCOMP_E_LIMIT, GCOMP_E_NOMEM,
  * GCOMP_E_TIMEOUT, GCOMP_E_MPI, GCOMP_E_FAILED.

@@ -4,10 +4,11 @@
  *
  * Decide: the controllers (src/adapt) must see every rank's statistics and combine them in
  * rank order (see adapt.c for why a floating-point allreduce would not do), so each rank's
- * block is allgathered - first the block lengths, so ranks running other configurations
- * fail together instead of passing MPI mismatched counts, then the blocks.  Both
- * collectives run on the communicator's own duplicate, never on a bucket's data
- * communicator, non-blocking with the usual deadline.
+ * block is allgathered - after an agreement on the block length and every rank's
+ * readiness, so ranks running other configurations, or short of memory, fail together
+ * instead of passing MPI mismatched counts; then an agreement on the outcome.  All run on
+ * the communicator's own duplicate, never on a bucket's data communicator, non-blocking
+ * with the usual deadline.
  *
  * Probe: steps of a ring, timed: each rank sends a message to rank + 1 and receives one
  * from rank - 1 at once, after a barrier: chains of 8-byte steps back to back (the latency
@@ -44,6 +45,33 @@ static gcomp_status wait_one(gcomp_mpi_comm *c, MPI_Request *req, void *b0, void
     return st;
 }
 
+/* One round of agreement: two words, their maximum over the ranks, in the communicator's
+ * own cells, so that a rank short of memory still takes part; a timeout leaves them
+ * pending (MPI may still write them) and the communicator failed. */
+static gcomp_status agree(gcomp_mpi_comm *c, uint64_t w0, uint64_t w1, uint64_t out[2],
+                          uint64_t deadline, const char *what, gcomp_error *err) {
+    gm_setup_cells *cc = c->cells;
+    cc->in[0] = w0;
+    cc->in[1] = w1;
+    MPI_Request req;
+    int rc = MPI_Iallreduce(cc->in, cc->out, 2, MPI_UINT64_T, MPI_MAX, c->comm, &req);
+    if (rc != MPI_SUCCESS) return gm_comm_mpi_fail(c, err, rc, what);
+    cc->pending = true;
+    gcomp_status st = gm_wait_all(c, &req, 1, deadline, what, err);
+    if (st != GCOMP_OK) return st; /* the cells stay pending */
+    cc->pending = false;
+    out[0] = cc->out[0];
+    out[1] = cc->out[1];
+    return GCOMP_OK;
+}
+
+/* Every failure is every rank's.  Three collectives: an agreement on the statistics' size
+ * and on each rank's readiness (everything is allocated before it, so a rank short of
+ * memory says so there instead of leaving the others waiting), the allgather of the
+ * statistics, and an agreement on the decision's outcome: the controllers allocate as they
+ * decide, and a rank whose decision failed while the others' stood would go on with other
+ * specs, so then every rank whose decision stood puts back the state it had before it
+ * (saved just before), and all return the failure. */
 gcomp_status gcomp_mpi_adapt_decide(gcomp_mpi_comm *c, gcomp_adapt *a, double timeout_s,
                                     size_t *changed, gcomp_error *err) {
     if (changed) *changed = 0;
@@ -51,59 +79,84 @@ gcomp_status gcomp_mpi_adapt_decide(gcomp_mpi_comm *c, gcomp_adapt *a, double ti
     if (st != GCOMP_OK) return st;
     if (!a) return gm_fail(err, GCOMP_E_ARG, "adapt: NULL controller");
     uint64_t deadline = gm_deadline(c, timeout_s);
-    size_t len = gcomp_adapt_stats_size(a), P = (size_t)c->size;
-    uint64_t *lens = gm_calloc(P + 1, sizeof *lens);
-    MPI_Request *req = gm_calloc(1, sizeof *req);
-    if (!lens || !req) {
-        gm_free(lens);
-        gm_free(req);
-        return gm_fail(err, GCOMP_E_NOMEM, "adapt: out of memory");
+    size_t len = gcomp_adapt_stats_size(a), P = (size_t)c->size, bcap = gcomp_adapt_state_bound(a);
+    gcomp_status local = GCOMP_OK;
+    double *mine = NULL, *all = NULL;
+    uint8_t *backup = NULL;
+    MPI_Request *req = NULL;
+    if (len > (size_t)INT32_MAX / (P ? P : 1)) {
+        local = GCOMP_E_LIMIT;
+    } else {
+        mine = gm_alloc((len + 1) * sizeof(double));
+        all = gm_alloc((P * len + 1) * sizeof(double));
+        backup = gm_alloc(bcap + 1);
+        req = gm_calloc(1, sizeof *req);
+        if (!mine || !all || !backup || !req) local = GCOMP_E_NOMEM;
     }
-    lens[P] = len;
-    int rc = MPI_Iallgather(lens + P, 1, MPI_UINT64_T, lens, 1, MPI_UINT64_T, c->comm, req);
-    if (rc != MPI_SUCCESS) {
-        gm_free(lens);
-        gm_free(req);
-        return gm_comm_mpi_fail(c, err, rc, "MPI_Iallgather (adaptive statistics sizes)");
+#define FREE_ALL() (gm_free(mine), gm_free(all), gm_free(backup), gm_free(req))
+    uint64_t out[2] = {0, 0};
+    st = agree(c, local != GCOMP_OK ? gm_marker(local, c->rank) : len,
+               local != GCOMP_OK ? 0 : ~(uint64_t)len, out, deadline, "adaptive decision (sizes)",
+               err);
+    if (st != GCOMP_OK) {
+        FREE_ALL();
+        return st;
     }
-    st = wait_one(c, req, lens, NULL, deadline, "adaptive decision (sizes)", err);
-    if (st != GCOMP_OK) return st;
-    size_t bad = P;
-    for (size_t r = 0; r < P; r++)
-        if (lens[r] != len) bad = r;
-    gm_free(lens);
-    if (bad < P)
+    if (out[0] & GM_MARK) {
+        FREE_ALL();
+        if (local == GCOMP_E_LIMIT)
+            return gm_fail(err, local, "adapt: statistics too large for MPI counts");
+        if (local != GCOMP_OK) return gm_fail(err, local, "adapt: out of memory");
+        return gm_fail(err, gm_marker_status(out[0]),
+                       "adapt: rank %d could not take part in the decision (%s); no rank took it",
+                       gm_marker_rank(out[0]), gcomp_status_str(gm_marker_status(out[0])));
+    }
+    if (out[0] != ~out[1]) {
+        FREE_ALL();
         return gm_fail(err, GCOMP_E_MISMATCH,
-                       "adapt: rank %zu sends statistics of another size: the ranks run different "
-                       "adaptive methods or models",
-                       bad);
-    /* After the sizes' exchange, so that every rank, holding the same size, refuses alike
-     * (a rank that returned before it would leave the others waiting there). */
-    if (len > (size_t)INT32_MAX / (P ? P : 1))
-        return gm_fail(err, GCOMP_E_LIMIT, "adapt: statistics too large for MPI counts");
-    double *mine = gm_alloc((len + 1) * sizeof(double)),
-           *all = gm_alloc((P * len + 1) * sizeof(double));
-    req = gm_calloc(1, sizeof *req);
-    if (!mine || !all || !req) {
-        gm_free(mine);
-        gm_free(all);
-        gm_free(req);
-        return gm_fail(err, GCOMP_E_NOMEM, "adapt: out of memory");
+                       "adapt: the ranks send statistics of different sizes: they run different "
+                       "adaptive methods or models");
     }
     size_t got;
     gcomp_adapt_stats(a, mine, len, &got);
-    rc = MPI_Iallgather(mine, (int)len, MPI_DOUBLE, all, (int)len, MPI_DOUBLE, c->comm, req);
+    int rc = MPI_Iallgather(mine, (int)len, MPI_DOUBLE, all, (int)len, MPI_DOUBLE, c->comm, req);
     if (rc != MPI_SUCCESS) {
-        gm_free(mine);
-        gm_free(all);
-        gm_free(req);
+        FREE_ALL();
         return gm_comm_mpi_fail(c, err, rc, "MPI_Iallgather (adaptive statistics)");
     }
     st = wait_one(c, req, mine, all, deadline, "adaptive decision (statistics)", err);
-    if (st != GCOMP_OK) return st;
+    req = NULL; /* freed, or kept with the buffers */
+    if (st != GCOMP_OK) {
+        gm_free(backup);
+        return st;
+    }
     gm_free(mine);
-    st = gcomp_adapt_decide(a, all, len, c->size, changed, err);
-    gm_free(all);
+    mine = NULL;
+    size_t blen = 0;
+    gcomp_error mine_err = {0};
+    gcomp_status dec = gcomp_adapt_save_state(a, backup, bcap, &blen);
+    if (dec == GCOMP_OK) dec = gcomp_adapt_decide(a, all, len, c->size, changed, &mine_err);
+    st = agree(c, dec != GCOMP_OK ? gm_marker(dec, c->rank) : 0, 0, out, deadline,
+               "adaptive decision (outcome)", err);
+    if (st == GCOMP_OK && out[0]) {
+        if (dec != GCOMP_OK) {
+            st = gm_fail(err, dec, "%s", mine_err.message);
+        } else { /* ours stood, another rank's did not: back to before it, as they are */
+            if (changed) *changed = 0;
+            gcomp_status back = gcomp_adapt_load_state(a, backup, blen, NULL);
+            if (back != GCOMP_OK)
+                st = gm_comm_fail(c, err, GCOMP_E_FAILED,
+                                  "adapt: rank %d's decision failed and this rank could not put "
+                                  "its own back (%s)",
+                                  gm_marker_rank(out[0]), gcomp_status_str(back));
+            else
+                st = gm_fail(err, gm_marker_status(out[0]),
+                             "adapt: rank %d's decision failed (%s); no rank applied it",
+                             gm_marker_rank(out[0]), gcomp_status_str(gm_marker_status(out[0])));
+        }
+    }
+    FREE_ALL();
+#undef FREE_ALL
     return st;
 }
 

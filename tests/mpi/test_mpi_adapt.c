@@ -18,6 +18,7 @@
 
 /* The library's allocation-failure hook (tests only). */
 GCOMP_API size_t gcomp__mpi_test_fail_alloc_after(size_t n);
+GCOMP_API void gcomp__test_fail_alloc_after(size_t n); /* the core's allocations */
 
 #define R1 100
 #define C1 80
@@ -214,6 +215,71 @@ static void test_decisions(gcomp_mpi_comm *comm, gcomp_mpi_bucket *b) {
     gcomp_adapt_free(a);
 }
 
+/* 1 when every rank holds the same value. */
+static int agree_everywhere(uint64_t v) {
+    uint64_t w[2] = {v, ~v};
+    MPI_Allreduce(MPI_IN_PLACE, w, 2, MPI_UINT64_T, MPI_MAX, MPI_COMM_WORLD);
+    return w[0] == ~w[1];
+}
+
+static uint64_t specs_hash(const gcomp_adapt *a) {
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (size_t i = 0; i < NT; i++)
+        for (const char *p = gcomp_adapt_spec(a, i); *p; p++)
+            h = (h ^ (unsigned char)*p) * 0x100000001b3ull;
+    return h;
+}
+
+/* A decision that one rank cannot take (out of memory: in the MPI layer before the
+ * exchange, or in the controllers while they decide) fails on every rank, with the ranks'
+ * decisions and specs still the same everywhere, and the next decision goes through.
+ * The controllers' allocations come after the exchange: a rank whose decision stood puts
+ * its state back. */
+static void test_decide_nomem(gcomp_mpi_comm *comm) {
+    gcomp_tensor_desc td[NT] = {{"w1", N1, R1, C1}, {"b1", NB, 0, 0}, {"w2", N2, R2, C2}};
+    gcomp_adapt_options o = {0};
+    o.workers = mc_size;
+    o.total_steps = 400;
+    o.min_elements = 1000;
+    gcomp_adapt *a;
+    gcomp_error e = {0};
+    CHECK_OK(gcomp_adapt_create(&a,
+                                "adapt:layers+norm;base=topk:density=0.01,feedback=ef;interval=2;"
+                                "measure=2;ladder=0.1/0.03/0.003/0.001",
+                                td, NT, &o, &e));
+    if (!a) return;
+    int failures = 0;
+    for (int k = -1; k < 60; k++) { /* k: the allocation that fails on the last rank */
+        for (int s = 0; s < 2; s++) {
+            gradients();
+            for (size_t i = 0; i < NT; i++) CHECK_OK(gcomp_adapt_observe(a, i, data[i], NULL));
+            gcomp_adapt_end_step(a, NULL);
+        }
+        const int layer = k >= 0 && k < 4; /* the MPI layer's first allocations, then the core's */
+        if (mc_rank == mc_size - 1 && k >= 0) {
+            if (layer)
+                gcomp__mpi_test_fail_alloc_after((size_t)k);
+            else
+                gcomp__test_fail_alloc_after((size_t)(k - 4));
+        }
+        gcomp_status st = gcomp_mpi_adapt_decide(comm, a, 30, NULL, &e);
+        gcomp__mpi_test_fail_alloc_after((size_t)-1);
+        gcomp__test_fail_alloc_after((size_t)-1);
+        CHECK_MSG(agree_everywhere((uint64_t)st), "k=%d: rank %d: %s (%s)", k, mc_rank,
+                  gcomp_status_str(st), e.message);
+        CHECK(st == GCOMP_OK || st == GCOMP_E_NOMEM);
+        CHECK_MSG(gcomp_mpi_comm_status(comm, NULL) == GCOMP_OK, "k=%d: %s", k, e.message);
+        CHECK_MSG(agree_everywhere(specs_hash(a)), "k=%d: the ranks' specs differ", k);
+        gcomp_adapt_report r;
+        gcomp_adapt_get_report(a, &r);
+        CHECK_MSG(agree_everywhere(r.decisions), "k=%d: the ranks' decision counts differ", k);
+        failures += st != GCOMP_OK;
+        if (st == GCOMP_OK && k > 4) break; /* past the decision's last allocation */
+    }
+    CHECK_MSG(failures > 4, "only %d decisions failed: the injection missed", failures);
+    gcomp_adapt_free(a);
+}
+
 static void test_mismatch(gcomp_mpi_bucket *b) {
     gcomp_error e = {0};
     retune(b, 0, "topk:density=0.05,feedback=ef");
@@ -296,6 +362,7 @@ int main(int argc, char **argv) {
         test_switches(b);
         test_decisions(comm, b);
         test_mismatch(b);
+        test_decide_nomem(comm);
         gcomp_mpi_bucket_free(b);
     }
     gcomp_mpi_comm_free(comm);
