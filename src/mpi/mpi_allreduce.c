@@ -256,8 +256,8 @@ static void ar_steps(gcomp_mpi_bucket *b, gm_group *g) {
 }
 
 static gcomp_status ar_reserve(gcomp_mpi_bucket *b, gm_group *g) {
-    ar_group *ag = gm_calloc(1, sizeof *ag);
-    if (!ag) return GCOMP_E_NOMEM;
+    ar_group *ag = g->priv; /* again after a retune's planning: the tensors' offsets anew */
+    if (!ag && !(ag = gm_calloc(1, sizeof *ag))) return GCOMP_E_NOMEM;
     g->priv = ag;
     ag->vid = art(&b->t[g->t0])->vid;
     size_t send = 0, count = 0, width = gm_vid_width(ag->vid);

@@ -229,8 +229,8 @@ static void lr_steps(gcomp_mpi_bucket *b, gm_group *g) {
 
 static gcomp_status lr_reserve(gcomp_mpi_bucket *b, gm_group *g) {
     const gm_tensor *t = &b->t[g->t0];
-    lr_group *l = gm_calloc(1, sizeof *l);
-    if (!l) return GCOMP_E_NOMEM;
+    lr_group *l = g->priv; /* again after a retune's planning (mpi_strategy.h) */
+    if (!l && !(l = gm_calloc(1, sizeof *l))) return GCOMP_E_NOMEM;
     g->priv = l;
     l->vid = t->info.value_type == GCOMP_VALUES_F16    ? GM_VID_F16
              : t->info.value_type == GCOMP_VALUES_BF16 ? GM_VID_BF16

@@ -451,13 +451,13 @@ static void ow_steps(gcomp_mpi_bucket *b, gm_group *g) {
  * my regions (P of them per tensor) and every owner's message (reserved in virtual memory;
  * pages are touched only as far as messages reach), so that a call never allocates. */
 static gcomp_status ow_reserve(gcomp_mpi_bucket *b, gm_group *g) {
-    ow_group *og = gm_calloc(1, sizeof *og);
-    if (!og) return GCOMP_E_NOMEM;
+    ow_group *og = g->priv; /* again after a retune's planning (mpi_strategy.h) */
+    if (!og && !(og = gm_calloc(1, sizeof *og))) return GCOMP_E_NOMEM;
     g->priv = og;
     og->rsag = b->t[g->t0].S == &gm_strategy_rsag;
     size_t P = (size_t)g->xsize, off = 0, recv_max = 0, gcap = 0, all = 0;
-    og->dest_off = gm_calloc(P + 1, sizeof *og->dest_off);
-    if (!og->dest_off) return GCOMP_E_NOMEM;
+    if (!og->dest_off && !(og->dest_off = gm_calloc(P + 1, sizeof *og->dest_off)))
+        return GCOMP_E_NOMEM;
     int me = g->xrank;
     for (size_t j = 0; j < P; j++) {
         og->dest_off[j] = off;

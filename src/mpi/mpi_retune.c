@@ -137,18 +137,15 @@ static gcomp_status retune_check(gcomp_mpi_bucket *b, size_t i, gcomp_status loc
 
 /* Planning the new sub-buckets let the components write per-tensor offsets of the tensors
  * they share with the old plan (the allreduce's pack offsets): on a roll-back each old
- * group reserves again, which recomputes them (its buffers are already large enough, so
- * only its small private state is allocated; if even that fails, the bucket is dead). */
+ * group reserves again, its private state in place, which recomputes them and allocates
+ * nothing (mpi_strategy.h: its buffers are large enough already).  A roll-back that could
+ * fail on one rank alone would leave that bucket dead there and the others waiting for it
+ * at the next call. */
 static void restore_plan(gcomp_mpi_bucket *b) {
     for (size_t k = 0; k < b->ng; k++) {
         gm_group *g = &b->g[k];
         if (!g->member || g->single_node || !g->S->reserve) continue;
-        if (g->S->group_free)
-            g->S->group_free(g);
-        else
-            gm_free(g->priv);
-        g->priv = NULL;
-        if (g->S->reserve(b, g) != GCOMP_OK) b->dead = true;
+        if (g->S->reserve(b, g) != GCOMP_OK) b->dead = true; /* cannot be: nothing allocated */
     }
 }
 

@@ -40,7 +40,10 @@
  *   groups_with   every rank: grouping decides the schedule, which every rank must share,
  *                 so it may read only what every rank has (spec, info, n, shape).
  *   reserve       members of the exchange: g->priv and every buffer a call can need (an
- *                 allreduce allocates nothing: a failure there could not be shared).
+ *                 allreduce allocates nothing: a failure there could not be shared).  May
+ *                 be called again on a group it set up, g->priv still in place (a retune's
+ *                 roll-back recomputes what planning others overwrote): it then reuses
+ *                 g->priv and, its buffers being large enough, allocates nothing.
  *   steps         members of the exchange, after reserve: gm_add_step, LOCAL and COLL.
  *   (per call)    the steps, in the engine's global COLL order; markers in size words.
  *   state_*       checkpoints: the compressors this rank keeps, in a fixed slot order.

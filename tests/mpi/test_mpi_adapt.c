@@ -280,6 +280,57 @@ static void test_decide_nomem(gcomp_mpi_comm *comm) {
     gcomp_adapt_free(a);
 }
 
+/* A retune while the last rank runs out of memory from its k-th allocation on (memory that
+ * stays short: every later allocation fails too, until the hook is reset), for every k
+ * until the retune needs no more: the ranks roll back together and the next allreduce works
+ * on every rank.  A local (negotiated) retune may fail on that rank alone; the next call
+ * then fails alike everywhere, with the communicator up.  The roll-back of a plan used to
+ * allocate, and where that failed the bucket died on that rank alone: the others timed out
+ * in their next call. */
+static void retune_sweep(const char *from, const char *to, int strategy, int local) {
+    gcomp_mpi_options mo;
+    gcomp_mpi_options_default(&mo);
+    mo.timeout_s = 5;
+    gcomp_mpi_comm *comm = NULL;
+    gcomp_error err = {0};
+    CHECK_OK(gcomp_mpi_comm_create(&comm, MPI_COMM_WORLD, &mo, 5.0, &err));
+    if (!comm) return;
+    enum { NN = 1000 };
+    gcomp_mpi_tensor t[2] = {{"a", from, NN, 0, 0, strategy}, {"b", from, NN, 0, 0, strategy}};
+    static float x0[NN], x1[NN];
+    float *d[2] = {x0, x1};
+    for (int k = 0; k < 200; k++) {
+        gcomp_mpi_bucket *b = NULL;
+        CHECK_OK(gcomp_mpi_bucket_create(&b, comm, t, 2, NULL, 5.0, &err));
+        if (!b) break;
+        test_fill(x0, NN, 1);
+        test_fill(x1, NN, 2);
+        CHECK_OK(gcomp_mpi_allreduce(b, d, GCOMP_MPI_SUM, 5.0, &err));
+        if (mc_rank == mc_size - 1) gcomp__mpi_test_fail_alloc_after((size_t)k);
+        gcomp_error e = {0}, e2 = {0};
+        gcomp_status rs = gcomp_mpi_bucket_retune(b, 0, to, 5.0, &e);
+        size_t left = gcomp__mpi_test_fail_alloc_after((size_t)-1);
+        test_fill(x0, NN, 3);
+        test_fill(x1, NN, 4);
+        gcomp_status st = gcomp_mpi_allreduce(b, d, GCOMP_MPI_SUM, 5.0, &e2);
+        int failed = rs != GCOMP_OK;
+        CHECK_MSG(local || agree_everywhere((uint64_t)failed),
+                  "%s -> %s, k=%d: the retune failed on some ranks only (%s)", from, to, k,
+                  e.message);
+        CHECK_MSG(agree_everywhere((uint64_t)st) && (local || st == GCOMP_OK),
+                  "%s -> %s, k=%d: the next allreduce: %s (%s)", from, to, k, gcomp_status_str(st),
+                  e2.message);
+        CHECK_MSG(gcomp_mpi_comm_status(comm, NULL) == GCOMP_OK, "%s -> %s, k=%d: %s", from, to, k,
+                  e2.message);
+        gcomp_mpi_bucket_free(b);
+        /* the last rank's allocations left over: the retune needed fewer than k */
+        int done = mc_rank == mc_size - 1 && left != 0, any = 0;
+        MPI_Allreduce(&done, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+        if (any) break;
+    }
+    gcomp_mpi_comm_free(comm);
+}
+
 static void test_mismatch(gcomp_mpi_bucket *b) {
     gcomp_error e = {0};
     retune(b, 0, "topk:density=0.05,feedback=ef");
@@ -367,6 +418,8 @@ int main(int argc, char **argv) {
     }
     gcomp_mpi_comm_free(comm);
     test_probe_fail();
+    retune_sweep("none", "none:values=f16", GCOMP_MPI_AUTO, 0);                 /* structural */
+    retune_sweep("topk:density=0.1", "topk:density=0.05", GCOMP_MPI_SPARSE, 1); /* local */
     for (size_t i = 0; i < NT; i++) {
         free(data[i]);
         free(gsum[i]);
