@@ -195,7 +195,10 @@ static void ps_destroy(gcomp_mpi_ps *ps) {
 }
 
 /* Roles, pushers and the node check, from the options and every rank's node. */
-static gcomp_status ps_layout(gcomp_mpi_ps *ps, const uint64_t *nodes) {
+/* The layout's tables, from P and S alone: allocated before the set-up's collectives, so
+ * that a rank short of memory says so in the check instead of failing alone after it
+ * (the others would have gone on with a server object it has not). */
+static gcomp_status ps_layout_alloc(gcomp_mpi_ps *ps) {
     int P = ps->P, S = ps->S;
     ps->srv_rank = gm_calloc((size_t)S, sizeof(int));
     ps->wrk_rank = gm_calloc((size_t)(P - S), sizeof(int));
@@ -209,6 +212,12 @@ static gcomp_status ps_layout(gcomp_mpi_ps *ps, const uint64_t *nodes) {
         if (!ps->push_rank[k] || !ps->push_of[k] || !ps->load[k]) return GCOMP_E_NOMEM;
     }
     if (!ps->srv_rank || !ps->wrk_rank || !ps->role || !ps->node || !ps->peer) return GCOMP_E_NOMEM;
+    return GCOMP_OK;
+}
+
+/* Fills the tables ps_layout_alloc made, from every rank's node. */
+static void ps_layout(gcomp_mpi_ps *ps, const uint64_t *nodes) {
+    int P = ps->P, S = ps->S;
     for (int r = 0; r < P; r++) {
         ps->role[r] = 0;
         ps->node[r] = (int)nodes[r];
@@ -261,7 +270,6 @@ static gcomp_status ps_layout(gcomp_mpi_ps *ps, const uint64_t *nodes) {
                 break;
             }
     }
-    return GCOMP_OK;
 }
 
 static uint64_t options_hash(const gcomp_mpi_ps *ps, uint64_t pull_fp) {
@@ -313,6 +321,8 @@ gcomp_status gcomp_mpi_ps_create(gcomp_mpi_ps **out, gcomp_mpi_comm *comm,
         if (!ps->pull) local = gm_fail(&local_err, GCOMP_E_NOMEM, "out of memory");
     }
     ps->opt.pull = ps->pull;
+    if (local == GCOMP_OK && ps_layout_alloc(ps) != GCOMP_OK)
+        local = gm_fail(&local_err, GCOMP_E_NOMEM, "out of memory creating a parameter server");
 
     /* Collective from here on, whatever the local verdict. */
     MPI_Request req;
@@ -358,8 +368,7 @@ gcomp_status gcomp_mpi_ps_create(gcomp_mpi_ps **out, gcomp_mpi_comm *comm,
     uint64_t *nodes = cells; /* reuse: the node of every rank */
     if (st == GCOMP_OK)
         for (int r = 0; r < ps->P; r++) nodes[r] = all[4 * r + 1];
-    if (st == GCOMP_OK && ps_layout(ps, nodes) != GCOMP_OK)
-        st = gm_fail(err, GCOMP_E_NOMEM, "out of memory creating a parameter server");
+    if (st == GCOMP_OK) ps_layout(ps, nodes);
     gm_free(cells);
     if (st != GCOMP_OK) {
         MPI_Comm_free(&ps->pc);

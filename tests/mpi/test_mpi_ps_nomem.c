@@ -3,7 +3,8 @@
  * returns GCOMP_E_NOMEM and stays usable; it used to clean up requests it had never set and
  * crash (SIGSEGV).  The workers, whose pushes nobody answers, get GCOMP_E_TIMEOUT within
  * their timeout.  Then the job builds a fresh server on a fresh communicator and a round
- * goes through.  np 2: rank 0 works, rank 1 serves.
+ * goes through; and a server set-up short of memory on one rank fails on every rank.
+ * np 2: rank 0 works, rank 1 serves.
  */
 #include "test_mpi_ps_common.h"
 
@@ -49,6 +50,36 @@ static void one_round(double timeout, int fail_serve, gcomp_status want_worker,
     ps_env_free(&env);
 }
 
+/* gcomp_mpi_ps_create with the last rank out of memory from its k-th allocation on: from
+ * the third on (the first two, the object and its check cells, come before any collective,
+ * and then the others time out), every rank fails alike and keeps a usable communicator.
+ * The layout's tables used to be allocated after the check: the failing rank had no server
+ * object while the others had a working one. */
+static void create_sweep(void) {
+    ps_env env;
+    ps_env_init(&env, 1, 0, 5.0);
+    for (size_t k = 2; k < 64; k++) {
+        gcomp_mpi_ps_options po;
+        gcomp_mpi_ps_options_default(&po);
+        gcomp_mpi_ps *ps = NULL;
+        gcomp_error err = {0};
+        if (mc_rank == mc_size - 1) gcomp__mpi_test_fail_alloc_after(k);
+        gcomp_status st = gcomp_mpi_ps_create(&ps, env.world, &po, 5.0, &err);
+        size_t left = gcomp__mpi_test_fail_alloc_after((size_t)-1);
+        int v[2] = {st != GCOMP_OK, -(st != GCOMP_OK)}, mx[2];
+        MPI_Allreduce(v, mx, 2, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+        CHECK_MSG(mx[0] == -mx[1], "k=%zu: ps_create failed on some ranks only (%s)", k,
+                  err.message);
+        CHECK_MSG(gcomp_mpi_comm_status(env.world, NULL) == GCOMP_OK, "k=%zu: %s", k, err.message);
+        CHECK((st == GCOMP_OK) == (ps != NULL));
+        gcomp_mpi_ps_free(ps);
+        int done = mc_rank == mc_size - 1 && left != 0, any = 0;
+        MPI_Allreduce(&done, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+        if (any) break;
+    }
+    ps_env_free(&env);
+}
+
 int main(int argc, char **argv) {
     mc_init(&argc, &argv);
     if (mc_size != 2) {
@@ -58,5 +89,6 @@ int main(int argc, char **argv) {
     one_round(TIMEOUT, 1, GCOMP_E_TIMEOUT, GCOMP_E_NOMEM);
     MPI_Barrier(MPI_COMM_WORLD);
     one_round(30.0, 0, GCOMP_OK, GCOMP_OK);
+    create_sweep();
     return mc_done("test_mpi_ps_nomem");
 }
