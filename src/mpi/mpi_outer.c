@@ -70,6 +70,20 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* Every allocation through the library's allocator (common.h), as the anomaly tests need. */
+static void *ocalloc(size_t n, size_t size) {
+    if (size && n > (size_t)-1 / size) return NULL;
+    size_t bytes = n * size;
+    return gcomp__calloc(bytes ? bytes : 1);
+}
+
+static char *ostrdup(const char *s) {
+    size_t l = strlen(s) + 1;
+    char *p = gcomp__alloc(l);
+    if (p) memcpy(p, s, l);
+    return p;
+}
+
 #define OT_MAGIC "GCmo"
 #define OT_VERSION 1u
 #define OT_HDR 48
@@ -185,12 +199,12 @@ static gcomp_status check_options(const gcomp_mpi_outer_options *o, size_t count
  * elements so far (ties to the lower index; LPT scheduling), so the fragments' syncs
  * carry similar bytes and the link stays evenly busy. */
 static void balance(const gcomp_mpi_tensor *t, size_t count, unsigned nf, unsigned *out) {
-    size_t *order = malloc(count * sizeof *order);
-    uint64_t *load = calloc(nf, sizeof *load);
+    size_t *order = gcomp__alloc(count * sizeof *order);
+    uint64_t *load = ocalloc(nf, sizeof *load);
     if (!order || !load) { /* the caller checked memory with its own allocations */
         for (size_t i = 0; i < count; i++) out[i] = (unsigned)(i % nf);
-        free(order);
-        free(load);
+        gcomp__free(order);
+        gcomp__free(load);
         return;
     }
     for (size_t i = 0; i < count; i++) order[i] = i;
@@ -209,8 +223,8 @@ static void balance(const gcomp_mpi_tensor *t, size_t count, unsigned nf, unsign
         out[order[k]] = best;
         load[best] += t[order[k]].n;
     }
-    free(order);
-    free(load);
+    gcomp__free(order);
+    gcomp__free(load);
 }
 
 static uint64_t mix64(uint64_t h, uint64_t v) {
@@ -267,7 +281,7 @@ static gcomp_status setup_check(gcomp_mpi_comm *comm, const uint64_t *vals, size
                                 gcomp_status local, const gcomp_mpi_tensor *t, double timeout_s,
                                 gcomp_error *err) {
     size_t n = 1 + CK_FLOATS * nvals;
-    float *buf = calloc(n, sizeof(float));
+    float *buf = ocalloc(n, sizeof(float));
     if (!buf) local = local != GCOMP_OK ? local : GCOMP_E_NOMEM;
     float one = local != GCOMP_OK ? 1.0f : 0.0f;
     gcomp_mpi_tensor ct = {"outer-step set-up check", "none", n, 0, 0, GCOMP_MPI_AUTO};
@@ -285,24 +299,24 @@ static gcomp_status setup_check(gcomp_mpi_comm *comm, const uint64_t *vals, size
         st = GCOMP_E_NOMEM;
     }
     if (local != GCOMP_OK) { /* this rank's own reason is already in *err */
-        free(buf);
+        gcomp__free(buf);
         return local;
     }
     if (st != GCOMP_OK) {
-        free(buf);
+        gcomp__free(buf);
         return gcomp__fail(err, st, "outer-step set-up check: %s", e.message);
     }
     int P = gcomp_mpi_comm_size(comm);
     if (buf[0] != 0) {
         int bad = (int)buf[0];
-        free(buf);
+        gcomp__free(buf);
         return gcomp__fail(err, GCOMP_E_MISMATCH,
                            "%d other rank%s could not create the outer step (bad arguments "
                            "there); no rank uses it",
                            bad, bad > 1 ? "s" : "");
     }
     if (!ck_same(buf + 1, P)) {
-        free(buf);
+        gcomp__free(buf);
         return gcomp__fail(err, GCOMP_E_MISMATCH,
                            "outer-step options differ across ranks (local_steps, optimizer, lr, "
                            "momentum, fragments, delay, mix, ef_decay, bucket_bytes, tensor "
@@ -311,14 +325,14 @@ static gcomp_status setup_check(gcomp_mpi_comm *comm, const uint64_t *vals, size
     for (size_t i = 1; i < nvals; i++)
         if (!ck_same(buf + 1 + CK_FLOATS * i, P)) {
             const char *nm = t[i - 1].name ? t[i - 1].name : "?";
-            free(buf);
+            gcomp__free(buf);
             return gcomp__fail(err, GCOMP_E_MISMATCH,
                                "tensor '%s' (#%zu): the initial weights differ across ranks "
                                "(every rank must start from the same weights: broadcast them "
                                "first)",
                                nm, i - 1);
         }
-    free(buf);
+    gcomp__free(buf);
     return GCOMP_OK;
 }
 
@@ -336,19 +350,19 @@ void gcomp_mpi_outer_free(gcomp_mpi_outer *o) {
             gcomp_mpi_wait(o->f[f].b, 0, NULL);
     for (size_t f = 0; o->f && f < o->nf; f++) {
         gcomp_mpi_bucket_free(o->f[f].b);
-        free(o->f[f].idx);
-        free(o->f[f].data);
+        gcomp__free(o->f[f].idx);
+        gcomp__free(o->f[f].data);
     }
     for (size_t i = 0; o->t && i < o->nt; i++) {
-        free(o->t[i].name);
+        gcomp__free(o->t[i].name);
         gcomp__free(o->t[i].sync);
         gcomp__free(o->t[i].mom);
         gcomp__free(o->t[i].pg);
     }
-    free(o->t);
-    free(o->f);
-    free(o->frag_of);
-    free(o);
+    gcomp__free(o->t);
+    gcomp__free(o->f);
+    gcomp__free(o->frag_of);
+    gcomp__free(o);
 }
 
 /* FNV-1a 64 of the tensor's initial weights, with its size: the set-up check. */
@@ -379,14 +393,14 @@ static gcomp_status spec_reason(const gcomp_mpi_tensor *t, size_t nt, gcomp_stat
 /* Everything the object needs, allocated before the set-up check so that running out of
  * memory is a local failure the check shares.  Returns false when out of memory. */
 static bool allocate(gcomp_mpi_outer *x, const gcomp_mpi_tensor *tensors, float *const *weights) {
-    x->t = calloc(x->nt, sizeof *x->t);
-    x->f = calloc(x->nf, sizeof *x->f);
+    x->t = ocalloc(x->nt, sizeof *x->t);
+    x->f = ocalloc(x->nf, sizeof *x->f);
     if (!x->t || !x->f) return false;
     for (size_t i = 0; i < x->nt; i++) {
         ot_tensor *t = &x->t[i];
         char nb[32];
         snprintf(nb, sizeof nb, "#%zu", i);
-        t->name = strdup(tensors[i].name ? tensors[i].name : nb);
+        t->name = ostrdup(tensors[i].name ? tensors[i].name : nb);
         t->n = tensors[i].n;
         t->frag = x->frag_of[i];
         t->sync = gcomp__alloc(t->n * sizeof(float));
@@ -398,8 +412,8 @@ static bool allocate(gcomp_mpi_outer *x, const gcomp_mpi_tensor *tensors, float 
     for (size_t f = 0; f < x->nf; f++) {
         ot_frag *fr = &x->f[f];
         for (size_t i = 0; i < x->nt; i++) fr->nt += x->frag_of[i] == f;
-        fr->idx = calloc(fr->nt, sizeof *fr->idx);
-        fr->data = calloc(fr->nt, sizeof *fr->data);
+        fr->idx = ocalloc(fr->nt, sizeof *fr->idx);
+        fr->data = ocalloc(fr->nt, sizeof *fr->data);
         if (!fr->idx || !fr->data) return false;
         size_t j = 0;
         for (size_t i = 0; i < x->nt; i++)
@@ -446,12 +460,12 @@ gcomp_status gcomp_mpi_outer_create(gcomp_mpi_outer **out, gcomp_mpi_comm *comm,
                 break;
             }
 
-    gcomp_mpi_outer *x = calloc(1, sizeof *x);
+    gcomp_mpi_outer *x = ocalloc(1, sizeof *x);
     size_t nvals = 1 + count; /* the same on every rank that was given the same count */
-    uint64_t *vals = calloc(nvals, sizeof *vals);
+    uint64_t *vals = ocalloc(nvals, sizeof *vals);
     if (!x || !vals) {
-        free(x);
-        free(vals);
+        gcomp__free(x);
+        gcomp__free(vals);
         /* Without these this rank cannot take part in the check: the others time out. */
         return gcomp__fail(err, GCOMP_E_NOMEM, "out of memory");
     }
@@ -461,7 +475,7 @@ gcomp_status gcomp_mpi_outer_create(gcomp_mpi_outer **out, gcomp_mpi_comm *comm,
         x->opt.fragment_of = NULL;
         x->nt = count;
         x->nf = o.fragments;
-        x->frag_of = calloc(count, sizeof *x->frag_of);
+        x->frag_of = ocalloc(count, sizeof *x->frag_of);
         if (x->frag_of && o.fragment_of)
             memcpy(x->frag_of, o.fragment_of, count * sizeof *x->frag_of);
         else if (x->frag_of)
@@ -480,14 +494,14 @@ gcomp_status gcomp_mpi_outer_create(gcomp_mpi_outer **out, gcomp_mpi_comm *comm,
         }
     }
     gcomp_status st = setup_check(comm, vals, nvals, local, tensors, timeout_s, err);
-    free(vals);
+    gcomp__free(vals);
     if (st != GCOMP_OK) {
         gcomp_mpi_outer_free(x);
         return st;
     }
 
     /* Every rank got here: the buckets' own set-up checks share any failure from now on. */
-    gcomp_mpi_tensor *ft = calloc(count, sizeof *ft);
+    gcomp_mpi_tensor *ft = ocalloc(count, sizeof *ft);
     gcomp_mpi_bucket_options bo;
     gcomp_mpi_bucket_options_default(&bo);
     bo.bucket_bytes = o.bucket_bytes;
@@ -509,7 +523,7 @@ gcomp_status gcomp_mpi_outer_create(gcomp_mpi_outer **out, gcomp_mpi_comm *comm,
             st = !ft ? gcomp__fail(err, GCOMP_E_NOMEM, "out of memory")
                      : spec_reason(ft, fr->nt, bs, &e, err);
     }
-    free(ft);
+    gcomp__free(ft);
     /* SparseLoCo's decayed residual reads each tensor's residual: one compressor per
      * tensor that keeps one (the strategy and spec are the same on every rank, so every
      * rank reaches the same verdict). */
@@ -992,12 +1006,12 @@ gcomp_status gcomp_mpi_outer_load_state(gcomp_mpi_outer *o, const void *src, siz
         q += OT_TREC + 4 * n * (1 + (t->mom != NULL) + held);
     }
     /* The buckets: keep their current states aside, so a failure can put them back. */
-    blob *old = calloc(o->nf, sizeof *old);
+    blob *old = ocalloc(o->nf, sizeof *old);
     if (!old) return gcomp__fail(err, GCOMP_E_NOMEM, "out of memory");
     gcomp_status st = GCOMP_OK;
     for (size_t f = 0; st == GCOMP_OK && f < o->nf; f++) {
         size_t cap = gcomp_mpi_bucket_state_size(o->f[f].b);
-        old[f].p = malloc(cap);
+        old[f].p = gcomp__alloc(cap);
         if (!old[f].p) {
             st = gcomp__fail(err, GCOMP_E_NOMEM, "out of memory");
             break;
@@ -1021,8 +1035,8 @@ gcomp_status gcomp_mpi_outer_load_state(gcomp_mpi_outer *o, const void *src, siz
     if (st != GCOMP_OK)
         for (size_t f = 0; f < loaded; f++)
             gcomp_mpi_bucket_load_state(o->f[f].b, old[f].p, old[f].len, NULL);
-    for (size_t f = 0; f < o->nf; f++) free(old[f].p);
-    free(old);
+    for (size_t f = 0; f < o->nf; f++) gcomp__free(old[f].p);
+    gcomp__free(old);
     if (st != GCOMP_OK) return st;
     /* Everything checks: take it. */
     o->step = step;
