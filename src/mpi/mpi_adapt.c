@@ -292,14 +292,22 @@ static gcomp_status probe_pass(gcomp_mpi_comm *c, size_t bytes, bool lat, uint64
                                            {1, 0},  {2, 0}, {1, 1}, {2, 1}, {1, 2}, {2, 2}};
     size_t chunks = (bytes + PROBE_CHUNK - 1) / PROBE_CHUNK;
     probe_bufs b = {gm_alloc(bytes), gm_alloc(bytes), gm_alloc(2 * chunks * sizeof *b.req)};
-    if (!b.sb || !b.rb || !b.req) {
+    /* Every rank learns whether every rank has its buffers (the large ones: megabytes
+     * once grown), so that one short of memory does not leave the others in a barrier. */
+    bool ready = b.sb && b.rb && b.req;
+    uint64_t out[2] = {0, 0};
+    gcomp_status st = agree(c, ready ? 0 : gm_marker(GCOMP_E_NOMEM, c->rank), 0, out, deadline,
+                            "link probe (buffers)", err);
+    if (st != GCOMP_OK || out[0]) {
         probe_bufs_free(&b);
-        return gm_fail(err, GCOMP_E_NOMEM, "probe: out of memory");
+        if (st != GCOMP_OK) return st;
+        if (!ready) return gm_fail(err, GCOMP_E_NOMEM, "probe: out of memory (%zu bytes)", bytes);
+        return gm_fail(err, GCOMP_E_NOMEM, "probe: rank %d is out of memory for its %zu bytes",
+                       gm_marker_rank(out[0]), bytes);
     }
     memset(b.sb, 0, bytes);
     memset(b.rb, 0, bytes);
     memset(t, 0, 12 * sizeof(double));
-    gcomp_status st = GCOMP_OK;
     for (size_t o = 0; o < sizeof order / sizeof order[0] && st == GCOMP_OK; o++) {
         int size = order[o][0], rep = order[o][1];
         if (!lat && (size == 0 || size == 3)) continue;

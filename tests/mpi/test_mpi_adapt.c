@@ -331,6 +331,31 @@ static void retune_sweep(const char *from, const char *to, int strategy, int loc
     gcomp_mpi_comm_free(comm);
 }
 
+/* A link probe with the last rank out of memory for its buffers (its first allocation)
+ * fails with GCOMP_E_NOMEM on every rank, the communicator up; the others used to wait in
+ * the probe's first barrier until their timeout.  Then a probe goes through. */
+static void probe_nomem(void) {
+    gcomp_mpi_options mo;
+    gcomp_mpi_options_default(&mo);
+    mo.timeout_s = 5;
+    gcomp_mpi_comm *comm = NULL;
+    gcomp_error e = {0};
+    CHECK_OK(gcomp_mpi_comm_create(&comm, MPI_COMM_WORLD, &mo, 5.0, &e));
+    if (!comm || mc_size < 2) {
+        gcomp_mpi_comm_free(comm);
+        return;
+    }
+    double bw, lat;
+    if (mc_rank == mc_size - 1) gcomp__mpi_test_fail_alloc_after(0);
+    gcomp_status st = gcomp_mpi_link_probe(comm, 65536, 5.0, &bw, &lat, &e);
+    gcomp__mpi_test_fail_alloc_after((size_t)-1);
+    CHECK_MSG(st == GCOMP_E_NOMEM, "probe, the last rank out of memory: %s (%s)",
+              gcomp_status_str(st), e.message);
+    CHECK_MSG(gcomp_mpi_comm_status(comm, NULL) == GCOMP_OK, "%s", e.message);
+    CHECK_OK(gcomp_mpi_link_probe(comm, 65536, 5.0, &bw, &lat, &e));
+    gcomp_mpi_comm_free(comm);
+}
+
 static void test_mismatch(gcomp_mpi_bucket *b) {
     gcomp_error e = {0};
     retune(b, 0, "topk:density=0.05,feedback=ef");
@@ -418,6 +443,7 @@ int main(int argc, char **argv) {
     }
     gcomp_mpi_comm_free(comm);
     test_probe_fail();
+    probe_nomem();
     retune_sweep("none", "none:values=f16", GCOMP_MPI_AUTO, 0);                 /* structural */
     retune_sweep("topk:density=0.1", "topk:density=0.05", GCOMP_MPI_SPARSE, 1); /* local */
     for (size_t i = 0; i < NT; i++) {
