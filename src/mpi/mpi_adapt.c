@@ -45,24 +45,11 @@ static gcomp_status wait_one(gcomp_mpi_comm *c, MPI_Request *req, void *b0, void
     return st;
 }
 
-/* One round of agreement: two words, their maximum over the ranks, in the communicator's
- * own cells, so that a rank short of memory still takes part; a timeout leaves them
- * pending (MPI may still write them) and the communicator failed. */
+/* One round of agreement on two words (gm_comm_agree). */
 static gcomp_status agree(gcomp_mpi_comm *c, uint64_t w0, uint64_t w1, uint64_t out[2],
                           uint64_t deadline, const char *what, gcomp_error *err) {
-    gm_setup_cells *cc = c->cells;
-    cc->in[0] = w0;
-    cc->in[1] = w1;
-    MPI_Request req;
-    int rc = MPI_Iallreduce(cc->in, cc->out, 2, MPI_UINT64_T, MPI_MAX, c->comm, &req);
-    if (rc != MPI_SUCCESS) return gm_comm_mpi_fail(c, err, rc, what);
-    cc->pending = true;
-    gcomp_status st = gm_wait_all(c, &req, 1, deadline, what, err);
-    if (st != GCOMP_OK) return st; /* the cells stay pending */
-    cc->pending = false;
-    out[0] = cc->out[0];
-    out[1] = cc->out[1];
-    return GCOMP_OK;
+    const uint64_t in[2] = {w0, w1};
+    return gm_comm_agree(c, in, 2, out, deadline, what, err);
 }
 
 /* Every failure is every rank's.  Three collectives: an agreement on the statistics' size

@@ -271,6 +271,12 @@ uint64_t gm_deadline(const gcomp_mpi_comm *c, double timeout_s);
  * communicator is freed.  Without memory for the grave they are leaked, never freed. */
 void gm_comm_bury(gcomp_mpi_comm *c, MPI_Request *req, int nreq, void **bufs, size_t nbufs,
                   const MPI_Comm *comms, int ncomms);
+/* One round of agreement over c's own duplicate: out[k] = the maximum of in[k] over the
+ * ranks, n <= GM_SETUP_WORDS, through the communicator's set-up cells, so that a rank short
+ * of memory still takes part; a timeout leaves them pending (MPI may still write them) and
+ * the communicator failed.  GCOMP_E_FAILED where an earlier round left them pending. */
+gcomp_status gm_comm_agree(gcomp_mpi_comm *c, const uint64_t *in, int n, uint64_t *out,
+                           uint64_t deadline, const char *what, gcomp_error *err);
 
 /* ---- bucket ------------------------------------------------------------------------------ */
 

@@ -103,24 +103,14 @@ static bool same_plan(const gm_group *a, size_t na, const gm_group *b, size_t nb
 static gcomp_status retune_check(gcomp_mpi_bucket *b, size_t i, gcomp_status local,
                                  double timeout_s, gcomp_error *err) {
     gcomp_mpi_comm *c = b->comm;
-    gm_setup_cells *cc = c->cells;
-    if (cc->pending) /* an earlier check timed out: this communicator has failed anyway */
-        return gm_fail(err, GCOMP_E_FAILED, "retune: the communicator has failed");
     uint64_t h = 0x7265747566e65ull; /* "retune" */
     for (size_t k = 0; k < b->nt; k++)
         h = gm_mix(h ^ b->t[k].fp) + gm_mix((uint64_t)(unsigned)b->t[k].strategy + k);
-    memset(cc->in, 0, sizeof cc->in);
-    cc->in[0] = local != GCOMP_OK ? gm_marker(local, c->rank) : 0;
-    cc->in[1] = h;
-    cc->in[2] = ~h;
-    MPI_Request req;
-    int rc = MPI_Iallreduce(cc->in, cc->out, 3, MPI_UINT64_T, MPI_MAX, c->comm, &req);
-    if (rc != MPI_SUCCESS) return gm_comm_mpi_fail(c, err, rc, "MPI_Iallreduce (retune check)");
-    cc->pending = true;
-    gcomp_status st = gm_wait_all(c, &req, 1, gm_deadline(c, timeout_s), "the retune check", err);
-    if (st != GCOMP_OK) return st; /* the cells stay pending: MPI may still write them */
-    cc->pending = false;
-    const uint64_t *out = cc->out;
+    const uint64_t in[3] = {local != GCOMP_OK ? gm_marker(local, c->rank) : 0, h, ~h};
+    uint64_t out[3];
+    gcomp_status st =
+        gm_comm_agree(c, in, 3, out, gm_deadline(c, timeout_s), "the retune check", err);
+    if (st != GCOMP_OK) return st;
     if (out[0] & GM_MARK) {
         if (local != GCOMP_OK) return local;
         return gm_fail(err, GCOMP_E_MISMATCH,

@@ -142,19 +142,44 @@ static void test_switches(gcomp_mpi_bucket *b) {
     conservation(b, "topk again");
 }
 
-/* Decisions from different local observations must agree, and be applied live. */
-static void test_decisions(gcomp_mpi_comm *comm, gcomp_mpi_bucket *b) {
+/* 1 when every rank holds the same value. */
+static int agree_everywhere(uint64_t v) {
+    uint64_t w[2] = {v, ~v};
+    MPI_Allreduce(MPI_IN_PLACE, w, 2, MPI_UINT64_T, MPI_MAX, MPI_COMM_WORLD);
+    return w[0] == ~w[1];
+}
+
+static uint64_t fnv(uint64_t h, const char *s) {
+    for (; *s; s++) h = (h ^ (unsigned char)*s) * 0x100000001b3ull;
+    return h;
+}
+
+static uint64_t specs_hash(const gcomp_adapt *a) {
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (size_t i = 0; i < NT; i++) h = fnv(h, gcomp_adapt_spec(a, i));
+    return h;
+}
+
+/* Controllers for the bucket's three tensors (the weights managed, the bias not). */
+static gcomp_adapt *make_adapt(const char *method, uint64_t total_steps) {
     gcomp_tensor_desc td[NT] = {{"w1", N1, R1, C1}, {"b1", NB, 0, 0}, {"w2", N2, R2, C2}};
     gcomp_adapt_options o = {0};
     o.workers = mc_size;
-    o.total_steps = 60;
+    o.total_steps = total_steps;
     o.min_elements = 1000;
-    gcomp_adapt *a;
+    gcomp_adapt *a = NULL;
     gcomp_error e = {0};
-    CHECK_OK(gcomp_adapt_create(&a,
-                                "adapt:bandwidth+layers+norm;base=topk:density=0.01,feedback=ef;"
+    CHECK_MSG(gcomp_adapt_create(&a, method, td, NT, &o, &e) == GCOMP_OK, "%s: %s", method,
+              e.message);
+    return a;
+}
+
+/* Decisions from different local observations must agree, and be applied live. */
+static void test_decisions(gcomp_mpi_comm *comm, gcomp_mpi_bucket *b) {
+    gcomp_error e = {0};
+    gcomp_adapt *a = make_adapt("adapt:bandwidth+layers+norm;base=topk:density=0.01,feedback=ef;"
                                 "interval=3;measure=6;confirm=1;ladder=0.1/0.03/0.003/0.001",
-                                td, NT, &o, &e));
+                                60);
     if (!a) return;
     for (size_t i = 0; i < NT; i++) retune(b, i, gcomp_adapt_spec(a, i));
     size_t decisions = 0, switches = 0;
@@ -185,12 +210,8 @@ static void test_decisions(gcomp_mpi_comm *comm, gcomp_mpi_bucket *b) {
         decisions++;
         for (size_t i = 0; i < NT; i++) {
             const char *sp = gcomp_adapt_spec(a, i);
-            uint64_t h = 0xcbf29ce484222325ull;
-            for (const char *p = sp; *p; p++) h = (h ^ (unsigned char)*p) * 0x100000001b3ull;
-            uint64_t w[2] = {h, ~h};
-            MPI_Allreduce(MPI_IN_PLACE, w, 2, MPI_UINT64_T, MPI_MAX, MPI_COMM_WORLD);
-            CHECK_MSG(w[0] == ~w[1], "decision %zu: ranks chose different specs for tensor %zu",
-                      decisions, i);
+            CHECK_MSG(agree_everywhere(fnv(0xcbf29ce484222325ull, sp)),
+                      "decision %zu: ranks chose different specs for tensor %zu", decisions, i);
             if (gcomp_adapt_changed(a, i)) {
                 retune(b, i, sp);
                 switches++;
@@ -202,11 +223,9 @@ static void test_decisions(gcomp_mpi_comm *comm, gcomp_mpi_bucket *b) {
     conservation(b, "adaptive run");
 
     /* a rank with another configuration fails the decision on every rank */
-    gcomp_adapt *x;
-    CHECK_OK(gcomp_adapt_create(&x,
-                                mc_rank == 1 ? "adapt:layers;interval=3;measure=6"
+    gcomp_adapt *x = make_adapt(mc_rank == 1 ? "adapt:layers;interval=3;measure=6"
                                              : "adapt:layers;interval=3;measure=3",
-                                td, NT, &o, &e));
+                                60);
     if (x) {
         for (int s = 0; s < 3; s++) gcomp_adapt_end_step(x, NULL);
         CHECK_EQ_INT(gcomp_mpi_adapt_decide(comm, x, 30, NULL, &e), GCOMP_E_MISMATCH);
@@ -215,38 +234,16 @@ static void test_decisions(gcomp_mpi_comm *comm, gcomp_mpi_bucket *b) {
     gcomp_adapt_free(a);
 }
 
-/* 1 when every rank holds the same value. */
-static int agree_everywhere(uint64_t v) {
-    uint64_t w[2] = {v, ~v};
-    MPI_Allreduce(MPI_IN_PLACE, w, 2, MPI_UINT64_T, MPI_MAX, MPI_COMM_WORLD);
-    return w[0] == ~w[1];
-}
-
-static uint64_t specs_hash(const gcomp_adapt *a) {
-    uint64_t h = 0xcbf29ce484222325ull;
-    for (size_t i = 0; i < NT; i++)
-        for (const char *p = gcomp_adapt_spec(a, i); *p; p++)
-            h = (h ^ (unsigned char)*p) * 0x100000001b3ull;
-    return h;
-}
-
 /* A decision that one rank cannot take (out of memory: in the MPI layer before the
  * exchange, or in the controllers while they decide) fails on every rank, with the ranks'
  * decisions and specs still the same everywhere, and the next decision goes through.
  * The controllers' allocations come after the exchange: a rank whose decision stood puts
  * its state back. */
 static void test_decide_nomem(gcomp_mpi_comm *comm) {
-    gcomp_tensor_desc td[NT] = {{"w1", N1, R1, C1}, {"b1", NB, 0, 0}, {"w2", N2, R2, C2}};
-    gcomp_adapt_options o = {0};
-    o.workers = mc_size;
-    o.total_steps = 400;
-    o.min_elements = 1000;
-    gcomp_adapt *a;
     gcomp_error e = {0};
-    CHECK_OK(gcomp_adapt_create(&a,
-                                "adapt:layers+norm;base=topk:density=0.01,feedback=ef;interval=2;"
+    gcomp_adapt *a = make_adapt("adapt:layers+norm;base=topk:density=0.01,feedback=ef;interval=2;"
                                 "measure=2;ladder=0.1/0.03/0.003/0.001",
-                                td, NT, &o, &e));
+                                400);
     if (!a) return;
     int failures = 0;
     for (int k = -1; k < 60; k++) { /* k: the allocation that fails on the last rank */
