@@ -26,8 +26,8 @@ seed=${3:-1}
 G=$B/gradcomp
 BASE="dgc:density=0.001,values=f16"
 # The adaptive method as a user writes it: its default ladder dense / powersgd:rank=4 /
-# dgc 0.001 / dgc 0.0001 (ADAPT overrides, e.g. "adapt:bandwidth;base=$BASE" for DGC's
-# density ladder).
+# top-k 0.001 / top-k 0.0001 (f16 values, error feedback; ADAPT overrides, e.g.
+# "adapt:bandwidth;base=$BASE" for DGC's density ladder).
 ADAPT=${ADAPT:-adapt:bandwidth}
 NP=${NP:-4}
 common="--np $NP --model mlp-large --seed $seed --epochs 2 --evals ${EVALS:-24}"

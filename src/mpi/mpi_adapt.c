@@ -152,49 +152,6 @@ static int cmp_double(const void *x, const void *y) {
     return (a > b) - (a < b);
 }
 
-/* v[0..n) <- its maximum over the ranks (collective, within the deadline). */
-static gcomp_status probe_max(gcomp_mpi_comm *c, double *v, int n, uint64_t deadline,
-                              gcomp_error *err) {
-    double *buf = gm_alloc((size_t)n * sizeof *buf);
-    MPI_Request *req = gm_calloc(1, sizeof *req);
-    if (!buf || !req) {
-        gm_free(buf);
-        gm_free(req);
-        return gm_fail(err, GCOMP_E_NOMEM, "probe: out of memory");
-    }
-    memcpy(buf, v, (size_t)n * sizeof *buf);
-    int rc = MPI_Iallreduce(MPI_IN_PLACE, buf, n, MPI_DOUBLE, MPI_MAX, c->comm, req);
-    if (rc != MPI_SUCCESS) {
-        gm_free(buf);
-        gm_free(req);
-        return gm_comm_mpi_fail(c, err, rc, "MPI_Iallreduce (link probe)");
-    }
-    gcomp_status st = wait_one(c, req, buf, NULL, deadline, "link probe (times)", err);
-    if (st != GCOMP_OK) return st;
-    memcpy(v, buf, (size_t)n * sizeof *buf);
-    gm_free(buf);
-    return GCOMP_OK;
-}
-
-/* Waits for every rank to arrive (the barrier that starts a timed step). */
-static gcomp_status probe_barrier(gcomp_mpi_comm *c, uint64_t deadline, gcomp_error *err) {
-    MPI_Request *req = gm_calloc(1, sizeof *req);
-    if (!req) return gm_fail(err, GCOMP_E_NOMEM, "probe: out of memory");
-    int rc = MPI_Ibarrier(c->comm, req);
-    if (rc != MPI_SUCCESS) {
-        gm_free(req);
-        return gm_comm_mpi_fail(c, err, rc, "MPI_Ibarrier (link probe)");
-    }
-    gcomp_status st = gm_wait_all(c, req, 1, deadline, "link probe (barrier)", err);
-    if (st != GCOMP_OK) {
-        void **none = gm_calloc(1, sizeof *none);
-        if (none) gm_comm_bury(c, req, 1, none, 0, NULL, 0);
-        return st;
-    }
-    gm_free(req);
-    return GCOMP_OK;
-}
-
 /* A ring step's message travels as messages of at most PROBE_CHUNK bytes, below the
  * transports' eager limits (Open MPI's TCP BTL: 64 KiB with its header).  One message
  * above the limit goes by rendezvous: the receiver's acknowledgement must come back before
@@ -214,7 +171,9 @@ static gcomp_status probe_barrier(gcomp_mpi_comm *c, uint64_t deadline, gcomp_er
 #define PROBE_CHUNK ((size_t)32 << 10)
 
 /* The buffers and requests of a pass, allocated and touched before any step is timed
- * (faulting fresh pages in would be counted as time on the link). */
+ * (faulting fresh pages in would be counted as time on the link).  The barriers and the
+ * times' maximum use them too: once the ranks agree that every rank has them, a pass
+ * allocates nothing, so a rank short of memory cannot leave the others waiting. */
 typedef struct probe_bufs {
     uint8_t *sb, *rb;
     MPI_Request *req; /* 2 per chunk of the largest step */
@@ -239,6 +198,34 @@ static void probe_bufs_bury(gcomp_mpi_comm *c, probe_bufs *b, int n) {
     }
     b->sb = b->rb = NULL;
     b->req = NULL;
+}
+
+/* Waits for every rank to arrive (the barrier that starts a timed step), in b's first
+ * request. */
+static gcomp_status probe_barrier(gcomp_mpi_comm *c, probe_bufs *b, uint64_t deadline,
+                                  gcomp_error *err) {
+    int rc = MPI_Ibarrier(c->comm, &b->req[0]);
+    if (rc != MPI_SUCCESS) return gm_comm_mpi_fail(c, err, rc, "MPI_Ibarrier (link probe)");
+    gcomp_status st = gm_wait_all(c, b->req, 1, deadline, "link probe (barrier)", err);
+    if (st != GCOMP_OK) probe_bufs_bury(c, b, 1);
+    return st;
+}
+
+/* v[0..n) <- its maximum over the ranks, through b's send buffer (at least 1 KiB, from
+ * the allocator: room and alignment for n <= 128 doubles) and first request. */
+static gcomp_status probe_max(gcomp_mpi_comm *c, probe_bufs *b, double *v, int n, uint64_t deadline,
+                              gcomp_error *err) {
+    double *buf = (double *)(void *)b->sb;
+    memcpy(buf, v, (size_t)n * sizeof *buf);
+    int rc = MPI_Iallreduce(MPI_IN_PLACE, buf, n, MPI_DOUBLE, MPI_MAX, c->comm, &b->req[0]);
+    if (rc != MPI_SUCCESS) return gm_comm_mpi_fail(c, err, rc, "MPI_Iallreduce (link probe)");
+    gcomp_status st = gm_wait_all(c, b->req, 1, deadline, "link probe (times)", err);
+    if (st != GCOMP_OK) {
+        probe_bufs_bury(c, b, 1);
+        return st;
+    }
+    memcpy(v, buf, (size_t)n * sizeof *buf);
+    return GCOMP_OK;
 }
 
 /* One ring step: nb bytes to `next` while nb come from `prev`, in chunks. */
@@ -299,15 +286,15 @@ static gcomp_status probe_pass(gcomp_mpi_comm *c, size_t bytes, bool lat, uint64
         int size = order[o][0], rep = order[o][1];
         if (!lat && (size == 0 || size == 3)) continue;
         size_t nb = size < 0 ? bytes : sizes[size];
-        if ((st = probe_barrier(c, deadline, err)) != GCOMP_OK) break;
+        if ((st = probe_barrier(c, &b, deadline, err)) != GCOMP_OK) break;
         uint64_t t0 = gm_now_ns();
         for (int k = 0; k < (size == 3 ? PROBE_CHAIN : 1) && st == GCOMP_OK; k++)
             st = ring_step(c, &b, nb, next, prev, deadline, err);
         if (st == GCOMP_OK && size >= 0) t[size][rep] = 1e-9 * (double)(gm_now_ns() - t0);
     }
+    if (st == GCOMP_OK) st = probe_max(c, &b, &t[0][0], 12, deadline, err);
     probe_bufs_free(&b); /* NULL where a failed step gave them to the communicator */
     if (st != GCOMP_OK) return st;
-    if ((st = probe_max(c, &t[0][0], 12, deadline, err)) != GCOMP_OK) return st;
     for (int size = 0; size < 4; size++) qsort(t[size], 3, sizeof(double), cmp_double);
     return GCOMP_OK;
 }

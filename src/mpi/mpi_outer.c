@@ -281,23 +281,22 @@ static gcomp_status setup_check(gcomp_mpi_comm *comm, const uint64_t *vals, size
                                 gcomp_status local, const gcomp_mpi_tensor *t, double timeout_s,
                                 gcomp_error *err) {
     size_t n = 1 + CK_FLOATS * nvals;
-    float *buf = ocalloc(n, sizeof(float));
-    if (!buf) local = local != GCOMP_OK ? local : GCOMP_E_NOMEM;
-    float one = local != GCOMP_OK ? 1.0f : 0.0f;
-    gcomp_mpi_tensor ct = {"outer-step set-up check", "none", n, 0, 0, GCOMP_MPI_AUTO};
+    float *buf = vals ? ocalloc(n, sizeof(float)) : NULL;
+    if (!buf && local == GCOMP_OK) local = gcomp__fail(err, GCOMP_E_NOMEM, "out of memory");
+    /* A rank without the buffer (out of memory here, or before: vals NULL) takes part: its
+     * check bucket's spec names no codec, so the bucket's own set-up check fails every
+     * rank's create and no rank waits for it in the allreduce. */
+    gcomp_mpi_tensor ct = {
+        "outer-step set-up check", buf ? "none" : "out-of-memory", n, 0, 0, GCOMP_MPI_AUTO};
     gcomp_mpi_bucket *b = NULL;
     gcomp_error e = {0};
-    gcomp_status st = GCOMP_OK;
     if (buf) {
-        buf[0] = one;
+        buf[0] = local != GCOMP_OK ? 1.0f : 0.0f;
         for (size_t k = 0; k < nvals; k++) ck_put(buf + 1 + CK_FLOATS * k, vals[k]);
-        st = gcomp_mpi_bucket_create(&b, comm, &ct, 1, NULL, timeout_s, &e);
-        if (st == GCOMP_OK) st = gcomp_mpi_allreduce(b, &buf, GCOMP_MPI_SUM, timeout_s, &e);
-        gcomp_mpi_bucket_free(b);
-    } else {
-        /* Without the buffer this rank cannot take part: the others time out. */
-        st = GCOMP_E_NOMEM;
     }
+    gcomp_status st = gcomp_mpi_bucket_create(&b, comm, &ct, 1, NULL, timeout_s, &e);
+    if (st == GCOMP_OK && buf) st = gcomp_mpi_allreduce(b, &buf, GCOMP_MPI_SUM, timeout_s, &e);
+    gcomp_mpi_bucket_free(b);
     if (local != GCOMP_OK) { /* this rank's own reason is already in *err */
         gcomp__free(buf);
         return local;
@@ -463,11 +462,11 @@ gcomp_status gcomp_mpi_outer_create(gcomp_mpi_outer **out, gcomp_mpi_comm *comm,
     gcomp_mpi_outer *x = ocalloc(1, sizeof *x);
     size_t nvals = 1 + count; /* the same on every rank that was given the same count */
     uint64_t *vals = ocalloc(nvals, sizeof *vals);
-    if (!x || !vals) {
+    if (!x || !vals) { /* the check still runs, to tell the other ranks */
         gcomp__free(x);
         gcomp__free(vals);
-        /* Without these this rank cannot take part in the check: the others time out. */
-        return gcomp__fail(err, GCOMP_E_NOMEM, "out of memory");
+        return setup_check(comm, NULL, nvals, gcomp__fail(err, GCOMP_E_NOMEM, "out of memory"),
+                           tensors, timeout_s, err);
     }
     if (local == GCOMP_OK) {
         x->comm = comm;

@@ -297,10 +297,19 @@ gcomp_status gcomp_mpi_ps_create(gcomp_mpi_ps **out, gcomp_mpi_comm *comm,
     gcomp_mpi_ps *ps = gm_calloc(1, sizeof *ps);
     /* Cells MPI writes into: on the heap, leaked if a wait times out. */
     uint64_t *cells = gm_calloc(4 + 4 * (size_t)comm->size, sizeof(uint64_t));
-    if (!ps || !cells) {
+    /* Every rank learns whether every rank has these two, in the communicator's own cells:
+     * without them a rank can take no part in the set-up below. */
+    uint64_t short_of = ps && cells ? 0 : gm_marker(GCOMP_E_NOMEM, comm->rank), any = 0;
+    st = gm_comm_agree(comm, &short_of, 1, &any, deadline, "parameter-server set-up", err);
+    if (st != GCOMP_OK || any) {
         gm_free(ps);
         gm_free(cells);
-        return gm_fail(err, GCOMP_E_NOMEM, "out of memory creating a parameter server");
+        if (st != GCOMP_OK) return st;
+        if (short_of)
+            return gm_fail(err, GCOMP_E_NOMEM, "out of memory creating a parameter server");
+        return gm_fail(err, GCOMP_E_MISMATCH,
+                       "ps: rank %d could not set up the parameter server (%s); no rank uses it",
+                       gm_marker_rank(any), gcomp_status_str(gm_marker_status(any)));
     }
     ps->comm = comm;
     ps->epoch = comm->epoch;

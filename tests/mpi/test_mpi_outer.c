@@ -32,6 +32,8 @@
  *                around a non-contraction with its message, options and initial weights
  *                that differ across ranks, one rank alone with bad arguments; a good
  *                create still works afterwards.
+ *  out of memory the last rank's k-th allocation fails, for every k the create reaches:
+ *                every rank fails alike, none times out, the communicator stays usable.
  */
 #include "mpi_check.h"
 
@@ -932,6 +934,52 @@ static void test_bad_input(gcomp_mpi_comm *comm) {
     model_free(&m);
 }
 
+/* ---- out of memory: the create fails on every rank alike ------------------------------- */
+
+size_t gcomp__mpi_test_fail_alloc_after(size_t n); /* the MPI layer's test hook */
+
+/* gcomp_mpi_outer_create with the last rank out of memory from its k-th allocation on, for
+ * every k until the create needs fewer (DiLoCo on top-k + error feedback, two fragments):
+ * every rank returns an error or none together, the communicator stays usable, and a
+ * create after the sweep works.  The object and its check values (k = 0, 1) and the
+ * check's buffer used to be allocated on the failing rank before it took part in anything,
+ * and the others timed out in the check. */
+static void test_create_nomem(gcomp_mpi_comm *comm) {
+    const char *specs[NT] = {"topk:density=0.1,feedback=ef", "none", "topk:density=0.1,feedback=ef",
+                             "none"};
+    gcomp_mpi_tensor t[NT];
+    tensors_of(t, specs, GCOMP_MPI_AUTO);
+    model m;
+    model_init(&m);
+    gcomp_mpi_outer_options o;
+    gcomp_mpi_outer_options_default(&o);
+    o.fragments = 2;
+    size_t k = 0;
+    for (; k < 4096; k++) {
+        gcomp_mpi_outer *x = NULL;
+        gcomp_error err = {0};
+        if (mc_rank == mc_size - 1) gcomp__mpi_test_fail_alloc_after(k);
+        gcomp_status st = gcomp_mpi_outer_create(&x, comm, t, NT, m.w, &o, 10.0, &err);
+        size_t left = gcomp__mpi_test_fail_alloc_after((size_t)-1);
+        int v[2] = {st != GCOMP_OK, -(st != GCOMP_OK)}, mx[2];
+        MPI_Allreduce(v, mx, 2, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+        CHECK_MSG(mx[0] == -mx[1], "k=%zu: the create failed on some ranks only: %s (%s)", k,
+                  gcomp_status_str(st), err.message);
+        CHECK_MSG(st != GCOMP_E_TIMEOUT, "k=%zu: %s", k, err.message);
+        CHECK_MSG(gcomp_mpi_comm_status(comm, NULL) == GCOMP_OK, "k=%zu: %s", k, err.message);
+        CHECK((st == GCOMP_OK) == (x != NULL));
+        gcomp_mpi_outer_free(x);
+        int done = mc_rank == mc_size - 1 && left != 0, any = 0;
+        MPI_Allreduce(&done, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+        if (any) break;
+    }
+    CHECK_MSG(k > 2 && k < 4096, "the create's allocations: %zu", k);
+    if (mc_rank == 0) printf("create out of memory: swept %zu allocations\n", k);
+    gcomp_mpi_outer *x = make(comm, t, &m, &o);
+    gcomp_mpi_outer_free(x);
+    model_free(&m);
+}
+
 int main(int argc, char **argv) {
     mc_init(&argc, &argv);
     gcomp_mpi_comm *comm = NULL;
@@ -952,6 +1000,7 @@ int main(int argc, char **argv) {
         test_schedule(comm, 5, 1, 0);
         test_checkpoint(comm);
         test_bad_input(comm);
+        test_create_nomem(comm);
     }
     gcomp_mpi_comm_free(comm);
     return mc_done("test_mpi_outer");

@@ -50,15 +50,15 @@ static void one_round(double timeout, int fail_serve, gcomp_status want_worker,
     ps_env_free(&env);
 }
 
-/* gcomp_mpi_ps_create with the last rank out of memory from its k-th allocation on: from
- * the third on (the first two, the object and its check cells, come before any collective,
- * and then the others time out), every rank fails alike and keeps a usable communicator.
- * The layout's tables used to be allocated after the check: the failing rank had no server
- * object while the others had a working one. */
+/* gcomp_mpi_ps_create with the last rank out of memory from its k-th allocation on, for
+ * every k until the create needs fewer: every rank fails alike and keeps a usable
+ * communicator.  The layout's tables used to be allocated after the check: the failing
+ * rank had no server object while the others had a working one.  The first two (the object
+ * and its check cells) came before any collective, and the others timed out. */
 static void create_sweep(void) {
     ps_env env;
     ps_env_init(&env, 1, 0, 5.0);
-    for (size_t k = 2; k < 64; k++) {
+    for (size_t k = 0; k < 64; k++) {
         gcomp_mpi_ps_options po;
         gcomp_mpi_ps_options_default(&po);
         gcomp_mpi_ps *ps = NULL;
