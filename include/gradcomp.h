@@ -483,6 +483,18 @@ GCOMP_API const float *gcomp_compressor_residual(const gcomp_compressor *c);
 GCOMP_API gcomp_status gcomp_compressor_retune(gcomp_compressor *c, const char *spec,
                                                gcomp_error *err);
 
+/**
+ * The same conversion into another compressor: dst (of src's n and shape; typically fresh
+ * from gcomp_compressor_create) becomes what gcomp_compressor_retune(copy of src, dst's
+ * spec) would make, and src is only read, so a caller that must be able to go back keeps
+ * it as it was without copying it (the MPI layer's switch: gcomp_mpi_bucket_retune).
+ * dst's own state is replaced.  Returns what gcomp_compressor_retune returns, and
+ * GCOMP_E_ARG for sizes that differ or dst == src; GCOMP_E_PROTOCOL also for a step in
+ * flight on dst.  On any error dst and src are unchanged.
+ */
+GCOMP_API gcomp_status gcomp_compressor_retune_from(gcomp_compressor *dst,
+                                                    const gcomp_compressor *src, gcomp_error *err);
+
 /** Number of successful encodes since creation (or reset, or as loaded), plus the steps
  *  gcomp_compressor_skip_step counted. */
 GCOMP_API uint64_t gcomp_compressor_step(const gcomp_compressor *c);

@@ -30,7 +30,9 @@ static const cli_command commands[] = {
      "[--plot F.png]  (predicted step time; --calibrate measures this machine)"},
 #ifdef GCOMP_CLI_MPI
     {"allreduce-bench", cmd_allreduce_bench,
-     "allreduce-bench -c SPEC -n N [--shape RxC] [--strategy S] [--runs R] [--json]  (under "
+     "allreduce-bench -c SPEC -n N [--shape RxC] [--strategy S] [--runs R] [--retune SPEC2] "
+     "[--json]  "
+     "(under "
      "mpirun)"},
 #endif
 #ifdef GCOMP_CLI_TRAIN

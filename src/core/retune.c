@@ -47,24 +47,12 @@
 
 #include <math.h>
 
-gcomp_status gcomp_compressor_retune(gcomp_compressor *c, const char *spec, gcomp_error *err) {
-    if (!c || !spec) return gcomp__fail(err, GCOMP_E_ARG, "retune: compressor and spec needed");
-    if (c->codec->busy && c->codec->busy(c))
-        return gcomp__fail(err, GCOMP_E_PROTOCOL,
-                           "retune: a %s step is in flight; finish or abort it first",
-                           c->codec->info.name);
-    gcomp__spec parsed;
-    gcomp_status st = gcomp__spec_parse(spec, &parsed, err);
-    if (st != GCOMP_OK) return st;
-    gcomp_compressor *nc;
-    if ((st = gcomp__compressor_build(&nc, &parsed, c->n, c->rows, c->cols, err)) != GCOMP_OK)
-        return st;
+/* Fills nc (just built, of c's size) with what c holds back, converted into nc's spec;
+ * c is only read.  On failure nc is to be freed; *err names the reason. */
+static gcomp_status carry_over(gcomp_compressor *nc, const gcomp_compressor *c, gcomp_error *err) {
     const size_t n = c->n;
     float *held = gcomp__calloc(n * sizeof(float));
-    if (!held) {
-        gcomp_compressor_free(nc);
-        return gcomp__fail(err, GCOMP_E_NOMEM, "retune: out of memory");
-    }
+    if (!held) return gcomp__fail(err, GCOMP_E_NOMEM, "retune: out of memory");
     bool any = false;
     const float *r = c->spec.feedback->residual ? c->spec.feedback->residual(c) : NULL;
     if (r)
@@ -97,12 +85,10 @@ gcomp_status gcomp_compressor_retune(gcomp_compressor *c, const char *spec, gcom
         finite &= isfinite(held[i]) != 0;
     }
     if (!finite) { /* in the new units it overflows float: kept, it would be Inf for good */
-        gcomp__fail(err, GCOMP_E_NONFINITE,
-                    "retune: what '%s' holds back overflows float as '%s' holds it",
-                    c->spec.canonical, nc->spec.canonical);
         gcomp__free(held);
-        gcomp_compressor_free(nc);
-        return GCOMP_E_NONFINITE;
+        return gcomp__fail(err, GCOMP_E_NONFINITE,
+                           "retune: what '%s' holds back overflows float as '%s' holds it",
+                           c->spec.canonical, nc->spec.canonical);
     }
     nc->step = c->step; /* before absorb: PowerSGD draws new warm-start columns from it */
     nc->epoch = c->epoch;
@@ -111,31 +97,80 @@ gcomp_status gcomp_compressor_retune(gcomp_compressor *c, const char *spec, gcom
     if (nc->spec.feedback->absorb) {
         nc->spec.feedback->absorb(nc, held, c);
     } else if (gcomp__keeps_held(nc)) {
-        st = nc->codec->absorb(nc, held, c);
-        if (st != GCOMP_OK) { /* the message names nc's spec: written before nc is freed */
-            gcomp__fail(err, st, "retune: cannot keep the %zu elements '%s' held back in '%s'", n,
-                        c->spec.canonical, nc->spec.canonical);
+        gcomp_status st = nc->codec->absorb(nc, held, c);
+        if (st != GCOMP_OK) {
             gcomp__free(held);
-            gcomp_compressor_free(nc);
-            return st;
+            return gcomp__fail(err, st,
+                               "retune: cannot keep the %zu elements '%s' held back in '%s'", n,
+                               c->spec.canonical, nc->spec.canonical);
         }
     } else if (any) { /* nothing to keep it in (no residual, or every step dense): it rides
                        * in the next message */
         nc->carry = held;
         nc->carry_ws = gcomp__alloc(n * sizeof(float));
         held = NULL;
-        if (!nc->carry_ws) {
-            gcomp_compressor_free(nc);
-            return gcomp__fail(err, GCOMP_E_NOMEM, "retune: out of memory");
-        }
+        if (!nc->carry_ws) return gcomp__fail(err, GCOMP_E_NOMEM, "retune: out of memory");
     }
     gcomp__free(held);
+    return GCOMP_OK;
+}
 
+/* Builds the compressor `spec` makes for src's size and carries src's state into it. */
+static gcomp_status retuned(gcomp_compressor **out, const gcomp_compressor *src, const char *spec,
+                            gcomp_error *err) {
+    *out = NULL;
+    if (src->codec->busy && src->codec->busy(src))
+        return gcomp__fail(err, GCOMP_E_PROTOCOL,
+                           "retune: a %s step is in flight; finish or abort it first",
+                           src->codec->info.name);
+    gcomp__spec parsed;
+    gcomp_status st = gcomp__spec_parse(spec, &parsed, err);
+    if (st != GCOMP_OK) return st;
+    gcomp_compressor *nc;
+    if ((st = gcomp__compressor_build(&nc, &parsed, src->n, src->rows, src->cols, err)) != GCOMP_OK)
+        return st;
+    if ((st = carry_over(nc, src, err)) != GCOMP_OK) {
+        gcomp_compressor_free(nc); /* after the message, which names nc's spec */
+        return st;
+    }
+    *out = nc;
+    return GCOMP_OK;
+}
+
+/* c takes nc's contents and nc is freed with c's old ones: the caller's pointer stays valid. */
+static void swap_and_free(gcomp_compressor *c, gcomp_compressor *nc) {
     gcomp_compressor tmp = *c;
     *c = *nc;
     *nc = tmp;
     c->vp.spec = &c->spec; /* the only pointer a compressor holds into itself */
     nc->vp.spec = &nc->spec;
     gcomp_compressor_free(nc);
+}
+
+gcomp_status gcomp_compressor_retune(gcomp_compressor *c, const char *spec, gcomp_error *err) {
+    if (!c || !spec) return gcomp__fail(err, GCOMP_E_ARG, "retune: compressor and spec needed");
+    gcomp_compressor *nc;
+    gcomp_status st = retuned(&nc, c, spec, err);
+    if (st != GCOMP_OK) return st;
+    swap_and_free(c, nc);
+    return GCOMP_OK;
+}
+
+gcomp_status gcomp_compressor_retune_from(gcomp_compressor *dst, const gcomp_compressor *src,
+                                          gcomp_error *err) {
+    if (!dst || !src || dst == src)
+        return gcomp__fail(err, GCOMP_E_ARG, "retune_from: two distinct compressors needed");
+    if (dst->n != src->n || dst->rows != src->rows || dst->cols != src->cols)
+        return gcomp__fail(err, GCOMP_E_ARG,
+                           "retune_from: sizes differ (%zu = %zu x %zu against %zu = %zu x %zu)",
+                           dst->n, dst->rows, dst->cols, src->n, src->rows, src->cols);
+    if (dst->codec->busy && dst->codec->busy(dst))
+        return gcomp__fail(err, GCOMP_E_PROTOCOL,
+                           "retune_from: the destination's %s step is in flight",
+                           dst->codec->info.name);
+    gcomp_compressor *nc;
+    gcomp_status st = retuned(&nc, src, dst->spec.canonical, err);
+    if (st != GCOMP_OK) return st;
+    swap_and_free(dst, nc);
     return GCOMP_OK;
 }

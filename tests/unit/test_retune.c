@@ -58,47 +58,48 @@ static double conservation_gap(const gcomp_compressor *c, const double *sum_g,
     return worst / (scale > 0 ? scale : 1);
 }
 
+/* A path through every kind of switch, each spec retuned from the one before. */
+static const char *const path[] = {
+    "topk:density=0.01,feedback=ef",
+    "topk:density=0.001,feedback=ef", /* a lower density */
+    "none",                           /* dense: flushes the residual */
+    "topk:density=0.05,values=f16,feedback=ef",
+    "dgc:density=0.02,momentum=0",  /* ef -> dgc: e becomes v */
+    "dgc:density=0.005,momentum=0", /* dgc -> dgc */
+    "int8:feedback=ef",             /* dgc -> ef, dense quantizer */
+    "powersgd:rank=4",              /* ef -> PowerSGD's own residual */
+    "powersgd:rank=2",              /* rank change, warm start kept in part */
+    "powersgd:rank=12",             /* low rank does not pay at 48 x 40: dense, flushes E */
+    "powersgd:rank=3",              /* and back */
+    "sign:feedback=ef",             /* PowerSGD -> ef */
+    "randomk:density=0.02,feedback=ef,seed=3",
+    "none:values=f16,feedback=ef",
+    "none",
+    "none", /* a retune with nothing held back */
+    "topk:density=0.01,feedback=ef",
+};
+
 static void test_conservation(void) {
-    static const char *const specs[] = {
-        "topk:density=0.01,feedback=ef",
-        "topk:density=0.001,feedback=ef", /* a lower density */
-        "none",                           /* dense: flushes the residual */
-        "topk:density=0.05,values=f16,feedback=ef",
-        "dgc:density=0.02,momentum=0",  /* ef -> dgc: e becomes v */
-        "dgc:density=0.005,momentum=0", /* dgc -> dgc */
-        "int8:feedback=ef",             /* dgc -> ef, dense quantizer */
-        "powersgd:rank=4",              /* ef -> PowerSGD's own residual */
-        "powersgd:rank=2",              /* rank change, warm start kept in part */
-        "powersgd:rank=12",             /* low rank does not pay at 48 x 40: dense, flushes E */
-        "powersgd:rank=3",              /* and back */
-        "sign:feedback=ef",             /* PowerSGD -> ef */
-        "randomk:density=0.02,feedback=ef,seed=3",
-        "none:values=f16,feedback=ef",
-        "none",
-        "none", /* a retune with nothing held back */
-        "topk:density=0.01,feedback=ef",
-    };
     unsigned long long seed = 1;
     gcomp_compressor *c;
     gcomp_error e = {0};
-    CHECK_OK(gcomp_compressor_create(&c, specs[0], N, ROWS, COLS, &e));
+    CHECK_OK(gcomp_compressor_create(&c, path[0], N, ROWS, COLS, &e));
     double *sum_g = calloc(N, sizeof(double)), *sum_d = calloc(N, sizeof(double));
     uint64_t steps = 0;
-    for (size_t k = 0; k < sizeof specs / sizeof specs[0]; k++) {
+    for (size_t k = 0; k < sizeof path / sizeof path[0]; k++) {
         if (k > 0) {
             double before = conservation_gap(c, sum_g, sum_d);
-            CHECK_OK(gcomp_compressor_retune(c, specs[k], &e));
-            CHECK_MSG(gcomp_compressor_step(c) == steps, "%s: step %llu", specs[k],
+            CHECK_OK(gcomp_compressor_retune(c, path[k], &e));
+            CHECK_MSG(gcomp_compressor_step(c) == steps, "%s: step %llu", path[k],
                       (unsigned long long)gcomp_compressor_step(c));
             double after = conservation_gap(c, sum_g, sum_d);
-            CHECK_MSG(after <= before + 1e-6, "retune to %s lost %g of the held-back sum", specs[k],
+            CHECK_MSG(after <= before + 1e-6, "retune to %s lost %g of the held-back sum", path[k],
                       after - before);
         }
         run(c, 7, &seed, sum_g, sum_d);
         steps += 7;
         double gap = conservation_gap(c, sum_g, sum_d);
-        CHECK_MSG(gap < 1e-4, "after %s: sum g - sum decoded - held = %g (relative)", specs[k],
-                  gap);
+        CHECK_MSG(gap < 1e-4, "after %s: sum g - sum decoded - held = %g (relative)", path[k], gap);
     }
     gcomp_stats st;
     gcomp_compressor_stats(c, &st);
@@ -422,8 +423,72 @@ static void test_momentum_boundary(void) {
     gcomp_compressor_free(c);
 }
 
+static void save(const gcomp_compressor *c, uint8_t **blob, size_t *len) {
+    size_t cap = gcomp_state_bound(c);
+    *blob = malloc(cap);
+    CHECK_OK(gcomp_state_save(c, *blob, cap, len));
+}
+
+/* gcomp_compressor_retune_from: a fresh compressor of each next spec takes what the one
+ * before holds back, byte for byte as a retune of a copy of it would (their saved states
+ * are equal), and the source's own state does not change; then its refusals. */
+static void test_retune_from(void) {
+    unsigned long long seed = 5;
+    gcomp_error e = {0};
+    double *sum_g = calloc(N, sizeof(double)), *sum_d = calloc(N, sizeof(double));
+    gcomp_compressor *src = NULL;
+    CHECK_OK(gcomp_compressor_create(&src, path[0], N, ROWS, COLS, &e));
+    for (size_t k = 1; k < sizeof path / sizeof path[0]; k++) {
+        run(src, 7, &seed, sum_g, sum_d);
+        uint8_t *before, *want, *got, *after;
+        size_t lb, lw, lg, la;
+        save(src, &before, &lb);
+        gcomp_compressor *copy = NULL, *dst = NULL;
+        CHECK_OK(gcomp_compressor_from_state(&copy, before, lb, &e));
+        CHECK_OK(gcomp_compressor_retune(copy, path[k], &e));
+        save(copy, &want, &lw);
+        CHECK_OK(gcomp_compressor_create(&dst, path[k], N, ROWS, COLS, &e));
+        CHECK_OK(gcomp_compressor_retune_from(dst, src, &e));
+        save(dst, &got, &lg);
+        save(src, &after, &la);
+        CHECK_MSG(lg == lw && !memcmp(got, want, lw), "%s -> %s: not the retune's state",
+                  path[k - 1], path[k]);
+        CHECK_MSG(la == lb && !memcmp(after, before, lb), "%s -> %s: the source changed",
+                  path[k - 1], path[k]);
+        free(before);
+        free(want);
+        free(got);
+        free(after);
+        gcomp_compressor_free(copy);
+        gcomp_compressor_free(src);
+        src = dst;
+    }
+    /* Refusals leave both as they were. */
+    gcomp_compressor *other = NULL, *wide = NULL;
+    CHECK_OK(gcomp_compressor_create(&other, "topk:density=0.1,feedback=ef", N, ROWS, COLS, &e));
+    CHECK_OK(gcomp_compressor_create(&wide, "topk:density=0.1,feedback=ef", N, N, 1, &e));
+    uint8_t *b0, *b1;
+    size_t l0, l1;
+    save(src, &b0, &l0);
+    CHECK_EQ_INT(gcomp_compressor_retune_from(wide, src, &e), GCOMP_E_ARG); /* other shape */
+    CHECK(strstr(e.message, "sizes differ") != NULL);
+    CHECK_EQ_INT(gcomp_compressor_retune_from(src, src, &e), GCOMP_E_ARG);
+    CHECK_EQ_INT(gcomp_compressor_retune_from(NULL, src, &e), GCOMP_E_ARG);
+    CHECK_EQ_INT(gcomp_compressor_retune_from(other, NULL, &e), GCOMP_E_ARG);
+    save(src, &b1, &l1);
+    CHECK(l0 == l1 && !memcmp(b0, b1, l0));
+    free(b0);
+    free(b1);
+    gcomp_compressor_free(wide);
+    gcomp_compressor_free(other);
+    gcomp_compressor_free(src);
+    free(sum_g);
+    free(sum_d);
+}
+
 int main(void) {
     test_conservation();
+    test_retune_from();
     test_momentum_boundary();
     test_dense_flush();
     test_dense_only_powersgd();

@@ -33,6 +33,10 @@
  * each and a watchdog timer (SIGALRM, async-signal-safe write + _exit) around the call
  * bound them instead.  tests/mpi/run_bench_stall.sh stops a rank with SIGSTOP and checks
  * that every other rank reports the timeout and the job ends soon after --timeout.
+ *
+ * --retune SPEC2 times the live switch (gcomp_mpi_bucket_retune) to SPEC2 and back, each
+ * after a call that leaves the compressors something held back: --runs of each, the
+ * maximum over ranks, after the measurements above.
  */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE /* clock_gettime, nanosleep, sigaction, setitimer */
@@ -52,7 +56,7 @@
 #include <unistd.h>
 
 typedef struct bench_args {
-    const char *spec;
+    const char *spec, *retune;
     size_t n, rows, cols, runs, warmup, bucket_bytes;
     int strategy, ranks_per_node, json, baseline, check;
     double timeout;
@@ -304,6 +308,8 @@ static int parse(int argc, char **argv, bench_args *a) {
             a->timeout = strtod(argv[++i], &end);
             if (*end || !(a->timeout > 0))
                 return cli_fail(cmd, 2, "--timeout %s: seconds > 0", argv[i]);
+        } else if (!strcmp(s, "--retune") && has) {
+            a->retune = argv[++i];
         } else if (!strcmp(s, "--json"))
             a->json = 1;
         else if (!strcmp(s, "--no-baseline"))
@@ -418,6 +424,7 @@ typedef struct bench_out {
     double codec_ms, wire_ms, overlap_ms, err, err_conserved, max_sum;
     long messages;
     int checked, conserved;
+    double sw[2][3]; /* the switch to --retune and back: median, min, max */
 } bench_out;
 
 static int run(const bench_args *a, int rank, int size) {
@@ -596,6 +603,39 @@ static int run(const bench_args *a, int rank, int size) {
         r.f16_med = median(th, R);
     }
 
+    /* the switch to --retune and back, each after a call */
+    if (a->retune) {
+        double *ts[2] = {tf, th};
+        for (size_t i = 0; i < 2 * R; i++) {
+            memcpy(x, g, n * sizeof(float));
+            float *d = x;
+            gcomp_status st = gcomp_mpi_allreduce(b, &d, GCOMP_MPI_SUM, a->timeout, &err);
+            give_up_if_peers_gone(st, &err);
+            if (st == GCOMP_OK) {
+                barrier("the barrier before a timed retune");
+                double t0 = MPI_Wtime();
+                st = gcomp_mpi_bucket_retune(b, 0, i % 2 ? a->spec : a->retune, a->timeout, &err);
+                ts[i % 2][i / 2] = max_time(MPI_Wtime() - t0);
+                give_up_if_peers_gone(st, &err);
+            }
+            int fail = st != GCOMP_OK;
+            if (any_rank(fail, "the vote on the retune's status")) {
+                if (fail)
+                    cli_fail(cmd, 1, "rank %d: --retune %s: %s", rank, a->retune, err.message);
+                rc = 1;
+                goto out;
+            }
+        }
+        for (int k = 0; k < 2; k++) {
+            r.sw[k][0] = median(ts[k], R);
+            r.sw[k][1] = r.sw[k][2] = ts[k][0];
+            for (size_t i = 0; i < R; i++) {
+                if (ts[k][i] < r.sw[k][1]) r.sw[k][1] = ts[k][i];
+                if (ts[k][i] > r.sw[k][2]) r.sw[k][2] = ts[k][i];
+            }
+        }
+    }
+
     if (rank == 0) {
         int strat = gcomp_mpi_bucket_strategy(b, 0);
         char canon[512] = "";
@@ -620,6 +660,12 @@ static int run(const bench_args *a, int rank, int size) {
                 printf(", \"max_abs_err\": %.6g, \"max_abs_err_with_owner_residual\": %.6g, "
                        "\"max_abs_sum\": %.6g, \"messages\": %ld",
                        r.err, r.conserved ? r.err_conserved : r.err, r.max_sum, r.messages);
+            if (a->retune)
+                printf(", \"retune\": \"%s\", \"retune_ms\": {\"median\": %.3f, \"min\": %.3f, "
+                       "\"max\": %.3f}, \"retune_back_ms\": {\"median\": %.3f, \"min\": %.3f, "
+                       "\"max\": %.3f}",
+                       a->retune, 1e3 * r.sw[0][0], 1e3 * r.sw[0][1], 1e3 * r.sw[0][2],
+                       1e3 * r.sw[1][0], 1e3 * r.sw[1][1], 1e3 * r.sw[1][2]);
             printf("}\n");
         } else {
             printf("allreduce-bench: %s, strategy %s, n = %zu", canon,
@@ -648,6 +694,12 @@ static int run(const bench_args *a, int rank, int size) {
             } else if (a->check) {
                 printf("  correctness not checked (no messages to gather for this codec)\n");
             }
+            if (a->retune)
+                printf(
+                    "  retune      %10.2f ms  (min %.2f, max %.2f) to %s; back %.2f ms (min %.2f, "
+                    "max %.2f)\n",
+                    1e3 * r.sw[0][0], 1e3 * r.sw[0][1], 1e3 * r.sw[0][2], a->retune,
+                    1e3 * r.sw[1][0], 1e3 * r.sw[1][1], 1e3 * r.sw[1][2]);
         }
         fflush(stdout);
     }
