@@ -270,10 +270,18 @@ def test_init_and_pull(comm):
     n = sizes()
     w0 = [grad(3, k, 0, i) for i, k in enumerate(n)]
     with comm.parameter_server(update=True) as ps, comm.bucket(tensors("none"), ps=ps) as b:
+        def early():
+            with pytest.raises(ge.ProtocolError, match="wrong order"):
+                b.pull([np.zeros_like(x) for x in w0])  # update mode holds no weights before kv.init
+
+        # A session of its own, and every rank past it, before worker 0's kv.init: that init
+        # counts the moment it arrives, and a worker whose pull came later got the weights
+        # (seen at 4 ranks, once).
+        session(ps, early)
+        gather(comm, None)
+
         def work():
             y = [np.zeros_like(x) for x in w0]
-            with pytest.raises(ge.ProtocolError, match="wrong order"):
-                b.pull(y)  # update mode holds no weights before kv.init
             w = [x.copy() if ps.index == 0 else np.full_like(x, 7.0) for x in w0]
             b.init(w)
             b.pull(y)
