@@ -42,6 +42,9 @@
  * failed retune (bad spec, no memory, a PowerSGD step in flight) changes nothing.
  * Rejected: retuning stage by stage in place (every codec would need a resize path, and a
  * failure half-way would leave a compressor that is neither spec).
+ * gcomp_compressor_retune_from does the same into a compressor the caller already has (the
+ * MPI layer's switch, which must keep the old one for a roll-back): the conversion only
+ * reads the source.
  */
 #include "core/internal.h"
 

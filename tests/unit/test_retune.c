@@ -463,13 +463,33 @@ static void test_retune_from(void) {
         gcomp_compressor_free(src);
         src = dst;
     }
-    /* Refusals leave both as they were. */
+    /* Refusals leave both as they were, out of memory at any allocation included. */
     gcomp_compressor *other = NULL, *wide = NULL;
     CHECK_OK(gcomp_compressor_create(&other, "topk:density=0.1,feedback=ef", N, ROWS, COLS, &e));
     CHECK_OK(gcomp_compressor_create(&wide, "topk:density=0.1,feedback=ef", N, N, 1, &e));
-    uint8_t *b0, *b1;
-    size_t l0, l1;
+    uint8_t *b0, *b1, *o0, *o1;
+    size_t l0, l1, m0, m1;
     save(src, &b0, &l0);
+    save(other, &o0, &m0);
+    int ok = 0;
+    for (size_t k = 0; k < 64 && !ok; k++) {
+        gcomp__test_fail_alloc_after(k);
+        gcomp_status st = gcomp_compressor_retune_from(other, src, &e);
+        gcomp__test_fail_alloc_after((size_t)-1);
+        if (st == GCOMP_OK) {
+            ok = 1;
+        } else {
+            CHECK_EQ_INT(st, GCOMP_E_NOMEM);
+            save(other, &o1, &m1);
+            CHECK_MSG(m1 == m0 && !memcmp(o1, o0, m0), "allocation %zu: dst changed", k);
+            free(o1);
+        }
+        save(src, &b1, &l1);
+        CHECK_MSG(l0 == l1 && !memcmp(b0, b1, l0), "allocation %zu: src changed", k);
+        free(b1);
+    }
+    CHECK(ok);
+    free(o0);
     CHECK_EQ_INT(gcomp_compressor_retune_from(wide, src, &e), GCOMP_E_ARG); /* other shape */
     CHECK(strstr(e.message, "sizes differ") != NULL);
     CHECK_EQ_INT(gcomp_compressor_retune_from(src, src, &e), GCOMP_E_ARG);
