@@ -54,19 +54,25 @@
  * c is only read.  On failure nc is to be freed; *err names the reason. */
 static gcomp_status carry_over(gcomp_compressor *nc, const gcomp_compressor *c, gcomp_error *err) {
     const size_t n = c->n;
-    float *held = gcomp__calloc(n * sizeof(float));
-    if (!held) return gcomp__fail(err, GCOMP_E_NOMEM, "retune: out of memory");
-    bool any = false;
-    const float *r = c->spec.feedback->residual ? c->spec.feedback->residual(c) : NULL;
-    if (r)
-        memcpy(held, r, n * sizeof(float));
-    else if (c->codec->held)
-        c->codec->held(c, held);
-    if (c->carry)
-        for (size_t i = 0; i < n; i++) held[i] += c->carry[i];
     const gcomp__feedback *of = c->spec.feedback, *nf = nc->spec.feedback;
     const bool om = (of->traits & GCOMP_SPEC_MOMENTUM) && of->momentum,
                nm = (nf->traits & GCOMP_SPEC_MOMENTUM) && nf->momentum;
+    const float *r = of->residual ? of->residual(c) : NULL;
+    /* A residual that goes over as it is (no carry to add, no change of units) is read in
+     * place: a copy of it would be one more tensor-sized buffer on fresh pages. */
+    float *held = NULL;
+    const float *h = r;
+    if (!r || c->carry || om || nm) {
+        if (!(held = gcomp__calloc(n * sizeof(float))))
+            return gcomp__fail(err, GCOMP_E_NOMEM, "retune: out of memory");
+        if (r)
+            memcpy(held, r, n * sizeof(float));
+        else if (c->codec->held)
+            c->codec->held(c, held);
+        if (c->carry)
+            for (size_t i = 0; i < n; i++) held[i] += c->carry[i];
+        h = held;
+    }
     if (om && !nm) { /* velocity and momentum tail -> gradient */
         const float *u;
         const float m = of->momentum(c, &u);
@@ -82,10 +88,10 @@ static gcomp_status carry_over(gcomp_compressor *nc, const gcomp_compressor *c, 
         if (m < 1 && m != nf->momentum(nc, NULL))
             for (size_t i = 0; i < n; i++) held[i] += m / (1 - m) * u[i];
     }
-    bool finite = true;
+    bool any = false, finite = true;
     for (size_t i = 0; i < n; i++) {
-        any |= held[i] != 0.0f;
-        finite &= isfinite(held[i]) != 0;
+        any |= h[i] != 0.0f;
+        finite &= isfinite(h[i]) != 0;
     }
     if (!finite) { /* in the new units it overflows float: kept, it would be Inf for good */
         gcomp__free(held);
@@ -97,10 +103,10 @@ static gcomp_status carry_over(gcomp_compressor *nc, const gcomp_compressor *c, 
     nc->epoch = c->epoch;
     nc->stats = c->stats;
 
-    if (nc->spec.feedback->absorb) {
-        nc->spec.feedback->absorb(nc, held, c);
+    if (nf->absorb) {
+        nf->absorb(nc, h, c);
     } else if (gcomp__keeps_held(nc)) {
-        gcomp_status st = nc->codec->absorb(nc, held, c);
+        gcomp_status st = nc->codec->absorb(nc, h, c);
         if (st != GCOMP_OK) {
             gcomp__free(held);
             return gcomp__fail(err, st,
@@ -109,10 +115,13 @@ static gcomp_status carry_over(gcomp_compressor *nc, const gcomp_compressor *c, 
         }
     } else if (any) { /* nothing to keep it in (no residual, or every step dense): it rides
                        * in the next message */
+        if (!held && (held = gcomp__alloc(n * sizeof(float))) != NULL)
+            memcpy(held, h, n * sizeof(float));
         nc->carry = held;
         nc->carry_ws = gcomp__alloc(n * sizeof(float));
         held = NULL;
-        if (!nc->carry_ws) return gcomp__fail(err, GCOMP_E_NOMEM, "retune: out of memory");
+        if (!nc->carry || !nc->carry_ws)
+            return gcomp__fail(err, GCOMP_E_NOMEM, "retune: out of memory");
     }
     gcomp__free(held);
     return GCOMP_OK;
