@@ -320,7 +320,7 @@ static bool same_group(const gm_tensor *a, const gm_tensor *t) {
 
 enum { CHK_T = 0, CHK_H = 2, CHK_FAIL = 4, CHK_N = 5 };
 enum { PT_FP = 0, PT_SIZE = 2, PT_STRAT = 4, PT_NAME = 6, PT_N = 8 };
-_Static_assert(CHK_N <= GM_SETUP_WORDS, "the check words live in gm_setup_cells");
+_Static_assert(CHK_N <= GM_SETUP_WORDS, "the check words go through gm_setup_cells");
 
 static void put_pair(uint64_t *a, uint64_t v) {
     a[0] = v;
@@ -338,8 +338,7 @@ static gcomp_status setup_check(gcomp_mpi_comm *c, MPI_Comm bc, const gcomp_mpi_
                                 const gcomp_mpi_tensor *d, size_t count, gcomp_status local,
                                 uint64_t *tin, uint64_t *tout, uint64_t deadline,
                                 gcomp_error *err) {
-    gm_setup_cells *cc = c->cells;
-    memset(cc->in, 0, sizeof cc->in);
+    uint64_t in[CHK_N], out[CHK_N];
     uint64_t h =
         gm_mix(GCOMP_FORMAT_VERSION) ^ gm_mix(0x5eed0000ull + (b ? b->opt.bucket_bytes : 0));
     h = gm_mix(h ^ (uint64_t)c->opt.ranks_per_node);
@@ -362,30 +361,25 @@ static gcomp_status setup_check(gcomp_mpi_comm *c, MPI_Comm bc, const gcomp_mpi_
         put_pair(p + PT_NAME, nm);
         h = gm_mix(h ^ fp) + gm_mix(sz ^ (strat << 1)) + nm;
     }
-    put_pair(cc->in + CHK_T, count);
-    put_pair(cc->in + CHK_H, h);
-    cc->in[CHK_FAIL] = local != GCOMP_OK ? gm_marker(local, c->rank) : 0;
-    MPI_Request req;
-    int rc = MPI_Iallreduce(cc->in, cc->out, CHK_N, MPI_UINT64_T, MPI_MAX, bc, &req);
-    if (rc != MPI_SUCCESS)
-        return gm_comm_mpi_fail(c, err, rc, "MPI_Iallreduce (bucket set-up check)");
-    cc->pending = true;
-    gcomp_status st = gm_wait_all(c, &req, 1, deadline, "bucket set-up check", err);
-    if (st != GCOMP_OK) return st; /* the cells stay pending */
-    cc->pending = false;
-    if (cc->out[CHK_FAIL]) {
-        uint64_t m = cc->out[CHK_FAIL];
+    put_pair(in + CHK_T, count);
+    put_pair(in + CHK_H, h);
+    in[CHK_FAIL] = local != GCOMP_OK ? gm_marker(local, c->rank) : 0;
+    gcomp_status st = gm_comm_agree_on(c, bc, in, CHK_N, out, deadline, "bucket set-up check", err);
+    if (st != GCOMP_OK) return st;
+    if (out[CHK_FAIL]) {
+        uint64_t m = out[CHK_FAIL];
         if (local != GCOMP_OK) return local;
         return gm_fail(err, GCOMP_E_MISMATCH,
                        "rank %d could not set up the bucket (%s); no rank uses it",
                        gm_marker_rank(m), gcomp_status_str(gm_marker_status(m)));
     }
-    if (pair_differs(cc->out + CHK_T))
+    if (pair_differs(out + CHK_T))
         return gm_fail(err, GCOMP_E_MISMATCH, "ranks have different tensor counts (%llu to %llu)",
-                       (unsigned long long)~cc->out[CHK_T + 1], (unsigned long long)cc->out[CHK_T]);
-    if (!pair_differs(cc->out + CHK_H)) return GCOMP_OK;
+                       (unsigned long long)~out[CHK_T + 1], (unsigned long long)out[CHK_T]);
+    if (!pair_differs(out + CHK_H)) return GCOMP_OK;
     /* No rank failed locally, so every rank has b, tin and tout. */
-    rc = MPI_Iallreduce(tin, tout, (int)(count * PT_N), MPI_UINT64_T, MPI_MAX, bc, &req);
+    MPI_Request req;
+    int rc = MPI_Iallreduce(tin, tout, (int)(count * PT_N), MPI_UINT64_T, MPI_MAX, bc, &req);
     if (rc != MPI_SUCCESS) return gm_comm_mpi_fail(c, err, rc, "MPI_Iallreduce (set-up check)");
     st = gm_wait_all(c, &req, 1, deadline, "bucket set-up check (per tensor)", err);
     if (st != GCOMP_OK) return st;

@@ -64,13 +64,19 @@ uint64_t gm_deadline(const gcomp_mpi_comm *c, double timeout_s) {
 
 gcomp_status gm_comm_agree(gcomp_mpi_comm *c, const uint64_t *in, int n, uint64_t *out,
                            uint64_t deadline, const char *what, gcomp_error *err) {
+    return gm_comm_agree_on(c, c->comm, in, n, out, deadline, what, err);
+}
+
+gcomp_status gm_comm_agree_on(gcomp_mpi_comm *c, MPI_Comm on, const uint64_t *in, int n,
+                              uint64_t *out, uint64_t deadline, const char *what,
+                              gcomp_error *err) {
     gm_setup_cells *cc = c->cells;
     if (cc->pending) /* an earlier round timed out: this communicator has failed anyway */
         return gm_fail(err, GCOMP_E_FAILED, "%s: the communicator has failed", what);
     memset(cc->in, 0, sizeof cc->in);
     memcpy(cc->in, in, (size_t)n * sizeof *in);
     MPI_Request req;
-    int rc = MPI_Iallreduce(cc->in, cc->out, n, MPI_UINT64_T, MPI_MAX, c->comm, &req);
+    int rc = MPI_Iallreduce(cc->in, cc->out, n, MPI_UINT64_T, MPI_MAX, on, &req);
     if (rc != MPI_SUCCESS) return gm_comm_mpi_fail(c, err, rc, what);
     cc->pending = true;
     gcomp_status st = gm_wait_all(c, &req, 1, deadline, what, err);

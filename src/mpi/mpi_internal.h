@@ -277,6 +277,9 @@ void gm_comm_bury(gcomp_mpi_comm *c, MPI_Request *req, int nreq, void **bufs, si
  * the communicator failed.  GCOMP_E_FAILED where an earlier round left them pending. */
 gcomp_status gm_comm_agree(gcomp_mpi_comm *c, const uint64_t *in, int n, uint64_t *out,
                            uint64_t deadline, const char *what, gcomp_error *err);
+/* The same over `on`, a duplicate of c's (a bucket's own), still in c's cells. */
+gcomp_status gm_comm_agree_on(gcomp_mpi_comm *c, MPI_Comm on, const uint64_t *in, int n,
+                              uint64_t *out, uint64_t deadline, const char *what, gcomp_error *err);
 
 /* ---- bucket ------------------------------------------------------------------------------ */
 

@@ -70,6 +70,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* The spec a rank out of memory gives a bucket it cannot fill: no codec has it, so the
+ * bucket's own set-up check fails every rank's create and tells the others. */
+#define NO_CODEC "out-of-memory"
+
 /* Every allocation through the library's allocator (common.h), as the anomaly tests need. */
 static void *ocalloc(size_t n, size_t size) {
     if (size && n > (size_t)-1 / size) return NULL;
@@ -287,7 +291,7 @@ static gcomp_status setup_check(gcomp_mpi_comm *comm, const uint64_t *vals, size
      * check bucket's spec names no codec, so the bucket's own set-up check fails every
      * rank's create and no rank waits for it in the allreduce. */
     gcomp_mpi_tensor ct = {
-        "outer-step set-up check", buf ? "none" : "out-of-memory", n, 0, 0, GCOMP_MPI_AUTO};
+        "outer-step set-up check", buf ? "none" : NO_CODEC, n, 0, 0, GCOMP_MPI_AUTO};
     gcomp_mpi_bucket *b = NULL;
     gcomp_error e = {0};
     if (buf) {
@@ -513,7 +517,7 @@ gcomp_status gcomp_mpi_outer_create(gcomp_mpi_outer **out, gcomp_mpi_comm *comm,
         }
         if (!ft) { /* out of memory: a spec no codec has tells the other ranks */
             one = tensors[0];
-            one.spec = "out-of-memory";
+            one.spec = NO_CODEC;
         }
         gcomp_error e = {0};
         gcomp_status bs = gcomp_mpi_bucket_create(&fr->b, comm, ft ? ft : &one, ft ? fr->nt : 1,

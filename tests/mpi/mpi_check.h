@@ -30,6 +30,21 @@ static inline int mc_done(const char *name) {
     return all ? 1 : 0;
 }
 
+/* 1 on every rank when every rank holds the same v (collective on MPI_COMM_WORLD). */
+static inline int mc_same_everywhere(uint64_t v) {
+    uint64_t w[2] = {v, ~v};
+    MPI_Allreduce(MPI_IN_PLACE, w, 2, MPI_UINT64_T, MPI_MAX, MPI_COMM_WORLD);
+    return w[0] == ~w[1];
+}
+
+/* An allocation sweep's end, the same on every rank: 1 once the last rank, the one made to
+ * fail, had allocations left over (`left`, from the test hook), so the operation needed
+ * fewer than the sweep's k (collective on MPI_COMM_WORLD). */
+static inline int mc_sweep_done(size_t left) {
+    int done = mc_rank == mc_size - 1 && left != 0, any = 0;
+    MPI_Allreduce(&done, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+    return any;
+}
 /*
  * ref[0..n) = sum over ranks, in rank order, of the decoded messages this bucket's
  * tensor i produced in the last call (each at its element range), in float64; abs[] the

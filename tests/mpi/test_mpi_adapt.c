@@ -142,13 +142,6 @@ static void test_switches(gcomp_mpi_bucket *b) {
     conservation(b, "topk again");
 }
 
-/* 1 when every rank holds the same value. */
-static int agree_everywhere(uint64_t v) {
-    uint64_t w[2] = {v, ~v};
-    MPI_Allreduce(MPI_IN_PLACE, w, 2, MPI_UINT64_T, MPI_MAX, MPI_COMM_WORLD);
-    return w[0] == ~w[1];
-}
-
 static uint64_t fnv(uint64_t h, const char *s) {
     for (; *s; s++) h = (h ^ (unsigned char)*s) * 0x100000001b3ull;
     return h;
@@ -210,7 +203,7 @@ static void test_decisions(gcomp_mpi_comm *comm, gcomp_mpi_bucket *b) {
         decisions++;
         for (size_t i = 0; i < NT; i++) {
             const char *sp = gcomp_adapt_spec(a, i);
-            CHECK_MSG(agree_everywhere(fnv(0xcbf29ce484222325ull, sp)),
+            CHECK_MSG(mc_same_everywhere(fnv(0xcbf29ce484222325ull, sp)),
                       "decision %zu: ranks chose different specs for tensor %zu", decisions, i);
             if (gcomp_adapt_changed(a, i)) {
                 retune(b, i, sp);
@@ -262,14 +255,14 @@ static void test_decide_nomem(gcomp_mpi_comm *comm) {
         gcomp_status st = gcomp_mpi_adapt_decide(comm, a, 30, NULL, &e);
         gcomp__mpi_test_fail_alloc_after((size_t)-1);
         gcomp__test_fail_alloc_after((size_t)-1);
-        CHECK_MSG(agree_everywhere((uint64_t)st), "k=%d: rank %d: %s (%s)", k, mc_rank,
+        CHECK_MSG(mc_same_everywhere((uint64_t)st), "k=%d: rank %d: %s (%s)", k, mc_rank,
                   gcomp_status_str(st), e.message);
         CHECK(st == GCOMP_OK || st == GCOMP_E_NOMEM);
         CHECK_MSG(gcomp_mpi_comm_status(comm, NULL) == GCOMP_OK, "k=%d: %s", k, e.message);
-        CHECK_MSG(agree_everywhere(specs_hash(a)), "k=%d: the ranks' specs differ", k);
+        CHECK_MSG(mc_same_everywhere(specs_hash(a)), "k=%d: the ranks' specs differ", k);
         gcomp_adapt_report r;
         gcomp_adapt_get_report(a, &r);
-        CHECK_MSG(agree_everywhere(r.decisions), "k=%d: the ranks' decision counts differ", k);
+        CHECK_MSG(mc_same_everywhere(r.decisions), "k=%d: the ranks' decision counts differ", k);
         failures += st != GCOMP_OK;
         if (st == GCOMP_OK && k > 4) break; /* past the decision's last allocation */
     }
@@ -311,19 +304,17 @@ static void retune_sweep(const char *from, const char *to, int strategy, int loc
         test_fill(x1, NN, 4);
         gcomp_status st = gcomp_mpi_allreduce(b, d, GCOMP_MPI_SUM, 5.0, &e2);
         int failed = rs != GCOMP_OK;
-        CHECK_MSG(local || agree_everywhere((uint64_t)failed),
+        CHECK_MSG(local || mc_same_everywhere((uint64_t)failed),
                   "%s -> %s, k=%d: the retune failed on some ranks only (%s)", from, to, k,
                   e.message);
-        CHECK_MSG(agree_everywhere((uint64_t)st) && (local || st == GCOMP_OK),
+        CHECK_MSG(mc_same_everywhere((uint64_t)st) && (local || st == GCOMP_OK),
                   "%s -> %s, k=%d: the next allreduce: %s (%s)", from, to, k, gcomp_status_str(st),
                   e2.message);
         CHECK_MSG(gcomp_mpi_comm_status(comm, NULL) == GCOMP_OK, "%s -> %s, k=%d: %s", from, to, k,
                   e2.message);
         gcomp_mpi_bucket_free(b);
         /* the last rank's allocations left over: the retune needed fewer than k */
-        int done = mc_rank == mc_size - 1 && left != 0, any = 0;
-        MPI_Allreduce(&done, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
-        if (any) break;
+        if (mc_sweep_done(left)) break;
     }
     gcomp_mpi_comm_free(comm);
 }
@@ -351,13 +342,11 @@ static void probe_nomem(void) {
         if (mc_rank == mc_size - 1) gcomp__mpi_test_fail_alloc_after((size_t)k);
         gcomp_status st = gcomp_mpi_link_probe(comm, 65536, 5.0, &bw, &lat, &e);
         size_t left = gcomp__mpi_test_fail_alloc_after((size_t)-1);
-        CHECK_MSG(agree_everywhere((uint64_t)st) && (st == GCOMP_OK || st == GCOMP_E_NOMEM),
+        CHECK_MSG(mc_same_everywhere((uint64_t)st) && (st == GCOMP_OK || st == GCOMP_E_NOMEM),
                   "probe, the last rank out of memory from allocation %d: %s (%s)", k,
                   gcomp_status_str(st), e.message);
         CHECK_MSG(gcomp_mpi_comm_status(comm, NULL) == GCOMP_OK, "k=%d: %s", k, e.message);
-        int done = mc_rank == mc_size - 1 && left != 0, any = 0;
-        MPI_Allreduce(&done, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
-        if (any) break;
+        if (mc_sweep_done(left)) break;
     }
     CHECK_MSG(k > 0 && k < 64, "the probe's allocations: %d", k);
     CHECK_OK(gcomp_mpi_link_probe(comm, 65536, 5.0, &bw, &lat, &e));

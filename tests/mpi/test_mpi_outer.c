@@ -961,17 +961,14 @@ static void test_create_nomem(gcomp_mpi_comm *comm) {
         if (mc_rank == mc_size - 1) gcomp__mpi_test_fail_alloc_after(k);
         gcomp_status st = gcomp_mpi_outer_create(&x, comm, t, NT, m.w, &o, 10.0, &err);
         size_t left = gcomp__mpi_test_fail_alloc_after((size_t)-1);
-        int v[2] = {st != GCOMP_OK, -(st != GCOMP_OK)}, mx[2];
-        MPI_Allreduce(v, mx, 2, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
-        CHECK_MSG(mx[0] == -mx[1], "k=%zu: the create failed on some ranks only: %s (%s)", k,
-                  gcomp_status_str(st), err.message);
+        CHECK_MSG(mc_same_everywhere(st != GCOMP_OK),
+                  "k=%zu: the create failed on some ranks only: %s (%s)", k, gcomp_status_str(st),
+                  err.message);
         CHECK_MSG(st != GCOMP_E_TIMEOUT, "k=%zu: %s", k, err.message);
         CHECK_MSG(gcomp_mpi_comm_status(comm, NULL) == GCOMP_OK, "k=%zu: %s", k, err.message);
         CHECK((st == GCOMP_OK) == (x != NULL));
         gcomp_mpi_outer_free(x);
-        int done = mc_rank == mc_size - 1 && left != 0, any = 0;
-        MPI_Allreduce(&done, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
-        if (any) break;
+        if (mc_sweep_done(left)) break;
     }
     CHECK_MSG(k > 2 && k < 4096, "the create's allocations: %zu", k);
     if (mc_rank == 0) printf("create out of memory: swept %zu allocations\n", k);

@@ -66,16 +66,12 @@ static void create_sweep(void) {
         if (mc_rank == mc_size - 1) gcomp__mpi_test_fail_alloc_after(k);
         gcomp_status st = gcomp_mpi_ps_create(&ps, env.world, &po, 5.0, &err);
         size_t left = gcomp__mpi_test_fail_alloc_after((size_t)-1);
-        int v[2] = {st != GCOMP_OK, -(st != GCOMP_OK)}, mx[2];
-        MPI_Allreduce(v, mx, 2, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
-        CHECK_MSG(mx[0] == -mx[1], "k=%zu: ps_create failed on some ranks only (%s)", k,
-                  err.message);
+        CHECK_MSG(mc_same_everywhere(st != GCOMP_OK),
+                  "k=%zu: ps_create failed on some ranks only (%s)", k, err.message);
         CHECK_MSG(gcomp_mpi_comm_status(env.world, NULL) == GCOMP_OK, "k=%zu: %s", k, err.message);
         CHECK((st == GCOMP_OK) == (ps != NULL));
         gcomp_mpi_ps_free(ps);
-        int done = mc_rank == mc_size - 1 && left != 0, any = 0;
-        MPI_Allreduce(&done, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
-        if (any) break;
+        if (mc_sweep_done(left)) break;
     }
     ps_env_free(&env);
 }
